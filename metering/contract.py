@@ -1,0 +1,261 @@
+"""The event contract, v1: a CloudEvents 1.0 JSON envelope and four data types.
+
+Pure: bytes in, typed events or a typed `InvalidEvent` out. The JSON Schema files in
+`metering/schemas/` are generated from these structs (`python -m metering.schemas`) and a test
+checks that the committed files, the structs and the example messages agree.
+
+Identity for deduplication is (`source`, `id`). An event counts in the period of its `time`
+(for a task outcome, when the task finished). Within v1, changes are additive only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+REQUEST_V1 = "infermeter.request.v1"
+TASK_V1 = "infermeter.task.v1"
+USAGE_V1 = "infermeter.usage.v1"
+REPLICA_V1 = "infermeter.replica.v1"
+EVENT_TYPES = (REQUEST_V1, TASK_V1, USAGE_V1, REPLICA_V1)
+
+MAX_TOKENS = 10**12  # per event; keeps every sum far inside bigint
+QUANTITY_DECIMALS = 12  # the project-wide NUMERIC scale (infermeter.db.QUANTITY_SCALE)
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
+When = Annotated[datetime, msgspec.Meta(tz=True)]
+MeterName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
+DecimalString = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,26}(\.[0-9]{1,12})?$")]
+Tags = Annotated[dict[str, str], msgspec.Meta(max_length=64)]
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """CloudEvents 1.0 attributes; `data` is decoded per `type` afterwards."""
+
+    specversion: Literal["1.0"]
+    id: Id
+    source: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    type: str
+    subject: Id
+    time: When
+    data: msgspec.Raw
+    datacontenttype: str | None = None
+    dataschema: str | None = None
+
+
+class RequestData(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: Id
+    customer_id: Id
+    api_key_id: Id | None = None
+    model: Id
+    deployment_id: Id
+    replica_id: Id | None = None
+    status: Literal["ok", "error", "cancelled", "rejected"]
+    input_tokens: Tokens
+    cached_input_tokens: Tokens
+    output_tokens: Tokens
+    task_id: Id | None = None
+    attempt: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1
+    started_at: When
+    first_token_at: When | None = None
+    finished_at: When
+    tags: Tags = {}
+
+
+class TaskData(msgspec.Struct, frozen=True, kw_only=True):
+    task_id: Id
+    customer_id: Id
+    outcome: Literal["succeeded", "failed", "abandoned"]
+    finished_at: When
+
+
+class UsageData(msgspec.Struct, frozen=True, kw_only=True):
+    customer_id: Id
+    meter: MeterName
+    quantity: DecimalString
+    task_id: Id | None = None
+
+
+class ReplicaData(msgspec.Struct, frozen=True, kw_only=True):
+    replica_id: Id
+    deployment_id: Id
+    customer_id: Id | None = None
+    gpu_type: Id
+    gpu_count: Annotated[int, msgspec.Meta(ge=1, le=4096)]
+    interval_start: When
+    interval_end: When
+    busy_seconds: DecimalString
+    prompt_tokens: Tokens
+    generation_tokens: Tokens
+
+
+DATA_TYPES: dict[str, type[msgspec.Struct]] = {
+    REQUEST_V1: RequestData,
+    TASK_V1: TaskData,
+    USAGE_V1: UsageData,
+    REPLICA_V1: ReplicaData,
+}
+
+_envelope_decoder = msgspec.json.Decoder(Envelope)
+_data_decoders = {name: msgspec.json.Decoder(struct) for name, struct in DATA_TYPES.items()}
+_any_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder(decimal_format="string")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A valid event: its envelope attributes and typed data."""
+
+    source: str
+    id: str
+    type: str
+    subject: str
+    time: datetime  # aware UTC; the event time ("occurred_at")
+    data: RequestData | TaskData | UsageData | ReplicaData
+
+    @property
+    def customer_id(self) -> str:
+        return self.subject
+
+
+class InvalidEvent(Exception):
+    """Why an event was rejected: a stable `reason` code and a human `detail`.
+
+    reason codes: too_large, invalid_json, invalid_envelope, unknown_type, invalid_data,
+    cached_exceeds_input, subject_mismatch, future_time, bad_interval, bad_quantity.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        source: str | None = None,
+        event_id: str | None = None,
+        customer_id: str | None = None,
+    ) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.source = source
+        self.event_id = event_id
+        self.customer_id = customer_id
+
+
+def _identity(raw: bytes) -> dict[str, str | None]:
+    """Best-effort source/id/subject of a rejected event, for the dead-letter row."""
+    try:
+        obj = _any_decoder.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return {}
+    if not isinstance(obj, dict):
+        return {}
+    pick = lambda key: obj.get(key) if isinstance(obj.get(key), str) else None  # noqa: E731
+    return {"source": pick("source"), "event_id": pick("id"), "customer_id": pick("subject")}
+
+
+def decode_event(
+    raw: bytes,
+    *,
+    now: datetime,
+    max_bytes: int = 65536,
+    future_tolerance_s: int = 300,
+) -> Event:
+    """Validate one message. Raises InvalidEvent with a clear reason; never anything else."""
+    if len(raw) > max_bytes:
+        raise InvalidEvent("too_large", f"event is {len(raw)} bytes; the limit is {max_bytes}")
+    if b"\\u0000" in raw:
+        raise InvalidEvent("invalid_json", "strings may not contain the NUL character (\\u0000)", **_identity(raw))
+    try:
+        envelope = _envelope_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidEvent("invalid_envelope", str(exc), **_identity(raw)) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise InvalidEvent("invalid_json", f"not valid JSON: {exc}") from None
+    who = {"source": envelope.source, "event_id": envelope.id, "customer_id": envelope.subject}
+    decoder = _data_decoders.get(envelope.type)
+    if decoder is None:
+        known = ", ".join(EVENT_TYPES)
+        raise InvalidEvent("unknown_type", f"type {envelope.type!r} is not one of {known}", **who)
+    try:
+        data = decoder.decode(envelope.data)
+    except msgspec.ValidationError as exc:
+        raise InvalidEvent("invalid_data", str(exc).replace("`$", "`$.data", 1), **who) from None
+    occurred_at = envelope.time.astimezone(UTC)
+    if occurred_at > now + timedelta(seconds=future_tolerance_s):
+        raise InvalidEvent(
+            "future_time",
+            f"time {envelope.time.isoformat()} is more than {future_tolerance_s} s after now ({now.isoformat()})",
+            **who,
+        )
+    _check_rules(envelope, data, who)
+    return Event(envelope.source, envelope.id, envelope.type, envelope.subject, occurred_at, data)
+
+
+def _check_rules(envelope: Envelope, data: Any, who: dict) -> None:
+    customer_id = getattr(data, "customer_id", None)
+    if customer_id is not None and customer_id != envelope.subject:
+        raise InvalidEvent(
+            "subject_mismatch", f"subject {envelope.subject!r} != data.customer_id {customer_id!r}", **who
+        )
+    if isinstance(data, RequestData):
+        if data.cached_input_tokens > data.input_tokens:
+            raise InvalidEvent(
+                "cached_exceeds_input",
+                f"cached_input_tokens {data.cached_input_tokens} > input_tokens {data.input_tokens}",
+                **who,
+            )
+        if data.finished_at < data.started_at:
+            raise InvalidEvent("bad_interval", "finished_at is before started_at", **who)
+    elif isinstance(data, ReplicaData):
+        if data.interval_end <= data.interval_start:
+            raise InvalidEvent("bad_interval", "interval_end must be after interval_start", **who)
+        length = (data.interval_end - data.interval_start).total_seconds()
+        if Decimal(data.busy_seconds) > Decimal(str(length)):
+            raise InvalidEvent(
+                "bad_quantity", f"busy_seconds {data.busy_seconds} exceeds the interval length {length}", **who
+            )
+
+
+# --- producing events --------------------------------------------------------------------------
+
+
+def rfc3339(moment: datetime) -> str:
+    """RFC 3339 with microseconds kept and an explicit UTC offset ('Z')."""
+    if moment.tzinfo is None:
+        raise ValueError("event times must be timezone-aware")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def make_event(
+    type_: str,
+    *,
+    source: str,
+    subject: str,
+    data: dict[str, Any],
+    event_id: str | None = None,
+    time: datetime | None = None,
+) -> dict[str, Any]:
+    """A CloudEvents dict (datetimes in `data` become RFC 3339 strings on encoding)."""
+    if type_ not in DATA_TYPES:
+        raise ValueError(f"unknown event type {type_!r}")
+    return {
+        "specversion": "1.0",
+        "id": event_id or str(uuid.uuid4()),
+        "source": source,
+        "type": type_,
+        "subject": subject,
+        "time": rfc3339(time or datetime.now(UTC)),
+        "datacontenttype": "application/json",
+        "data": {k: (rfc3339(v) if isinstance(v, datetime) else v) for k, v in data.items()},
+    }
+
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    return _encoder.encode(event)
