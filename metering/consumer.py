@@ -1,0 +1,183 @@
+"""The metering consumer: Kafka -> validate -> dedupe -> Postgres, exactly once.
+
+A member of the consumer group `INFERMETER_CONSUMER_GROUP`: N processes share the partitions of
+the events topic. Offsets live in Postgres (written with the events); on assignment the consumer
+seeks to them. Postgres going away does not lose or double anything: the batch in hand is retried
+until it commits, and the offset fence makes a replay harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from infermeter.settings import Settings
+from infermeter.stack import to_libpq_url
+from metering.kafka import Consumer, Producer, TopicPartition, make_consumer, make_producer
+from metering.writer import BatchWriter, WriteResult
+
+log = logging.getLogger("infermeter.metering")
+
+RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class ConsumerStats:
+    batches: int = 0
+    written: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    db_retries: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+    def add(self, result: WriteResult) -> None:
+        self.batches += 1
+        self.written += result.written
+        self.accepted += result.accepted
+        self.duplicates += result.duplicates
+        self.rejected += result.rejected
+        self.skipped += result.skipped
+
+
+class MeteringConsumer:
+    def __init__(self, settings: Settings, database_url: str, bootstrap: str, *, backend: str | None = None,
+                 clock=None, publish_dead_letters: bool = True):
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.backend = backend or settings.kafka_backend
+        self.writer = BatchWriter(
+            to_libpq_url(database_url),
+            group_id=settings.consumer_group,
+            max_bytes=settings.max_event_bytes,
+            future_tolerance_s=settings.future_tolerance_s,
+            clock=clock,
+        )
+        self.stats = ConsumerStats()
+        self.stop_event = threading.Event()
+        self.publish_dead_letters = publish_dead_letters
+        self._consumer: Consumer | None = None
+        self._dlq: Producer | None = None
+
+    # --- assignment: seek to the offsets stored in Postgres ------------------------------------
+    def _on_assign(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        for attempt in range(10_000):
+            try:
+                offsets = self.writer.stored_offsets(partitions)
+                log.info("assigned %s, starting at %s", partitions, offsets)
+                return offsets
+            except psycopg.OperationalError as exc:
+                self.writer.close()
+                self._sleep_backoff(attempt, f"reading offsets: {exc}")
+                if self.stop_event.is_set():
+                    break
+        return {}
+
+    def _sleep_backoff(self, attempt: int, why: str) -> None:
+        delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+        self.stats.db_retries += 1
+        log.warning("postgres unavailable (%s); retrying in %.1f s", why, delay)
+        self.stop_event.wait(delay)
+
+    def start(self) -> None:
+        self._consumer = make_consumer(
+            self.bootstrap,
+            backend=self.backend,
+            group_id=self.settings.consumer_group,
+            topics=[self.settings.events_topic],
+            on_assign=self._on_assign,
+        )
+
+    def write_with_retry(self, messages) -> WriteResult | None:
+        attempt = 0
+        while True:
+            try:
+                return self.writer.write(messages)
+            except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
+                self.writer.close()
+                self._sleep_backoff(attempt, str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
+                attempt += 1
+                if self.stop_event.is_set():
+                    return None
+
+    def poll_once(self) -> WriteResult | None:
+        assert self._consumer is not None, "call start() first"
+        messages = self._consumer.poll_batch(
+            self.settings.batch_max_events, self.settings.batch_max_wait_ms / 1000
+        )
+        if not messages:
+            return None
+        result = self.write_with_retry(messages)
+        if result is not None:
+            self.stats.add(result)
+            if result.rejected and self.publish_dead_letters:
+                self._publish_dead_letters(messages)
+        return result
+
+    def _publish_dead_letters(self, messages) -> None:
+        """Best effort copy to the dead-letter topic; the dead_letters table is the record."""
+        try:
+            if self._dlq is None:
+                self._dlq = make_producer(self.bootstrap, self.backend, client_id="infermeter-dead-letter")
+            positions = {(m.topic, m.partition, m.offset): m for m in messages}
+            with psycopg.connect(self.writer.dsn) as conn:
+                rows = conn.execute(
+                    'SELECT topic, partition, "offset", reason FROM dead_letters '
+                    "WHERE (topic, partition, \"offset\") IN (SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[]))",
+                    ([p[0] for p in positions], [p[1] for p in positions], [p[2] for p in positions]),
+                ).fetchall()
+            for topic, partition, offset, reason in rows:
+                message = positions[(topic, partition, offset)]
+                headers = dict(message.headers)
+                headers["infermeter-dead-letter-reason"] = reason.encode()
+                headers["infermeter-origin"] = f"{topic}/{partition}/{offset}".encode()
+                self._dlq.produce(self.settings.dead_letter_topic, message.value or b"", key=message.key,
+                                  headers=headers)
+            self._dlq.poll(0)
+        except Exception as exc:  # noqa: BLE001 - never let the copy stop metering
+            log.warning("could not copy dead letters to %s: %s", self.settings.dead_letter_topic, exc)
+
+    def run(self, until: Callable[[ConsumerStats], bool] | None = None, idle_timeout_s: float | None = None) -> ConsumerStats:
+        """Consume until stop() is called, `until(stats)` is true, or nothing arrived for idle_timeout_s."""
+        if self._consumer is None:
+            self.start()
+        last_activity = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                result = self.poll_once()
+                if result is not None:
+                    last_activity = time.monotonic()
+                if until is not None and until(self.stats):
+                    break
+                if idle_timeout_s is not None and time.monotonic() - last_activity > idle_timeout_s:
+                    break
+        finally:
+            self.close()
+        return self.stats
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            finally:
+                self._consumer = None
+        if self._dlq is not None:
+            self._dlq.flush(5)
+            self._dlq.close()
+            self._dlq = None
+        self.writer.close()
+
+
+def run_in_thread(consumer: MeteringConsumer) -> threading.Thread:
+    thread = threading.Thread(target=consumer.run, name="metering-consumer", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,205 @@
+"""Decode a batch of Kafka messages into rows to stage (pure: no I/O).
+
+A processor is a function from messages to rows: the same messages give the same rows, so that
+processing a message twice cannot change what metering stores (the writer's unique keys and
+offset fence do the rest). Invalid messages become dead letters with their reason; the rest of
+the batch is unaffected.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+from metering.contract import (
+    REPLICA_V1,
+    REQUEST_V1,
+    TASK_V1,
+    USAGE_V1,
+    Event,
+    InvalidEvent,
+    ReplicaData,
+    RequestData,
+    TaskData,
+    UsageData,
+    decode_event,
+)
+from metering.kafka import Message
+
+INGEST_ID_HEADER = "infermeter-ingest-id"
+HOUR = timedelta(hours=1)
+_MS = Decimal(1000)
+
+# Column order of the staging table (metering.writer.STAGE_COLUMNS must match).
+StageRow = tuple
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    topic: str | None
+    partition: int | None
+    offset: int | None
+    reason: str
+    detail: str
+    event_source: str | None
+    event_id: str | None
+    customer_id: str | None
+    payload: bytes
+    ingest_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlice:
+    """The part of one replica interval that falls in one hour."""
+
+    customer_id: str  # '' for the shared pool
+    deployment_id: str
+    replica_id: str
+    gpu_type: str
+    hour: datetime
+    gpu_ms: int
+    busy_ms: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+@dataclass
+class ProcessedBatch:
+    stage_rows: list[StageRow] = field(default_factory=list)
+    gpu_rows: list[tuple] = field(default_factory=list)  # (seq, *GpuSlice fields)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    ingest_ids: list[str | None] = field(default_factory=list)  # per seq
+    batch_duplicates: Counter = field(default_factory=Counter)  # ingest id -> repeats inside this batch
+
+    @property
+    def staged(self) -> int:
+        return len(self.stage_rows)
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def _split_exact(total: int, weights: list[int]) -> list[int]:
+    """Split an integer in proportion to weights, summing exactly (largest remainder)."""
+    whole = sum(weights)
+    if whole == 0:
+        return [total] + [0] * (len(weights) - 1)
+    shares = [total * w // whole for w in weights]
+    remainders = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % whole), i))
+    for i in remainders[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def split_interval(data: ReplicaData) -> list[GpuSlice]:
+    """Split a replica interval at hour boundaries. gpu_ms = slice milliseconds x gpu_count;
+    busy time and engine token counters are shared out in proportion to slice length, exactly."""
+    start = data.interval_start.astimezone(UTC)
+    end = data.interval_end.astimezone(UTC)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    to_ms = lambda t: (t - epoch) // timedelta(milliseconds=1)  # noqa: E731 - floor, so slices add up
+    bounds = [start]
+    cursor = hour_of(start) + HOUR
+    while cursor < end:
+        bounds.append(cursor)
+        cursor += HOUR
+    bounds.append(end)
+    slice_ms = [to_ms(b) - to_ms(a) for a, b in zip(bounds, bounds[1:], strict=False)]
+    busy_total = int((Decimal(data.busy_seconds) * _MS).to_integral_value(ROUND_HALF_UP))
+    busy = _split_exact(busy_total, slice_ms)
+    prompt = _split_exact(data.prompt_tokens, slice_ms)
+    generation = _split_exact(data.generation_tokens, slice_ms)
+    return [
+        GpuSlice(
+            customer_id=data.customer_id or "",
+            deployment_id=data.deployment_id,
+            replica_id=data.replica_id,
+            gpu_type=data.gpu_type,
+            hour=hour_of(bounds[i]),
+            gpu_ms=slice_ms[i] * data.gpu_count,
+            busy_ms=busy[i],
+            prompt_tokens=prompt[i],
+            generation_tokens=generation[i],
+        )
+        for i in range(len(slice_ms))
+    ]
+
+
+def stage_row(seq: int, event: Event, payload: bytes) -> StageRow:
+    """One staging row: envelope columns plus the per-type columns the rollups need."""
+    data = event.data
+    model = deployment = status = task_id = meter = outcome = None
+    input_tokens = cached = output = attempt = None
+    quantity = finished_at = None
+    if isinstance(data, RequestData):
+        model, deployment, status = data.model, data.deployment_id, data.status
+        input_tokens, cached, output = data.input_tokens, data.cached_input_tokens, data.output_tokens
+        task_id, attempt = data.task_id, data.attempt
+    elif isinstance(data, TaskData):
+        task_id, outcome, finished_at = data.task_id, data.outcome, data.finished_at
+    elif isinstance(data, UsageData):
+        meter, quantity, task_id = data.meter, data.quantity, data.task_id
+    return (
+        seq,
+        event.source,
+        event.id,
+        event.type,
+        event.subject,
+        event.time,
+        hour_of(event.time),
+        payload.decode("utf-8"),
+        model,
+        deployment,
+        status,
+        input_tokens,
+        cached,
+        output,
+        task_id,
+        attempt,
+        meter,
+        quantity,
+        outcome,
+        finished_at,
+    )
+
+
+def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, future_tolerance_s: int) -> ProcessedBatch:
+    batch = ProcessedBatch()
+    seen: set[tuple[str, str]] = set()
+    for message in messages:
+        ingest_id = message.headers.get(INGEST_ID_HEADER)
+        ingest_id = ingest_id.decode("utf-8", "replace") if ingest_id is not None else None
+        payload = message.value or b""
+        try:
+            event = decode_event(payload, now=now, max_bytes=max_bytes, future_tolerance_s=future_tolerance_s)
+        except InvalidEvent as exc:
+            batch.dead_letters.append(
+                DeadLetter(
+                    message.topic, message.partition, message.offset, exc.reason, exc.detail,
+                    exc.source, exc.event_id, exc.customer_id, payload, ingest_id,
+                )
+            )
+            continue
+        key = (event.source, event.id)
+        if key in seen:
+            batch.batch_duplicates[ingest_id] += 1
+            continue
+        seen.add(key)
+        seq = len(batch.stage_rows)
+        batch.stage_rows.append(stage_row(seq, event, payload))
+        batch.ingest_ids.append(ingest_id)
+        if event.type == REPLICA_V1:
+            for piece in split_interval(event.data):
+                batch.gpu_rows.append(
+                    (seq, piece.customer_id, piece.deployment_id, piece.replica_id, piece.gpu_type, piece.hour,
+                     piece.gpu_ms, piece.busy_ms, piece.prompt_tokens, piece.generation_tokens)
+                )
+    return batch
+
+
+__all__ = ["process", "split_interval", "DeadLetter", "ProcessedBatch", "GpuSlice", "INGEST_ID_HEADER",
+           "REQUEST_V1", "TASK_V1", "USAGE_V1", "REPLICA_V1"]

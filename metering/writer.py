@@ -1,0 +1,327 @@
+"""Write a batch to Postgres exactly once: events, rollups, ledgers, dead letters, receipts and the
+consumer's Kafka offsets, all in ONE transaction.
+
+Exactly once rests on two guards:
+1. an offset fence: the transaction locks this group's offset rows for the batch's partitions
+   and drops messages below the stored next offset (already written by someone), so a batch
+   replayed after a crash or a rebalance is written at most once;
+2. the (source, id) key in `event_keys`: a duplicate event (same identity, any offset, any
+   topic) adds nothing to any rollup.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+
+from metering.kafka import Message, TopicPartition
+from metering.processor import ProcessedBatch, process
+
+STAGE_COLUMNS = (
+    "seq", "source", "event_id", "type", "customer_id", "occurred_at", "hour", "payload",
+    "model", "deployment_id", "status", "input_tokens", "cached_input_tokens", "output_tokens",
+    "task_id", "attempt", "meter", "quantity", "outcome", "finished_at",
+)
+GPU_STAGE_COLUMNS = (
+    "seq", "customer_id", "deployment_id", "replica_id", "gpu_type", "hour",
+    "gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens",
+)
+
+CREATE_STAGE = """
+CREATE TEMP TABLE IF NOT EXISTS stage (
+    seq int NOT NULL, source text NOT NULL, event_id text NOT NULL, type text NOT NULL,
+    customer_id text NOT NULL, occurred_at timestamptz NOT NULL, hour timestamptz NOT NULL,
+    payload text NOT NULL, model text, deployment_id text, status text,
+    input_tokens bigint, cached_input_tokens bigint, output_tokens bigint,
+    task_id text, attempt int, meter text, quantity numeric(38, 12), outcome text, finished_at timestamptz
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
+    seq int NOT NULL, customer_id text NOT NULL, deployment_id text NOT NULL, replica_id text NOT NULL,
+    gpu_type text NOT NULL, hour timestamptz NOT NULL, gpu_ms bigint NOT NULL, busy_ms bigint NOT NULL,
+    prompt_tokens bigint NOT NULL, generation_tokens bigint NOT NULL
+) ON COMMIT DELETE ROWS;
+"""
+
+_ADD = lambda table, cols: ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in cols)  # noqa: E731
+_REQUEST_COUNTS = (
+    "requests", "requests_ok", "requests_error", "requests_cancelled", "requests_rejected",
+    "input_tokens", "cached_input_tokens", "output_tokens",
+    "retry_requests", "retry_input_tokens", "retry_cached_input_tokens", "retry_output_tokens",
+)
+_GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals")
+
+# One statement: claim identities, then every table fed from the fresh events only.
+WRITE_BATCH = f"""
+WITH fresh_keys AS (
+    INSERT INTO event_keys (source, event_id, occurred_at)
+    SELECT source, event_id, occurred_at FROM stage
+    ON CONFLICT DO NOTHING
+    RETURNING source, event_id
+), fresh AS (
+    SELECT s.* FROM stage s JOIN fresh_keys k USING (source, event_id)
+), raw AS (
+    INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload)
+    SELECT occurred_at, source, event_id, type, customer_id, payload::jsonb FROM fresh
+), requests AS (
+    INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, {", ".join(_REQUEST_COUNTS)})
+    SELECT customer_id, model, deployment_id, hour,
+           count(*),
+           count(*) FILTER (WHERE status = 'ok'),
+           count(*) FILTER (WHERE status = 'error'),
+           count(*) FILTER (WHERE status = 'cancelled'),
+           count(*) FILTER (WHERE status = 'rejected'),
+           sum(input_tokens), sum(cached_input_tokens), sum(output_tokens),
+           count(*) FILTER (WHERE attempt > 1),
+           coalesce(sum(input_tokens) FILTER (WHERE attempt > 1), 0),
+           coalesce(sum(cached_input_tokens) FILTER (WHERE attempt > 1), 0),
+           coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)
+    FROM fresh WHERE type = 'infermeter.request.v1'
+    GROUP BY customer_id, model, deployment_id, hour
+    ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
+), attempts AS (
+    INSERT INTO task_attempts AS a (customer_id, task_id, attempt, requests, input_tokens,
+                                     cached_input_tokens, output_tokens, first_request_at, last_request_at)
+    SELECT customer_id, task_id, attempt, count(*), sum(input_tokens), sum(cached_input_tokens),
+           sum(output_tokens), min(occurred_at), max(occurred_at)
+    FROM fresh WHERE type = 'infermeter.request.v1' AND task_id IS NOT NULL
+    GROUP BY customer_id, task_id, attempt
+    ON CONFLICT (customer_id, task_id, attempt) DO UPDATE SET
+        {_ADD("a", ("requests", "input_tokens", "cached_input_tokens", "output_tokens"))},
+        first_request_at = least(a.first_request_at, EXCLUDED.first_request_at),
+        last_request_at = greatest(a.last_request_at, EXCLUDED.last_request_at)
+), outcomes AS (
+    INSERT INTO task_outcomes AS o (customer_id, task_id, outcome, finished_at, source, event_id)
+    SELECT DISTINCT ON (customer_id, task_id) customer_id, task_id, outcome, finished_at, source, event_id
+    FROM fresh WHERE type = 'infermeter.task.v1'
+    ORDER BY customer_id, task_id, finished_at DESC, source DESC, event_id DESC
+    ON CONFLICT (customer_id, task_id) DO UPDATE SET
+        outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at,
+        source = EXCLUDED.source, event_id = EXCLUDED.event_id
+    WHERE (EXCLUDED.finished_at, EXCLUDED.source, EXCLUDED.event_id) > (o.finished_at, o.source, o.event_id)
+), usage AS (
+    INSERT INTO usage_rollup_hourly AS u (customer_id, meter, hour, quantity, events)
+    SELECT customer_id, meter, hour, sum(quantity), count(*)
+    FROM fresh WHERE type = 'infermeter.usage.v1'
+    GROUP BY customer_id, meter, hour
+    ON CONFLICT (customer_id, meter, hour) DO UPDATE SET {_ADD("u", ("quantity", "events"))}
+), task_usage AS (
+    INSERT INTO task_usage AS t (customer_id, task_id, meter, quantity)
+    SELECT customer_id, task_id, meter, sum(quantity)
+    FROM fresh WHERE type = 'infermeter.usage.v1' AND task_id IS NOT NULL
+    GROUP BY customer_id, task_id, meter
+    ON CONFLICT (customer_id, task_id, meter) DO UPDATE SET quantity = t.quantity + EXCLUDED.quantity
+), gpu AS (
+    INSERT INTO gpu_ledger_hourly AS g (customer_id, deployment_id, replica_id, gpu_type, hour, {", ".join(_GPU_COUNTS)})
+    SELECT g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour,
+           sum(g.gpu_ms), sum(g.busy_ms), sum(g.prompt_tokens), sum(g.generation_tokens), count(*)
+    FROM stage_gpu g JOIN fresh f USING (seq)
+    GROUP BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
+    ON CONFLICT (customer_id, deployment_id, replica_id, gpu_type, hour) DO UPDATE SET {_ADD("g", _GPU_COUNTS)}
+)
+SELECT seq FROM fresh
+"""
+
+LOCK_OFFSETS = """
+SELECT partition, next_offset FROM consumer_offsets
+WHERE group_id = %s AND topic = %s AND partition = ANY(%s)
+FOR UPDATE
+"""
+INIT_OFFSETS = """
+INSERT INTO consumer_offsets (group_id, topic, partition, next_offset)
+SELECT %s, %s, p, 0 FROM unnest(%s::int[]) AS p
+ON CONFLICT DO NOTHING
+"""
+SAVE_OFFSET = """
+UPDATE consumer_offsets SET next_offset = greatest(next_offset, %s), updated_at = now()
+WHERE group_id = %s AND topic = %s AND partition = %s
+"""
+SAVE_DEAD_LETTER = """
+INSERT INTO dead_letters (topic, partition, "offset", reason, detail, event_source, event_id, customer_id, payload)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT ON CONSTRAINT dead_letters_position DO NOTHING
+"""
+SAVE_RECEIPT = """
+INSERT INTO ingest_receipts AS r (ingest_id, accepted, duplicates, rejected)
+VALUES (%s, %s, %s, %s)
+ON CONFLICT (ingest_id) DO UPDATE SET
+    accepted = r.accepted + EXCLUDED.accepted, duplicates = r.duplicates + EXCLUDED.duplicates,
+    rejected = r.rejected + EXCLUDED.rejected, updated_at = now()
+"""
+
+
+@dataclass
+class WriteResult:
+    written: int = 0  # messages handled (not fenced off)
+    accepted: int = 0  # fresh events stored
+    duplicates: int = 0
+    rejected: int = 0
+    skipped: int = 0  # messages below the stored offset: written before
+
+
+def month_start(moment: datetime) -> datetime:
+    return datetime(moment.year, moment.month, 1, tzinfo=UTC)
+
+
+def next_month(moment: datetime) -> datetime:
+    return datetime(moment.year + moment.month // 12, moment.month % 12 + 1, 1, tzinfo=UTC)
+
+
+class BatchWriter:
+    """Owns one Postgres connection; `write(messages)` commits one batch or raises."""
+
+    def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None):
+        self.dsn = dsn
+        self.group_id = group_id
+        self.max_bytes = max_bytes
+        self.future_tolerance_s = future_tolerance_s
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self._conn: psycopg.Connection | None = None
+        self._partitions: set[datetime] = set()
+
+    # --- connection ---------------------------------------------------------------------------
+    def connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self.dsn, autocommit=False)
+            with self._conn.cursor() as cur:
+                cur.execute("SET TIME ZONE 'UTC'")
+                cur.execute(CREATE_STAGE)
+            self._conn.commit()
+            self._partitions.clear()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()
+        self._conn = None
+
+    # --- offsets --------------------------------------------------------------------------------
+    def stored_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        conn = self.connection()
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in partitions:
+            by_topic[tp.topic].append(tp.partition)
+        found: dict[TopicPartition, int] = {}
+        with conn.cursor() as cur:
+            for topic, parts in by_topic.items():
+                cur.execute(
+                    "SELECT partition, next_offset FROM consumer_offsets "
+                    "WHERE group_id = %s AND topic = %s AND partition = ANY(%s)",
+                    (self.group_id, topic, parts),
+                )
+                for partition, offset in cur.fetchall():
+                    found[TopicPartition(topic, partition)] = offset
+        conn.commit()
+        return found
+
+    # --- partitions of raw_events ---------------------------------------------------------------
+    def ensure_partitions(self, months: set[datetime]) -> None:
+        missing = months - self._partitions
+        if not missing:
+            return
+        conn = self.connection()
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('infermeter.raw_events.partitions'))")
+            for month in sorted(missing):
+                name = f"raw_events_{month:%Y_%m}"
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF raw_events "
+                    f"FOR VALUES FROM ('{month.isoformat()}') TO ('{next_month(month).isoformat()}')"
+                )
+        conn.commit()
+        self._partitions |= missing
+
+    # --- the batch -----------------------------------------------------------------------------
+    def write(self, messages: Sequence[Message]) -> WriteResult:
+        if not messages:
+            return WriteResult()
+        conn = self.connection()
+        try:
+            return self._write(conn, messages)
+        except BaseException:
+            if not conn.closed:
+                conn.rollback()
+            raise
+
+    def _write(self, conn: psycopg.Connection, messages: Sequence[Message]) -> WriteResult:
+        result = WriteResult()
+        ends: dict[TopicPartition, int] = {}
+        for m in messages:
+            tp = TopicPartition(m.topic, m.partition)
+            ends[tp] = max(ends.get(tp, 0), m.offset + 1)
+        with conn.cursor() as cur:
+            stored = self._fence(cur, ends)
+            todo = [m for m in messages if m.offset >= stored.get(TopicPartition(m.topic, m.partition), 0)]
+            result.skipped = len(messages) - len(todo)
+            batch = process(todo, now=self.clock(), max_bytes=self.max_bytes,
+                            future_tolerance_s=self.future_tolerance_s)
+            if batch.stage_rows:
+                months = {month_start(row[5]) for row in batch.stage_rows}
+                if months - self._partitions:
+                    conn.rollback()  # DDL in its own short transaction, then start over
+                    self.ensure_partitions(months)
+                    return self._write(conn, messages)
+            fresh = self._stage_and_merge(cur, batch)
+            self._dead_letters(cur, batch)
+            self._receipts(cur, batch, fresh, result)
+            for tp, end in ends.items():
+                cur.execute(SAVE_OFFSET, (end, self.group_id, tp.topic, tp.partition))
+        conn.commit()
+        result.written = len(todo)
+        return result
+
+    def _fence(self, cur: psycopg.Cursor, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        stored: dict[TopicPartition, int] = {}
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in ends:
+            by_topic[tp.topic].append(tp.partition)
+        for topic, parts in by_topic.items():
+            parts.sort()
+            cur.execute(INIT_OFFSETS, (self.group_id, topic, parts))
+            cur.execute(LOCK_OFFSETS, (self.group_id, topic, parts))
+            for partition, offset in cur.fetchall():
+                stored[TopicPartition(topic, partition)] = offset
+        return stored
+
+    def _stage_and_merge(self, cur: psycopg.Cursor, batch: ProcessedBatch) -> list[int]:
+        if not batch.stage_rows:
+            return []
+        with cur.copy(f"COPY stage ({', '.join(STAGE_COLUMNS)}) FROM STDIN") as copy:
+            for row in batch.stage_rows:
+                copy.write_row(row)
+        if batch.gpu_rows:
+            with cur.copy(f"COPY stage_gpu ({', '.join(GPU_STAGE_COLUMNS)}) FROM STDIN") as copy:
+                for row in batch.gpu_rows:
+                    copy.write_row(row)
+        cur.execute(WRITE_BATCH)
+        return [row[0] for row in cur.fetchall()]
+
+    def _dead_letters(self, cur: psycopg.Cursor, batch: ProcessedBatch) -> None:
+        if batch.dead_letters:
+            cur.executemany(
+                SAVE_DEAD_LETTER,
+                [
+                    (d.topic, d.partition, d.offset, d.reason, d.detail, d.event_source, d.event_id,
+                     d.customer_id, d.payload)
+                    for d in batch.dead_letters
+                ],
+            )
+
+    def _receipts(self, cur: psycopg.Cursor, batch: ProcessedBatch, fresh: list[int], result: WriteResult) -> None:
+        accepted = Counter(batch.ingest_ids[seq] for seq in fresh)
+        staged = Counter(batch.ingest_ids)
+        rejected = Counter(d.ingest_id for d in batch.dead_letters)
+        result.accepted = len(fresh)
+        result.rejected = len(batch.dead_letters)
+        result.duplicates = batch.staged - len(fresh) + sum(batch.batch_duplicates.values())
+        rows = []
+        for ingest_id in set(staged) | set(rejected) | set(batch.batch_duplicates):
+            if ingest_id is None:
+                continue
+            duplicates = staged[ingest_id] - accepted[ingest_id] + batch.batch_duplicates[ingest_id]
+            rows.append((ingest_id, accepted[ingest_id], duplicates, rejected[ingest_id]))
+        if rows:
+            cur.executemany(SAVE_RECEIPT, rows)
