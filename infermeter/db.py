@@ -24,7 +24,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 # Every module that defines tables; a package that adds tables adds its module here.
-TABLE_MODULES = ("metering.tables",)
+TABLE_MODULES = ("metering.tables", "serving.tables")
 
 
 def load_all_tables() -> MetaData:

@@ -124,6 +124,69 @@ class Settings(BaseSettings):
         description="$ per GPU-hour used by `bench pareto` for $/1M output tokens (a decimal string).",
     )
 
+    # --- serving control: keys, emitter spool, budgets, rate limits, replica agent (serving/keys.py,
+    # serving/emitter.py, serving/budgets.py, serving/ratelimit.py, serving/replica_agent.py) ------
+    key_cache_ttl_s: float = Field(
+        default=2.0,
+        validation_alias="INFERMETER_KEY_CACHE_TTL_S",
+        description="Seconds a gateway process trusts a verified API key before re-reading it (revocation delay).",
+    )
+    spool_dir: Path | None = Field(
+        default=None,
+        validation_alias="INFERMETER_SPOOL_DIR",
+        description="Folder of the emitters' durable event spools. Unset: INFERMETER_HOME/spool.",
+    )
+    spool_sync: str = Field(
+        default="normal",
+        validation_alias="INFERMETER_SPOOL_SYNC",
+        description="SQLite synchronous mode of the spool: normal (survives kill -9; fsync at checkpoints) or full (fsync every emit; survives power loss).",
+    )
+    emitter_batch_max_events: int = Field(
+        default=2000,
+        validation_alias="INFERMETER_EMITTER_BATCH_MAX_EVENTS",
+        description="Most spooled events the emitter publishes to Kafka per round.",
+    )
+    emitter_message_timeout_ms: int = Field(
+        default=30000,
+        validation_alias="INFERMETER_EMITTER_MESSAGE_TIMEOUT_MS",
+        description="How long the Kafka client retries one publish before the emitter re-sends it from the spool.",
+    )
+    budget_config_ttl_s: float = Field(
+        default=2.0,
+        validation_alias="INFERMETER_BUDGET_CONFIG_TTL_S",
+        description="Seconds a gateway process remembers that a customer has no budget or rate limit.",
+    )
+    reservation_ttl_s: int = Field(
+        default=900,
+        validation_alias="INFERMETER_RESERVATION_TTL_S",
+        description="A budget reservation not settled within this many seconds (gateway died) stops counting.",
+    )
+    list_price_input_per_mtok: str = Field(
+        default="0.50",
+        validation_alias="INFERMETER_LIST_PRICE_INPUT_PER_MTOK",
+        description="Budgets: list price per 1M uncached input tokens (decimal string, currency units), any model.",
+    )
+    list_price_cached_input_per_mtok: str = Field(
+        default="0.25",
+        validation_alias="INFERMETER_LIST_PRICE_CACHED_INPUT_PER_MTOK",
+        description="Budgets: list price per 1M cached input tokens (decimal string), any model.",
+    )
+    list_price_output_per_mtok: str = Field(
+        default="1.50",
+        validation_alias="INFERMETER_LIST_PRICE_OUTPUT_PER_MTOK",
+        description="Budgets: list price per 1M output tokens (decimal string), any model.",
+    )
+    replica_interval_s: float = Field(
+        default=10.0,
+        validation_alias="INFERMETER_REPLICA_INTERVAL_S",
+        description="Length of each infermeter.replica.v1 interval the replica agent emits.",
+    )
+    replica_sample_s: float = Field(
+        default=1.0,
+        validation_alias="INFERMETER_REPLICA_SAMPLE_S",
+        description="How often the replica agent scrapes vLLM /metrics inside an interval (busy-time resolution).",
+    )
+
     @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}.events"

@@ -1,0 +1,217 @@
+"""Customer API keys: created once, shown once, stored hashed, revocable within seconds.
+
+Public API (the gateway codes against this):
+
+    store = KeyStore(engine, settings=None, cache_ttl_s=None, clock=time.monotonic)
+    key_id, secret = store.create(customer_id, project_id=None)   # secret shown ONCE
+    store.list(customer_id) -> list[ApiKey]                        # never returns secrets
+    store.revoke(key_id) -> bool                                   # False: no such active key
+    principal = await store.authenticate(token)                    # infermeter.auth.Principal
+    principal = store.authenticate_sync(token)                     # same, blocking (CLI, tests)
+
+`authenticate` raises `infermeter.auth.AuthError` for a malformed, unknown or revoked key; the
+gateway answers 401. The admin and producer tokens of the settings
+(INFERMETER_ADMIN_TOKEN / INFERMETER_PRODUCER_TOKEN) resolve through
+`infermeter.auth.static_principal` first, so admin credentials are never customer keys.
+
+Key format: `im_live_<key id: 16 hex>_<secret: 32 random bytes, urlsafe base64>`. The key id
+is public (it appears in `list`, in usage events as `api_key_id`, and in logs). The database
+keeps SHA-256(secret). A slow password hash (argon2/scrypt) protects low-entropy human
+passwords; this secret carries 256 bits of entropy, so a fast hash is as safe here and keeps
+authentication at a few microseconds on the gateway's hot path.
+
+Revocation on every gateway process: each process caches a *positive* lookup for at most
+`cache_ttl_s` (INFERMETER_KEY_CACHE_TTL_S, default 2 s). A revoked key therefore stops
+working everywhere within that TTL; unknown/revoked keys are not cached (each such request
+costs one primary-key lookup, done in a worker thread so the event loop never blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+
+from infermeter.auth import AuthError, Principal, static_principal
+from infermeter.settings import Settings, get_settings
+from serving.tables import api_keys
+
+KEY_PREFIX = "im_live_"
+_KEY_ID_HEX = 16
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    customer_id: str
+    project_id: str | None
+    display_prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True)
+class _Cached:
+    expires_at: float
+    secret_sha256: bytes
+    principal: Principal
+
+
+def _hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def parse_token(token: str) -> tuple[str, str]:
+    """(key id, secret) of a customer key; AuthError when the token is not one."""
+    if not token.startswith(KEY_PREFIX):
+        raise AuthError("invalid API key")
+    rest = token[len(KEY_PREFIX) :]
+    key_id, sep, secret = rest[:_KEY_ID_HEX], rest[_KEY_ID_HEX : _KEY_ID_HEX + 1], rest[_KEY_ID_HEX + 1 :]
+    if sep != "_" or len(secret) < 20 or any(c not in "0123456789abcdef" for c in key_id) or len(key_id) != _KEY_ID_HEX:
+        raise AuthError("invalid API key")
+    return key_id, secret
+
+
+class KeyStore:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings | None = None,
+        *,
+        cache_ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings or get_settings()
+        self.cache_ttl_s = self.settings.key_cache_ttl_s if cache_ttl_s is None else cache_ttl_s
+        self._clock = clock
+        self._cache: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    # --- administration -------------------------------------------------------------------
+
+    def create(self, customer_id: str, project_id: str | None = None) -> tuple[str, str]:
+        """A new key for the customer: (key id, full secret token). The token is never stored."""
+        if not customer_id:
+            raise ValueError("customer_id must not be empty")
+        key_id = secrets.token_hex(_KEY_ID_HEX // 2)
+        secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+        token = f"{KEY_PREFIX}{key_id}_{secret}"
+        with self.engine.begin() as conn:
+            conn.execute(
+                api_keys.insert().values(
+                    key_id=key_id,
+                    customer_id=customer_id,
+                    project_id=project_id,
+                    secret_sha256=_hash(secret),
+                    display_prefix=f"{KEY_PREFIX}{key_id}_{secret[:4]}...",
+                )
+            )
+        return key_id, token
+
+    def list(self, customer_id: str, *, include_revoked: bool = True) -> list[ApiKey]:
+        query = select(
+            api_keys.c.key_id,
+            api_keys.c.customer_id,
+            api_keys.c.project_id,
+            api_keys.c.display_prefix,
+            api_keys.c.created_at,
+            api_keys.c.revoked_at,
+        ).where(api_keys.c.customer_id == customer_id)
+        if not include_revoked:
+            query = query.where(api_keys.c.revoked_at.is_(None))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(api_keys.c.created_at, api_keys.c.key_id)).all()
+        return [ApiKey(*row) for row in rows]
+
+    def get(self, key_id: str) -> ApiKey | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(
+                    api_keys.c.key_id,
+                    api_keys.c.customer_id,
+                    api_keys.c.project_id,
+                    api_keys.c.display_prefix,
+                    api_keys.c.created_at,
+                    api_keys.c.revoked_at,
+                ).where(api_keys.c.key_id == key_id)
+            ).first()
+        return ApiKey(*row) if row else None
+
+    def revoke(self, key_id: str, *, now: datetime | None = None) -> bool:
+        """Revoke an active key; True if it was active. Other processes see it within the cache TTL."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(api_keys)
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=now or datetime.now(UTC))
+            )
+        with self._lock:
+            self._cache.pop(key_id, None)
+        return result.rowcount == 1
+
+    # --- authentication ---------------------------------------------------------------------
+
+    def _static(self, token: str) -> Principal | None:
+        return static_principal(token, self.settings.admin_token, self.settings.producer_token)
+
+    def _from_cache(self, key_id: str, secret: str) -> Principal | None:
+        entry = self._cache.get(key_id)
+        if entry is None or entry.expires_at <= self._clock():
+            return None
+        if not hmac.compare_digest(entry.secret_sha256, _hash(secret)):
+            raise AuthError("invalid API key")
+        return entry.principal
+
+    def _lookup(self, key_id: str, secret: str) -> Principal:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(
+                    api_keys.c.customer_id,
+                    api_keys.c.project_id,
+                    api_keys.c.secret_sha256,
+                    api_keys.c.revoked_at,
+                ).where(api_keys.c.key_id == key_id)
+            ).first()
+        if row is None or not hmac.compare_digest(bytes(row.secret_sha256), _hash(secret)):
+            raise AuthError("invalid API key")
+        if row.revoked_at is not None:
+            with self._lock:
+                self._cache.pop(key_id, None)
+            raise AuthError("API key has been revoked")
+        principal = Principal(kind="customer", customer_id=row.customer_id, api_key_id=key_id, project_id=row.project_id)
+        if self.cache_ttl_s > 0:
+            with self._lock:
+                self._cache[key_id] = _Cached(self._clock() + self.cache_ttl_s, bytes(row.secret_sha256), principal)
+        return principal
+
+    async def authenticate(self, token: str) -> Principal:
+        """The principal of a bearer token (admin, producer or customer key); AuthError otherwise."""
+        if (principal := self._static(token)) is not None:
+            return principal
+        key_id, secret = parse_token(token)
+        if (principal := self._from_cache(key_id, secret)) is not None:
+            return principal
+        return await asyncio.to_thread(self._lookup, key_id, secret)
+
+    def authenticate_sync(self, token: str) -> Principal:
+        if (principal := self._static(token)) is not None:
+            return principal
+        key_id, secret = parse_token(token)
+        if (principal := self._from_cache(key_id, secret)) is not None:
+            return principal
+        return self._lookup(key_id, secret)

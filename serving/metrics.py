@@ -1,0 +1,111 @@
+"""THE one registry of the serving tier's Prometheus metrics (names live here and only here).
+
+Public API:
+
+    from serving import metrics
+    metrics.REGISTRY                       # its own CollectorRegistry (not prometheus_client's global)
+    metrics.render() -> bytes              # body of GET /metrics
+    metrics.CONTENT_TYPE                   # its Content-Type header
+    metrics.record_request(model, status, input_tokens=0, cached_input_tokens=0, output_tokens=0)
+    metrics.record_rejection(reason)       # reason: budget_exceeded | rate_limit_requests | rate_limit_tokens | ...
+    metrics.REQUEST_DURATION.labels(model=...).observe(seconds)
+
+Metric names (each gateway process exposes its own; Prometheus sums across processes):
+
+| name | type | labels | meaning |
+| --- | --- | --- | --- |
+| infermeter_gateway_requests_total | counter | model, status | requests by outcome (ok, error, cancelled, rejected) |
+| infermeter_gateway_tokens_total | counter | model, kind | tokens by kind: input (all prompt tokens), cached_input, output |
+| infermeter_gateway_rejections_total | counter | reason | admissions refused, by reason |
+| infermeter_gateway_request_duration_seconds | histogram | model | gateway receive -> last byte |
+| infermeter_emitter_spool_depth | gauge | spool | events in the spool not yet acknowledged by Kafka |
+| infermeter_emitter_publish_lag_seconds | gauge | spool | age of the oldest unacknowledged event (0 when empty) |
+| infermeter_emitter_events_emitted_total | counter | spool | events appended to the spool |
+| infermeter_emitter_events_published_total | counter | spool | events acknowledged by Kafka |
+| infermeter_emitter_publish_failures_total | counter | spool | publish attempts that failed (they are retried) |
+| infermeter_replica_agent_scrapes_total | counter | deployment, result | vLLM /metrics scrapes (ok, error) |
+| infermeter_replica_agent_intervals_total | counter | deployment | replica intervals emitted |
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+REQUESTS = Counter(
+    "infermeter_gateway_requests_total", "Requests by model and outcome.", ["model", "status"], registry=REGISTRY
+)
+TOKENS = Counter(
+    "infermeter_gateway_tokens_total",
+    "Tokens by model and kind (input = all prompt tokens, cached_input, output).",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
+REJECTIONS = Counter(
+    "infermeter_gateway_rejections_total", "Admissions refused, by reason.", ["reason"], registry=REGISTRY
+)
+REQUEST_DURATION = Histogram(
+    "infermeter_gateway_request_duration_seconds",
+    "Gateway receive to last byte sent, seconds.",
+    ["model"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
+SPOOL_DEPTH = Gauge(
+    "infermeter_emitter_spool_depth", "Events spooled and not yet acknowledged by Kafka.", ["spool"], registry=REGISTRY
+)
+PUBLISH_LAG = Gauge(
+    "infermeter_emitter_publish_lag_seconds",
+    "Age of the oldest event not yet acknowledged by Kafka (0 when the spool is empty).",
+    ["spool"],
+    registry=REGISTRY,
+)
+EVENTS_EMITTED = Counter(
+    "infermeter_emitter_events_emitted_total", "Events appended to the spool.", ["spool"], registry=REGISTRY
+)
+EVENTS_PUBLISHED = Counter(
+    "infermeter_emitter_events_published_total", "Events acknowledged by Kafka.", ["spool"], registry=REGISTRY
+)
+PUBLISH_FAILURES = Counter(
+    "infermeter_emitter_publish_failures_total",
+    "Event publishes that failed and will be retried.",
+    ["spool"],
+    registry=REGISTRY,
+)
+REPLICA_SCRAPES = Counter(
+    "infermeter_replica_agent_scrapes_total",
+    "Scrapes of vLLM /metrics by the replica agent.",
+    ["deployment", "result"],
+    registry=REGISTRY,
+)
+REPLICA_INTERVALS = Counter(
+    "infermeter_replica_agent_intervals_total",
+    "infermeter.replica.v1 intervals emitted.",
+    ["deployment"],
+    registry=REGISTRY,
+)
+
+
+def record_request(
+    model: str, status: str, input_tokens: int = 0, cached_input_tokens: int = 0, output_tokens: int = 0
+) -> None:
+    """Count one finished request and its tokens (call once per request, next to its event)."""
+    REQUESTS.labels(model=model, status=status).inc()
+    if input_tokens:
+        TOKENS.labels(model=model, kind="input").inc(input_tokens)
+    if cached_input_tokens:
+        TOKENS.labels(model=model, kind="cached_input").inc(cached_input_tokens)
+    if output_tokens:
+        TOKENS.labels(model=model, kind="output").inc(output_tokens)
+
+
+def record_rejection(reason: str) -> None:
+    REJECTIONS.labels(reason=reason).inc()
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of every serving metric of this process."""
+    return generate_latest(REGISTRY)
