@@ -1,0 +1,105 @@
+"""Money: exact decimals, currencies that own their minor unit, and the one rounding rule.
+
+Amounts are `Decimal` built from `str`/`int` only. A precise amount keeps the project-wide
+scale (12 decimal places, like `infermeter.db.QUANTITY_SCALE`); a line is rounded once, half-up,
+to its currency's minor unit, and the precise amount is kept beside the rounded one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
+
+# Same scale as the NUMERIC columns (infermeter.db.QUANTITY_SCALE); pricing/ stays free of I/O imports,
+# so the number is repeated here and a test checks the two agree.
+SCALE = 12
+QUANT = Decimal(1).scaleb(-SCALE)  # 0.000000000001
+
+# Wide enough that products of 38-digit quantities and 12-decimal prices never lose digits.
+EXACT = Context(prec=80, rounding=ROUND_HALF_UP)
+
+# ISO 4217 minor units of the currencies a price book may use.
+MINOR_UNITS: dict[str, int] = {
+    "USD": 2, "EUR": 2, "GBP": 2, "CHF": 2, "CAD": 2, "AUD": 2, "NZD": 2, "SGD": 2, "HKD": 2,
+    "CNY": 2, "INR": 2, "SEK": 2, "NOK": 2, "DKK": 2, "PLN": 2, "CZK": 2, "BRL": 2, "MXN": 2,
+    "ZAR": 2, "ILS": 2, "AED": 2, "SAR": 2, "TWD": 2, "THB": 2,
+    "JPY": 0, "KRW": 0, "VND": 0, "CLP": 0, "ISK": 0, "HUF": 2,
+    "BHD": 3, "KWD": 3, "OMR": 3, "JOD": 3, "TND": 3,
+}
+
+
+class UnknownCurrency(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Currency:
+    code: str
+    minor_units: int
+
+    @classmethod
+    def of(cls, code: str) -> Currency:
+        try:
+            return cls(code, MINOR_UNITS[code])
+        except KeyError:
+            raise UnknownCurrency(
+                f"unknown currency {code!r} (known: {', '.join(sorted(MINOR_UNITS))})"
+            ) from None
+
+    @property
+    def minor_unit(self) -> Decimal:
+        return Decimal(1).scaleb(-self.minor_units)
+
+    def round(self, amount: Decimal) -> Decimal:
+        """Half-up to the minor unit (the only rounding done on money)."""
+        with localcontext(EXACT):
+            return amount.quantize(self.minor_unit, rounding=ROUND_HALF_UP)
+
+    def to_minor_units(self, amount: Decimal) -> int:
+        """Integer minor units of an already rounded amount (what Stripe receives)."""
+        return int(self.round(amount).scaleb(self.minor_units))
+
+
+def precise(amount: Decimal) -> Decimal:
+    """An amount kept at the project scale (12 places, half-up): what is stored as the precise amount."""
+    with localcontext(EXACT):
+        return amount.quantize(QUANT, rounding=ROUND_HALF_UP)
+
+
+def exact_decimal(value: object, *, what: str = "amount") -> Decimal:
+    """A Decimal from a str/int/Decimal with at most SCALE decimal places; floats are refused.
+
+    Raises ValueError with a reason a person can act on.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a decimal string such as \"0.20\", got a boolean")
+    if isinstance(value, float):
+        raise ValueError(
+            f"{what} must be a decimal string such as \"0.20\" (a binary float cannot hold it exactly)"
+        )
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, Decimal):
+        d = value
+    elif isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            d = Decimal(text)
+        except InvalidOperation:
+            raise ValueError(f"{what} {value!r} is not a decimal number") from None
+    else:
+        raise ValueError(f"{what} must be a decimal string, got {type(value).__name__}")
+    if not d.is_finite():
+        raise ValueError(f"{what} {value!r} is not a finite number")
+    exponent = d.as_tuple().exponent
+    if isinstance(exponent, int) and exponent < -SCALE:
+        raise ValueError(
+            f"{what} {value!r} has more than {SCALE} decimal places (the project-wide scale)"
+        )
+    return d
+
+
+def mul_div(quantity: Decimal, amount: Decimal, per: Decimal) -> Decimal:
+    """quantity x amount / per, exactly (to 80 digits) — never rounded here."""
+    with localcontext(EXACT):
+        return quantity * amount / per

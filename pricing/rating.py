@@ -1,0 +1,274 @@
+"""Rating: usage aggregates for a period + a price book -> lines. Pure and exact.
+
+One small function per price type turns a quantity into a precise amount (`rate_unit`,
+`rate_tiered_graduated`, `rate_tiered_volume`, `rate_package`, `rate_flat`). `rate` matches each
+usage quantity to the most specific charge of its meter (a charge naming a model, deployment or GPU
+type beats the unnamed one; on a tie the earlier charge wins), makes one line per charge and model
+(per GPU type for GPU time; one line for meters without a dimension), rounds each line once, half-up,
+to the currency's minor unit, and adds a top-up line for a minimum commitment and a credit line for
+prepaid credits. Line ids are stable hashes, so re-rating gives the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_CEILING, Decimal, localcontext
+from typing import Literal
+
+from pricing.book import (
+    Charge,
+    FlatPrice,
+    PackagePrice,
+    PriceBook,
+    TieredGraduatedPrice,
+    TieredVolumePrice,
+    UnitPrice,
+)
+from pricing.money import EXACT, Currency, mul_div, precise
+from pricing.usage import Usage, UsageKey
+
+ZERO = Decimal(0)
+
+# ---------------------------------------------------------------- one function per price type
+
+
+def rate_unit(price: UnitPrice, quantity: Decimal) -> Decimal:
+    return mul_div(quantity, price.amount, price.per)
+
+
+def rate_tiered_graduated(price: TieredGraduatedPrice, quantity: Decimal) -> Decimal:
+    total = ZERO
+    lower = ZERO
+    with localcontext(EXACT):
+        for tier in price.tiers:
+            if quantity <= lower:
+                break
+            upper = quantity if tier.up_to is None else min(quantity, tier.up_to)
+            total += (upper - lower) * tier.amount / price.per + tier.flat_amount
+            if tier.up_to is None:
+                break
+            lower = tier.up_to
+    return total
+
+
+def rate_tiered_volume(price: TieredVolumePrice, quantity: Decimal) -> Decimal:
+    if quantity <= 0:
+        return ZERO
+    for tier in price.tiers:
+        if tier.up_to is None or quantity <= tier.up_to:
+            with localcontext(EXACT):
+                return quantity * tier.amount / price.per + tier.flat_amount
+    raise AssertionError("validated tiers always end with an open tier")
+
+
+def rate_package(price: PackagePrice, quantity: Decimal) -> Decimal:
+    with localcontext(EXACT):
+        packages = (quantity / price.per).to_integral_value(rounding=ROUND_CEILING)
+        return packages * price.amount
+
+
+def rate_flat(price: FlatPrice, quantity: Decimal) -> Decimal:
+    return price.amount if quantity > 0 else ZERO
+
+
+PRICERS: dict[type, Callable[..., Decimal]] = {
+    UnitPrice: rate_unit,
+    TieredGraduatedPrice: rate_tiered_graduated,
+    TieredVolumePrice: rate_tiered_volume,
+    PackagePrice: rate_package,
+    FlatPrice: rate_flat,
+}
+
+
+def price_quantity(charge: Charge, quantity: Decimal) -> Decimal:
+    """Precise amount of a charge for a quantity, after its free allowance."""
+    billable = max(ZERO, quantity - charge.free)
+    return PRICERS[type(charge.price)](charge.price, billable)
+
+
+# ---------------------------------------------------------------- lines
+
+LineKind = Literal["usage", "minimum", "credit"]
+
+
+@dataclass(frozen=True)
+class Line:
+    line_id: str
+    kind: LineKind
+    customer_id: str
+    charge_key: str
+    meter: str
+    group: str  # the model (request meters), the GPU type (gpu_seconds) or ''
+    quantity: Decimal
+    unit_price: Decimal | None  # amount per single unit for unit prices; None for the others
+    precise_amount: Decimal  # at the project scale (12 places)
+    amount: Decimal  # rounded once, half-up, to the currency's minor unit
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "line_id": self.line_id,
+            "kind": self.kind,
+            "customer_id": self.customer_id,
+            "charge": self.charge_key,
+            "meter": self.meter,
+            "group": self.group,
+            "quantity": str(self.quantity),
+            "unit_price": None if self.unit_price is None else str(self.unit_price),
+            "precise_amount": str(self.precise_amount),
+            "amount": str(self.amount),
+        }
+
+
+@dataclass(frozen=True)
+class Rating:
+    book_id: str
+    currency: str
+    customer_id: str
+    period_start: datetime
+    period_end: datetime
+    lines: tuple[Line, ...]
+
+    @property
+    def total(self) -> Decimal:
+        """The sum of the rounded lines (usage, minimum top-up and credits)."""
+        return sum((line.amount for line in self.lines), ZERO)
+
+    @property
+    def usage_total(self) -> Decimal:
+        return sum((line.amount for line in self.lines if line.kind == "usage"), ZERO)
+
+    def amount_by(self, meter: str | None = None, group: str | None = None) -> Decimal:
+        return sum(
+            (
+                line.amount
+                for line in self.lines
+                if line.kind == "usage"
+                and (meter is None or line.meter == meter)
+                and (group is None or line.group == group)
+            ),
+            ZERO,
+        )
+
+
+def line_id(book: PriceBook, customer_id: str, charge_key: str, group: str, start: datetime, end: datetime) -> str:
+    text = "|".join((book.id, customer_id, charge_key, group, start.isoformat(), end.isoformat()))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def match_charge(book: PriceBook, key: UsageKey) -> tuple[int, Charge] | None:
+    """The charge that prices a usage key: the most specific match, the earlier one on a tie."""
+    best: tuple[int, Charge] | None = None
+    for index, charge in enumerate(book.charges):
+        if charge.meter != key.meter:
+            continue
+        if charge.model is not None and charge.model != key.model:
+            continue
+        if charge.deployment is not None and charge.deployment != key.deployment:
+            continue
+        if charge.gpu_type is not None and charge.gpu_type != key.gpu_type:
+            continue
+        if best is None or charge.specificity > best[1].specificity:
+            best = (index, charge)
+    return best
+
+
+def _line_quantities(book: PriceBook, usage: Usage) -> dict[tuple[int, str], Decimal]:
+    out: dict[tuple[int, str], Decimal] = {}
+    for key, quantity in usage.quantities.items():
+        if not quantity:
+            continue
+        matched = match_charge(book, key)
+        if matched is None:
+            continue  # a meter the book does not charge for
+        slot = (matched[0], key.group)
+        out[slot] = out.get(slot, ZERO) + Decimal(quantity)
+    return out
+
+
+def _unit_price(charge: Charge) -> Decimal | None:
+    if isinstance(charge.price, UnitPrice):
+        return precise(charge.price.amount / charge.price.per)
+    return None
+
+
+def _commitment_lines(
+    book: PriceBook, currency: Currency, customer_id: str, usage_total: Decimal, start: datetime, end: datetime
+) -> list[Line]:
+    lines: list[Line] = []
+    running = usage_total
+    if book.minimum is not None:
+        minimum = currency.round(book.minimum)
+        if running < minimum:
+            top_up = minimum - running
+            lines.append(
+                Line(line_id(book, customer_id, "minimum", "", start, end), "minimum", customer_id,
+                     "minimum", "minimum", "", Decimal(1), None, precise(top_up), top_up)
+            )
+            running = minimum
+    if book.credits:
+        used = min(currency.round(book.credits), running)
+        if used > 0:
+            lines.append(
+                Line(line_id(book, customer_id, "credits", "", start, end), "credit", customer_id,
+                     "credits", "credits", "", Decimal(1), None, precise(-used), -used)
+            )
+    return lines
+
+
+def rate(book: PriceBook, usage: Usage) -> Rating:
+    """Rate one customer's usage of one period under a book."""
+    currency = book.money
+    lines: list[Line] = []
+    for (index, group), quantity in sorted(_line_quantities(book, usage).items()):
+        charge = book.charges[index]
+        exact = price_quantity(charge, quantity)
+        lines.append(
+            Line(
+                line_id(book, usage.customer_id, charge.stable_key, group, usage.period_start, usage.period_end),
+                "usage", usage.customer_id, charge.stable_key, charge.meter, group, quantity,
+                _unit_price(charge), precise(exact), currency.round(exact),
+            )
+        )
+    usage_total = sum((line.amount for line in lines), ZERO)
+    lines += _commitment_lines(book, currency, usage.customer_id, usage_total, usage.period_start, usage.period_end)
+    return Rating(book.id, book.currency, usage.customer_id, usage.period_start, usage.period_end, tuple(lines))
+
+
+def rate_progressive(book: PriceBook, prior: Usage, window: Usage, *, final: bool) -> Rating:
+    """Rate the window [b, c) of a billing period that started at a, given the usage of [a, b) that an
+    earlier progressive rating already billed. Each line is the difference between the cumulative
+    rating of [a, c) and that of [a, b) — precise and rounded alike — so the parts of a period always
+    add up to the rating of the whole period. The minimum and credits apply on the final part only.
+    """
+    cumulative = prior.then(window) if prior.period_end > prior.period_start else window
+    if prior.period_end == prior.period_start and prior.period_end != window.period_start:
+        raise ValueError("the empty prior must end where the window starts")
+    currency = book.money
+    before = _line_quantities(book, prior)
+    after = _line_quantities(book, cumulative)
+    lines: list[Line] = []
+    for slot in sorted(set(before) | set(after)):
+        index, group = slot
+        charge = book.charges[index]
+        q0, q1 = before.get(slot, ZERO), after.get(slot, ZERO)
+        if q1 == q0:
+            continue
+        p0, p1 = price_quantity(charge, q0), price_quantity(charge, q1)
+        lines.append(
+            Line(
+                line_id(book, window.customer_id, charge.stable_key, group, window.period_start, window.period_end),
+                "usage", window.customer_id, charge.stable_key, charge.meter, group, q1 - q0,
+                _unit_price(charge), precise(p1) - precise(p0), currency.round(p1) - currency.round(p0),
+            )
+        )
+    if final:
+        period_usage_total = sum(
+            (currency.round(price_quantity(book.charges[i], q)) for (i, _), q in after.items()), ZERO
+        )
+        for line in _commitment_lines(book, currency, window.customer_id, period_usage_total,
+                                      cumulative.period_start, cumulative.period_end):
+            lines.append(line)
+    return Rating(book.id, book.currency, window.customer_id, window.period_start, window.period_end, tuple(lines))
