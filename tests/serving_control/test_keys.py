@@ -1,0 +1,87 @@
+"""API keys: shown once, stored hashed, authenticated, revoked everywhere within seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import pytest
+from sqlalchemy import select
+
+from infermeter.auth import AuthError
+from serving.keys import KEY_PREFIX, KeyStore
+from serving.tables import api_keys
+
+
+def test_create_stores_only_a_hash_and_authenticates(engine, settings):
+    store = KeyStore(engine, settings)
+    key_id, token = store.create("cust-a", project_id="proj-1")
+    assert token.startswith(KEY_PREFIX + key_id + "_")
+    with engine.connect() as conn:
+        row = conn.execute(select(api_keys).where(api_keys.c.key_id == key_id)).one()
+    secret = token.split("_", 3)[3]
+    assert bytes(row.secret_sha256) == hashlib.sha256(secret.encode()).digest()
+    assert secret not in repr(tuple(row))  # the secret itself is nowhere in the row
+    principal = asyncio.run(store.authenticate(token))
+    assert (principal.kind, principal.customer_id, principal.api_key_id, principal.project_id) == (
+        "customer", "cust-a", key_id, "proj-1")
+
+
+def test_list_shows_keys_of_one_customer_without_secrets(engine, settings):
+    store = KeyStore(engine, settings)
+    k1, t1 = store.create("cust-a")
+    k2, _ = store.create("cust-a")
+    store.create("cust-b")
+    keys = store.list("cust-a")
+    assert {k.key_id for k in keys} == {k1, k2}
+    assert all(t1 not in k.display_prefix for k in keys)
+    store.revoke(k1)
+    assert {k.key_id for k in store.list("cust-a", include_revoked=False)} == {k2}
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["", "sk-something", KEY_PREFIX + "nothex", KEY_PREFIX + "0123456789abcdef_" + "x" * 43, "dev-admin-tokenX"],
+)
+def test_bad_tokens_are_rejected(engine, settings, token):
+    with pytest.raises(AuthError):
+        KeyStore(engine, settings).authenticate_sync(token)
+
+
+def test_right_key_id_wrong_secret_is_rejected_even_when_cached(engine, settings):
+    store = KeyStore(engine, settings)
+    key_id, token = store.create("cust-a")
+    store.authenticate_sync(token)  # now cached
+    with pytest.raises(AuthError):
+        store.authenticate_sync(f"{KEY_PREFIX}{key_id}_{'A' * 43}")
+
+
+def test_admin_and_producer_tokens_are_separate_from_customer_keys(engine, settings):
+    store = KeyStore(engine, settings)
+    assert store.authenticate_sync(settings.admin_token).kind == "admin"
+    assert store.authenticate_sync(settings.producer_token).kind == "producer"
+    _, token = store.create("cust-a")
+    assert store.authenticate_sync(token).kind == "customer"
+
+
+def test_revocation_reaches_a_second_process_within_the_cache_ttl(engine, other_engine, settings):
+    gateway_1 = KeyStore(engine, settings, cache_ttl_s=1.0)
+    gateway_2 = KeyStore(other_engine, settings, cache_ttl_s=1.0)
+    key_id, token = gateway_1.create("cust-a")
+    assert asyncio.run(gateway_2.authenticate(token)).customer_id == "cust-a"  # cached in gateway 2
+    assert gateway_1.revoke(key_id)
+    assert not gateway_1.revoke(key_id)  # already revoked
+    with pytest.raises(AuthError):
+        gateway_1.authenticate_sync(token)  # the revoking process: at once
+    revoked_at = time.monotonic()
+    while True:  # the other process: as soon as its cache entry expires
+        try:
+            gateway_2.authenticate_sync(token)
+        except AuthError:
+            break
+        assert time.monotonic() - revoked_at < 1.5, "revocation not visible within the TTL"
+        time.sleep(0.05)
+    # and it stays revoked
+    with pytest.raises(AuthError, match="revoked"):
+        asyncio.run(gateway_2.authenticate(token))
