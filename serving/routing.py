@@ -1,0 +1,85 @@
+"""Which replica serves a request: prefix-cache aware, with a load-aware fallback.
+
+vLLM's prefix cache lives per replica. Requests that share a prompt prefix (a system prompt, a
+conversation's earlier turns, a RAG document) only hit the cache if they land on the replica that
+served the prefix before. So:
+
+- `prefix`: the prompt's first `prefix_chars` characters (about the first few KV blocks) are
+  hashed, and replicas are ranked by rendezvous (highest-random-weight) hashing on that key:
+  the same prefix always prefers the same replica, and removing a replica only moves the
+  prefixes it owned. The preferred replica is skipped when it is down, or when it carries more
+  than `max_imbalance` requests beyond the least-loaded live replica (load-aware fallback); the
+  next replica in rank order is taken instead, so the fallback itself stays sticky.
+- `round_robin`: the baseline the prefix policy is compared with (docs/serving.md).
+
+Pure: no I/O; `in_flight` counts are kept by the gateway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from serving.upstreams import ModelRoute, Replica
+
+DEFAULT_PREFIX_CHARS = 256
+DEFAULT_MAX_IMBALANCE = 4
+
+
+def prefix_key(body: dict, prefix_chars: int = DEFAULT_PREFIX_CHARS) -> bytes:
+    """The first `prefix_chars` characters of the prompt as the engine will see it (roughly)."""
+    prompt = body.get("prompt")
+    if prompt is not None:
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt else ""
+            if isinstance(prompt, list):  # token ids
+                return repr(prompt[: prefix_chars // 4]).encode()
+        return str(prompt)[:prefix_chars].encode()
+    parts: list[str] = []
+    size = 0
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        piece = f"{message.get('role', '')}:{content or ''}\n"
+        parts.append(piece)
+        size += len(piece)
+        if size >= prefix_chars:
+            break
+    return "".join(parts)[:prefix_chars].encode()
+
+
+def _score(key: bytes, replica_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key + b"\x00" + replica_id.encode(), digest_size=8).digest(), "big")
+
+
+def rank_replicas(key: bytes, replicas: list[Replica]) -> list[Replica]:
+    """Replicas in rendezvous-hash preference order for `key`."""
+    return sorted(replicas, key=lambda replica: _score(key, replica.replica_id), reverse=True)
+
+
+def pick_replica(
+    route: ModelRoute,
+    body: dict,
+    *,
+    prefix_chars: int = DEFAULT_PREFIX_CHARS,
+    max_imbalance: int = DEFAULT_MAX_IMBALANCE,
+    now: float | None = None,
+) -> Replica:
+    replicas = route.replicas
+    if len(replicas) == 1:
+        return replicas[0]
+    now = time.monotonic() if now is None else now
+    live = [replica for replica in replicas if replica.is_up(now)]
+    if not live:  # everything is down: try the one that failed longest ago
+        return min(replicas, key=lambda replica: replica.down_until)
+    if route.routing == "round_robin":
+        route._next = (route._next + 1) % len(live)
+        return live[route._next]
+    least = min(replica.in_flight for replica in live)
+    for replica in rank_replicas(prefix_key(body, prefix_chars), live):
+        if replica.in_flight - least <= max_imbalance:
+            return replica
+    return min(live, key=lambda replica: replica.in_flight)  # unreachable: the least loaded always fits

