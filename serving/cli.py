@@ -20,7 +20,9 @@ from infermeter.settings import get_settings
 
 console = Console(stderr=True)
 
-serve_app = typer.Typer(help="Run the serving tier: the gateway, a vLLM engine, the replica agent.", no_args_is_help=True)
+serve_app = typer.Typer(
+    help="Run the serving tier: the gateway, a vLLM engine, the replica agent.", no_args_is_help=True
+)
 app = serve_app  # the name the lead's CLI imports
 replay_app = typer.Typer(help="Replay a real traffic trace through the gateway.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks of a serving deployment.", no_args_is_help=True)
@@ -59,7 +61,9 @@ def serve_gateway(
     except Exception as exc:  # noqa: BLE001 - database / broker unreachable: one clear line
         _fail(f"the gateway could not start: {exc}")
     models = ", ".join(f"{name} ({len(r.replicas)} replica(s))" for name, r in config.models.items())
-    console.print(f"gateway on http://{host or settings.gateway_host}:{port or settings.gateway_port} serving {models}")
+    console.print(
+        f"gateway on http://{host or settings.gateway_host}:{port or settings.gateway_port} serving {models}"
+    )
     uvicorn.run(
         app_,
         host=host or settings.gateway_host,
@@ -73,7 +77,9 @@ def serve_gateway(
 
 @serve_app.command("vllm")
 def serve_vllm(
-    model: str = typer.Option(None, help="Model directory or id. Default: the tiny Llama, built on first use."),
+    model: str = typer.Option(
+        None, help="Model directory or id. Default: the tiny Llama, built on first use."
+    ),
     served_model_name: str = typer.Option("tiny-llama", help="Model name the server answers to."),
     host: str = typer.Option("127.0.0.1", help="Bind address."),
     port: int = typer.Option(8000, help="Port."),
@@ -95,8 +101,15 @@ def serve_vllm(
                 model = str(ensure_tiny_model(Path(settings.home) / "models", python))
         state_dir = Path(settings.home) / "vllm" / str(port)
         server = start_vllm(
-            python, model, served_model_name=served_model_name, port=port, host=host, state_dir=state_dir,
-            max_model_len=max_model_len, device=device, extra_args=extra_arg,
+            python,
+            model,
+            served_model_name=served_model_name,
+            port=port,
+            host=host,
+            state_dir=state_dir,
+            max_model_len=max_model_len,
+            device=device,
+            extra_args=extra_arg,
         )
     except (VllmError, ModelBuildError) as exc:
         _fail(str(exc))

@@ -60,7 +60,13 @@ from infermeter.settings import Settings, get_settings
 from serving import metrics
 from serving.routing import pick_replica
 from serving.upstreams import ModelRoute, Replica, UpstreamConfig, load_upstreams
-from serving.usage import RequestOutcome, build_request_event, build_task_event, build_usage_event, usage_tokens
+from serving.usage import (
+    RequestOutcome,
+    build_request_event,
+    build_task_event,
+    build_usage_event,
+    usage_tokens,
+)
 
 log = logging.getLogger("serving.gateway")
 
@@ -85,7 +91,9 @@ class Authenticator(Protocol):
 
 
 class AdmissionControl(Protocol):
-    async def admit(self, customer_id: str, *, model: str, request_id: str, prompt_tokens: int, max_tokens: int) -> Any: ...
+    async def admit(
+        self, customer_id: str, *, model: str, request_id: str, prompt_tokens: int, max_tokens: int
+    ) -> Any: ...
 
     async def settle(self, request_id: str, **actual: Any) -> None: ...
 
@@ -212,7 +220,9 @@ def parse_body(raw: bytes, kind: str) -> dict:
         if value is not None and value < 1:
             raise _bad(f"'{name}' must be at least 1", name)
     stop = body.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise _bad("'stop' must be a string or a list of strings", "stop")
     if kind == "chat":
         messages = body.get("messages")
@@ -222,10 +232,15 @@ def parse_body(raw: bytes, kind: str) -> dict:
             if not isinstance(message, dict):
                 raise _bad(f"messages[{index}] must be an object", f"messages[{index}]")
             if message.get("role") not in _CHAT_ROLES:
-                raise _bad(f"messages[{index}].role must be one of {sorted(_CHAT_ROLES)}", f"messages[{index}].role")
+                raise _bad(
+                    f"messages[{index}].role must be one of {sorted(_CHAT_ROLES)}", f"messages[{index}].role"
+                )
             content = message.get("content")
             if content is not None and not isinstance(content, str | list):
-                raise _bad(f"messages[{index}].content must be a string or a list of parts", f"messages[{index}].content")
+                raise _bad(
+                    f"messages[{index}].content must be a string or a list of parts",
+                    f"messages[{index}].content",
+                )
     else:
         prompt = body.get("prompt")
         if not _prompt_ok(prompt):
@@ -242,7 +257,10 @@ def _prompt_ok(prompt: Any) -> bool:
         return True
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
         return True
-    return all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt)
+    return all(
+        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        for p in prompt
+    )
 
 
 def prompt_token_bound(body: dict) -> int:
@@ -255,7 +273,9 @@ def prompt_token_bound(body: dict) -> int:
             return len(prompt.encode())
         total = 0
         for item in prompt:
-            total += len(item.encode()) if isinstance(item, str) else (len(item) if isinstance(item, list) else 1)
+            total += (
+                len(item.encode()) if isinstance(item, str) else (len(item) if isinstance(item, list) else 1)
+            )
         return total
     total = 0
     for message in body.get("messages") or ():
@@ -350,7 +370,9 @@ def create_app(
             if on_shutdown is not None:
                 await on_shutdown()
 
-    app = FastAPI(title="infermeter gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="infermeter gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.gateway = state
 
     @app.exception_handler(ApiError)
@@ -378,7 +400,13 @@ def create_app(
     async def list_models(request: Request) -> Response:
         await _authenticate(state, request)
         data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "infermeter", "root": route.deployment_id}
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "infermeter",
+                "root": route.deployment_id,
+            }
             for name, route in state.upstreams.models.items()
         ]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
@@ -455,7 +483,11 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
     route = state.upstreams.route(body["model"])
     if route is None:
         raise ApiError(
-            404, f"the model '{body['model']}' does not exist", code="model_not_found", param="model", type_="not_found_error"
+            404,
+            f"the model '{body['model']}' does not exist",
+            code="model_not_found",
+            param="model",
+            type_="not_found_error",
         )
     ctx = RequestContext(
         request_id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
@@ -491,7 +523,7 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
     if response.status != 200:
         try:
             data = await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             data = b""
         finally:
             response.release()
@@ -504,10 +536,13 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
 
     try:
         data = await response.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         await _finish(state, ctx, "error", tags={"error": "upstream_broken"})
         return _with_headers(
-            error_response(502, f"the upstream replica failed mid-response: {exc}", "api_error", "upstream_error"), ctx
+            error_response(
+                502, f"the upstream replica failed mid-response: {exc}", "api_error", "upstream_error"
+            ),
+            ctx,
         )
     except BaseException:
         await _finish(state, ctx, "cancelled")
@@ -519,9 +554,13 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
     usage = None
     with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
         usage = orjson.loads(data).get("usage")
-    await _finish(state, ctx, "ok", usage=usage, usage_final=True, first_token_at=received_at, finished_at=received_at)
+    await _finish(
+        state, ctx, "ok", usage=usage, usage_final=True, first_token_at=received_at, finished_at=received_at
+    )
     if route.upstream_model != route.name:
-        data = data.replace(f'"model":"{route.upstream_model}"'.encode(), f'"model":"{route.name}"'.encode(), 1)
+        data = data.replace(
+            f'"model":"{route.upstream_model}"'.encode(), f'"model":"{route.name}"'.encode(), 1
+        )
     return _with_headers(Response(data, media_type="application/json"), ctx)
 
 
@@ -564,12 +603,16 @@ async def _open_upstream(state: GatewayState, ctx: RequestContext, payload: byte
             ctx.route.mark_down(replica)
             last_error = f"cannot connect to replica {replica.replica_id}: {exc.os_error or exc}"
             continue
-        except asyncio.TimeoutError:
+        except TimeoutError:
             replica.in_flight -= 1
-            raise ApiError(504, "the upstream replica did not answer in time", type_="api_error", code="upstream_timeout") from None
+            raise ApiError(
+                504, "the upstream replica did not answer in time", type_="api_error", code="upstream_timeout"
+            ) from None
         except aiohttp.ClientError as exc:
             replica.in_flight -= 1
-            raise ApiError(502, f"the upstream replica failed: {exc}", type_="api_error", code="upstream_error") from None
+            raise ApiError(
+                502, f"the upstream replica failed: {exc}", type_="api_error", code="upstream_error"
+            ) from None
         except BaseException:
             replica.in_flight -= 1
             raise
@@ -577,7 +620,10 @@ async def _open_upstream(state: GatewayState, ctx: RequestContext, payload: byte
             ctx.route.mark_up(replica)
         return response
     raise ApiError(
-        503, f"no replica of model '{ctx.route.name}' is reachable ({last_error})", type_="api_error", code="upstream_unavailable"
+        503,
+        f"no replica of model '{ctx.route.name}' is reachable ({last_error})",
+        type_="api_error",
+        code="upstream_unavailable",
     )
 
 
@@ -620,7 +666,9 @@ async def _admit(state: GatewayState, ctx: RequestContext) -> Response | None:
     if hasattr(result, "openai_error"):  # a Rejection
         metrics.record_rejection(result.reason)
         await _finish(state, ctx, "rejected", tags={"reason": result.reason}, settle=False)
-        response = Response(orjson.dumps(result.openai_error()), status_code=result.status, media_type="application/json")
+        response = Response(
+            orjson.dumps(result.openai_error()), status_code=result.status, media_type="application/json"
+        )
         for name, value in headers.items():
             response.headers[name] = str(value)
         return _with_headers(response, ctx)
@@ -637,14 +685,16 @@ async def _context_length(state: GatewayState, route: ModelRoute) -> int:
     length = DEFAULT_CONTEXT_LENGTH
     for replica in route.replicas:
         try:
-            async with state.session.get(replica.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            async with state.session.get(
+                replica.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
                 listing = await resp.json(loads=orjson.loads)
             for model in listing.get("data", ()):
                 if model.get("id") == route.upstream_model and isinstance(model.get("max_model_len"), int):
                     length = model["max_model_len"]
                     state.context_lengths[route.name] = length
                     return length
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
             continue
     return length
 
@@ -788,7 +838,9 @@ class MeteredStream(Response):
                     for choice in choices:
                         delta = choice.get("delta")
                         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                        if text or (isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("reasoning"))):
+                        if text or (
+                            isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("reasoning"))
+                        ):
                             streamed += 1
                             if first_token_at is None:
                                 first_token_at = datetime.now(UTC)
@@ -798,8 +850,12 @@ class MeteredStream(Response):
                 elif chunk_usage is not None and not self.client_usage:
                     continue  # the usage-only final chunk the client did not ask for
                 if rename:
-                    payload = payload.replace(b'"model":"' + upstream_model + b'"', b'"model":"' + ctx.route.name.encode() + b'"', 1)
-                await send({"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": True})
+                    payload = payload.replace(
+                        b'"model":"' + upstream_model + b'"', b'"model":"' + ctx.route.name.encode() + b'"', 1
+                    )
+                await send(
+                    {"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": True}
+                )
             else:
                 if status == "ok":  # the upstream closed without [DONE]
                     status = "error"
@@ -818,12 +874,25 @@ class MeteredStream(Response):
         except OSError:  # the server could not write to the client: it is gone
             status = "cancelled"
             tags["reason"] = "client_disconnected"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             status = "error"
             tags["error"] = "upstream_broken"
             with contextlib.suppress(Exception):
-                error = {"error": {"message": f"upstream failed mid-stream: {exc}", "type": "api_error", "param": None, "code": "upstream_error"}}
-                await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(error) + b"\n\n", "more_body": False})
+                error = {
+                    "error": {
+                        "message": f"upstream failed mid-stream: {exc}",
+                        "type": "api_error",
+                        "param": None,
+                        "code": "upstream_error",
+                    }
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + orjson.dumps(error) + b"\n\n",
+                        "more_body": False,
+                    }
+                )
         finally:
             streaming = False
             watcher.cancel()
@@ -916,7 +985,11 @@ async def _task_outcome(state: GatewayState, task_id: str, request: Request) -> 
         raise ApiError(404, f"task '{task_id}' not found", type_="not_found_error", code="task_not_found")
     event_id = body.get("id") if isinstance(body.get("id"), str) and body.get("id") else None
     event = build_task_event(
-        source=state.source, customer_id=customer_id, task_id=task_id, outcome=outcome, finished_at=finished_at,
+        source=state.source,
+        customer_id=customer_id,
+        task_id=task_id,
+        outcome=outcome,
+        finished_at=finished_at,
         event_id=event_id,
     )
     state.sink.emit(event)
@@ -929,7 +1002,9 @@ async def _usage_event(state: GatewayState, request: Request) -> Response:
     body = await _read_json_object(request)
     customer_id = _acting_customer(principal, request, body.get("customer_id"))
     if principal.kind == "customer" and body.get("customer_id") not in (None, customer_id):
-        raise ApiError(403, "a customer key may only report its own usage", type_="permission_error", code="forbidden")
+        raise ApiError(
+            403, "a customer key may only report its own usage", type_="permission_error", code="forbidden"
+        )
     meter = body.get("meter")
     if not isinstance(meter, str) or not meter:
         raise _bad("'meter' is required (e.g. 'tool_calls')", "meter")
@@ -948,8 +1023,13 @@ async def _usage_event(state: GatewayState, request: Request) -> Response:
     event_id = body.get("id") if isinstance(body.get("id"), str) and body.get("id") else None
     try:
         event = build_usage_event(
-            source=state.source, customer_id=customer_id, meter=meter, quantity=format(quantity, "f"),
-            task_id=task_id, occurred_at=_parse_time(body.get("occurred_at"), "occurred_at"), event_id=event_id,
+            source=state.source,
+            customer_id=customer_id,
+            meter=meter,
+            quantity=format(quantity, "f"),
+            task_id=task_id,
+            occurred_at=_parse_time(body.get("occurred_at"), "occurred_at"),
+            event_id=event_id,
         )
         from metering.contract import decode_event, encode_event
 
@@ -957,7 +1037,11 @@ async def _usage_event(state: GatewayState, request: Request) -> Response:
     except Exception as exc:  # InvalidEvent: say which field
         raise _bad(f"invalid usage event: {exc}") from None
     state.sink.emit(event)
-    return Response(orjson.dumps({"event_id": event["id"], "customer_id": customer_id}), status_code=202, media_type="application/json")
+    return Response(
+        orjson.dumps({"event_id": event["id"], "customer_id": customer_id}),
+        status_code=202,
+        media_type="application/json",
+    )
 
 
 # --- wiring the real collaborators -------------------------------------------------------------
@@ -983,7 +1067,9 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
         admission = AdmissionController(engine, settings=settings)
     from serving.emitter import Emitter, default_spool_dir
 
-    emitter = Emitter(default_spool_dir(settings), settings.kafka_bootstrap, settings, name=settings.gateway_id)
+    emitter = Emitter(
+        default_spool_dir(settings), settings.kafka_bootstrap, settings, name=settings.gateway_id
+    )
 
     async def start() -> None:
         emitter.start()

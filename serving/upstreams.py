@@ -76,7 +76,9 @@ def _fail(source: str, problem: str) -> UpstreamConfigError:
     return UpstreamConfigError(f"{source}: {problem}")
 
 
-def parse_upstreams(raw: object, *, default_routing: str = "prefix", source: str = "upstreams") -> UpstreamConfig:
+def parse_upstreams(
+    raw: object, *, default_routing: str = "prefix", source: str = "upstreams"
+) -> UpstreamConfig:
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), list) or not raw["models"]:
         raise _fail(source, "expected a mapping with a non-empty 'models' list")
     models: dict[str, ModelRoute] = {}
@@ -95,14 +97,20 @@ def parse_upstreams(raw: object, *, default_routing: str = "prefix", source: str
             raise _fail(source, f"{where}.deployment_id must be a non-empty string")
         routing = entry.get("routing", default_routing)
         if routing not in ROUTING_POLICIES:
-            raise _fail(source, f"{where}.routing must be one of {', '.join(ROUTING_POLICIES)}, not {routing!r}")
+            raise _fail(
+                source, f"{where}.routing must be one of {', '.join(ROUTING_POLICIES)}, not {routing!r}"
+            )
         replicas_raw = entry.get("replicas")
         if not isinstance(replicas_raw, list) or not replicas_raw:
             raise _fail(source, f"{where}.replicas must be a non-empty list")
         replicas = []
         for r_index, rep in enumerate(replicas_raw):
             r_where = f"{where}.replicas[{r_index}]"
-            if not isinstance(rep, dict) or not isinstance(rep.get("url"), str) or not rep["url"].startswith("http"):
+            if (
+                not isinstance(rep, dict)
+                or not isinstance(rep.get("url"), str)
+                or not rep["url"].startswith("http")
+            ):
                 raise _fail(source, f"{r_where} needs a url starting with http:// or https://")
             replica_id = rep.get("id") or f"{deployment_id}-{r_index}"
             if replica_id in replica_ids:
@@ -133,7 +141,9 @@ def load_upstreams(path: Path, *, default_routing: str = "prefix") -> UpstreamCo
     return parse_upstreams(raw, default_routing=default_routing, source=str(path))
 
 
-def single_upstream(model: str, url: str, *, deployment_id: str | None = None, routing: str = "prefix") -> UpstreamConfig:
+def single_upstream(
+    model: str, url: str, *, deployment_id: str | None = None, routing: str = "prefix"
+) -> UpstreamConfig:
     """A one-replica config (for `--upstream URL` options and tests)."""
     return parse_upstreams(
         {"models": [{"name": model, "deployment_id": deployment_id or model, "replicas": [{"url": url}]}]},

@@ -107,11 +107,19 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
 
 
 def build_task_event(
-    *, source: str, customer_id: str, task_id: str, outcome: str, finished_at: datetime, event_id: str | None = None
+    *,
+    source: str,
+    customer_id: str,
+    task_id: str,
+    outcome: str,
+    finished_at: datetime,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
     """The `infermeter.task.v1` event of a reported task outcome."""
     data = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "finished_at": finished_at}
-    return make_event(TASK_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=finished_at)
+    return make_event(
+        TASK_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=finished_at
+    )
 
 
 def build_usage_event(
@@ -126,4 +134,6 @@ def build_usage_event(
 ) -> dict[str, Any]:
     """An `infermeter.usage.v1` event (tool calls, verification runs, ...)."""
     data = {"customer_id": customer_id, "meter": meter, "quantity": quantity, "task_id": task_id}
-    return make_event(USAGE_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=occurred_at)
+    return make_event(
+        USAGE_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=occurred_at
+    )
