@@ -1,0 +1,372 @@
+"""Pricing experiments: the same metered usage rated under several price books, beside what it cost.
+
+Pure: `compare(dataset, books, cost_model)` gives a `Comparison` per book — revenue, cost, margin,
+per-customer revenue against the first (baseline) book, risk (how the margin spreads over days, or
+hours for windows shorter than two days, and over customers), who keeps the prefix-caching gain,
+and who pays for retried task attempts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal, localcontext
+
+from pricing.book import PriceBook
+from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
+from pricing.money import EXACT, Currency, precise
+from pricing.rating import Rating, rate, rate_progressive
+from pricing.records import Dataset
+from pricing.usage import Usage, UsageKey
+
+ZERO = Decimal(0)
+REQUEST_METERS_FROM_RECORD = ("uncached_input_tokens", "cached_input_tokens", "output_tokens", "requests")
+
+
+class ExperimentError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------- usage per customer
+
+
+def customer_usages(
+    dataset: Dataset,
+    attribution: Attribution,
+    start: datetime,
+    end: datetime,
+    *,
+    caching_off_for: Iterable[str] = (),
+) -> dict[str, Usage]:
+    """Each customer's usage of [start, end): request meters by hour of event time, GPU-seconds of
+    their dedicated deployments plus their attributed share of the shared pool, tasks by the time of
+    their outcome, usage meters by hour."""
+    off = frozenset(caching_off_for)
+    rows: dict[str, list[tuple[UsageKey, Decimal | int]]] = defaultdict(list)
+    for r in dataset.requests:
+        if not (start <= r.hour < end):
+            continue
+        cached = 0 if r.model in off else r.cached_input_tokens
+        rows[r.customer_id] += [
+            (UsageKey("uncached_input_tokens", r.model, r.deployment_id), r.input_tokens - cached),
+            (UsageKey("cached_input_tokens", r.model, r.deployment_id), cached),
+            (UsageKey("output_tokens", r.model, r.deployment_id), r.output_tokens),
+            (UsageKey("requests", r.model, r.deployment_id), r.requests),
+        ]
+    for k, seconds in attribution.gpu_seconds.items():
+        if k.customer_id and start <= k.hour < end:
+            rows[k.customer_id].append((UsageKey("gpu_seconds", "", k.deployment_id, k.gpu_type), seconds))
+    for t in dataset.tasks:
+        if not (start <= t.finished_at < end):
+            continue
+        if t.outcome == "succeeded":
+            rows[t.customer_id].append((UsageKey("successful_tasks"), 1))
+        elif t.outcome == "failed":
+            rows[t.customer_id].append((UsageKey("failed_tasks"), 1))
+        rows[t.customer_id].append((UsageKey("task_attempts"), len(t.attempts)))
+    for m in dataset.meters:
+        if start <= m.hour < end:
+            rows[m.customer_id].append((UsageKey("usage:" + m.meter), m.quantity))
+    return {c: Usage.build(c, start, end, r) for c, r in rows.items()}
+
+
+def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attribution,
+                    model_weights: dict[str, Decimal]) -> Usage:
+    """The usage as if every attempt but the last of each task had not happened. Retried tokens are
+    taken off the customer's models in proportion to each model's weighted tokens; GPU-seconds by the
+    retried share of the customer's weighted tokens."""
+    retried_w = sum((t.retried_weighted_tokens for t in retried), ZERO)
+    retried_attempts = sum((t.attempts - 1 for t in retried if t.attempts > 1), 0)
+    total_w = sum(model_weights.values(), ZERO)
+    if not retried_w or not total_w:
+        return usage
+    with localcontext(EXACT):
+        keep = max(ZERO, 1 - retried_w / total_w)
+        out: list[tuple[UsageKey, Decimal]] = []
+        for key, q in usage.quantities.items():
+            if key.meter in REQUEST_METERS_FROM_RECORD or key.meter == "gpu_seconds":
+                q = q * keep
+            elif key.meter == "task_attempts":
+                q = max(ZERO, q - retried_attempts)
+            out.append((key, precise(q)))
+    return Usage.build(usage.customer_id, usage.period_start, usage.period_end, out)
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CustomerResult:
+    customer_id: str
+    revenue: Decimal
+    cost: Decimal
+    baseline_revenue: Decimal
+
+    @property
+    def margin(self) -> Decimal:
+        return self.revenue - self.cost
+
+    @property
+    def versus_baseline(self) -> Decimal:
+        return self.revenue - self.baseline_revenue
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    revenue: Decimal
+    cost: Decimal
+
+    @property
+    def margin(self) -> Decimal:
+        return self.revenue - self.cost
+
+
+@dataclass(frozen=True)
+class Risk:
+    bucket: str  # "day" or "hour"
+    buckets: tuple[Bucket, ...]
+    customer_margin_stdev: Decimal
+    loss_making_customers: int
+
+    @property
+    def margins(self) -> list[Decimal]:
+        return [b.margin for b in self.buckets]
+
+    @property
+    def margin_stdev(self) -> Decimal:
+        return stdev(self.margins)
+
+
+@dataclass(frozen=True)
+class CachingGain:
+    model: str
+    cached_input_tokens: int
+    cost_without_caching: Decimal
+    cost_with_caching: Decimal
+    revenue_without_caching: Decimal
+    revenue_with_caching: Decimal
+
+    @property
+    def cost_gain(self) -> Decimal:
+        """What prefix caching saved the platform."""
+        return self.cost_without_caching - self.cost_with_caching
+
+    @property
+    def passed_to_customers(self) -> Decimal:
+        """How much less customers paid thanks to caching."""
+        return self.revenue_without_caching - self.revenue_with_caching
+
+    @property
+    def kept_by_platform(self) -> Decimal:
+        """The margin caching added: cost gain minus what customers saved."""
+        return self.cost_gain - self.passed_to_customers
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    retried_attempts: int
+    retried_cost: Decimal
+    revenue_from_retries: Decimal  # revenue with retries minus revenue without them
+
+    @property
+    def absorbed_by_platform(self) -> Decimal:
+        return max(ZERO, self.retried_cost - self.revenue_from_retries)
+
+    @property
+    def paid_by(self) -> str:
+        if not self.retried_cost:
+            return "none"
+        if self.revenue_from_retries >= self.retried_cost:
+            return "customers"
+        if self.revenue_from_retries <= 0:
+            return "platform"
+        return "shared"
+
+
+@dataclass
+class BookResult:
+    book: PriceBook
+    revenue: Decimal
+    cost: Decimal
+    customers: list[CustomerResult]
+    ratings: dict[str, Rating]
+    risk: Risk
+    caching: list[CachingGain] = field(default_factory=list)
+    retries: RetryResult | None = None
+
+    @property
+    def margin(self) -> Decimal:
+        return self.revenue - self.cost
+
+    @property
+    def pays_more(self) -> list[CustomerResult]:
+        return [c for c in self.customers if c.versus_baseline > 0]
+
+    @property
+    def pays_less(self) -> list[CustomerResult]:
+        return [c for c in self.customers if c.versus_baseline < 0]
+
+
+@dataclass
+class Comparison:
+    start: datetime
+    end: datetime
+    currency: str
+    books: list[BookResult]
+    usage_totals: dict[str, Decimal]
+    cost_total_precise: Decimal
+    idle_pool_cost: Decimal
+    cost_per_successful_task: Decimal | None
+    successful_tasks: int
+    cost_by_model: dict[str, Decimal]
+
+
+def stdev(values: Sequence[Decimal]) -> Decimal:
+    """Population standard deviation, exact to 28 digits then kept at the project scale."""
+    if len(values) < 2:
+        return ZERO
+    with localcontext(EXACT):
+        mean = sum(values, ZERO) / len(values)
+        variance = sum(((v - mean) ** 2 for v in values), ZERO) / len(values)
+        return precise(variance.sqrt())
+
+
+def _buckets(start: datetime, end: datetime) -> tuple[str, list[tuple[datetime, datetime]]]:
+    step, name = (timedelta(days=1), "day") if end - start >= timedelta(days=2) else (timedelta(hours=1), "hour")
+    out = []
+    t = start
+    while t < end:
+        out.append((t, min(end, t + step)))
+        t += step
+    return name, out
+
+
+def _meter_cost(dataset: Dataset, model: CostModel, customer: str | None, start: datetime, end: datetime) -> Decimal:
+    return sum(
+        (
+            model.usage_cost(m.meter, m.quantity)
+            for m in dataset.meters
+            if (customer is None or m.customer_id == customer) and start <= m.hour < end
+        ),
+        ZERO,
+    )
+
+
+def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel) -> Comparison:
+    if not books:
+        raise ExperimentError("give at least one price book")
+    currencies = {b.currency for b in books} | {cost_model.currency}
+    if len(currencies) > 1:
+        raise ExperimentError(
+            f"the books and the cost model must share one currency, got {', '.join(sorted(currencies))}"
+        )
+    currency = Currency.of(cost_model.currency)
+    start, end = dataset.start, dataset.end
+    attribution = attribute(dataset, cost_model)
+    usages = customer_usages(dataset, attribution, start, end)
+    customers = sorted(set(usages) | {k.customer_id for k in attribution.cost if k.customer_id})
+
+    cust_cost = {
+        c: attribution.cost_by(customer=c) + _meter_cost(dataset, cost_model, c, start, end) for c in customers
+    }
+    cost_precise = attribution.total_cost + _meter_cost(dataset, cost_model, None, start, end)
+    cost = currency.round(cost_precise)
+
+    bucket_name, bucket_bounds = _buckets(start, end)
+    bucket_usages = [customer_usages(dataset, attribution, a, b) for a, b in bucket_bounds]
+    bucket_costs = [
+        attribution.cost_by(start=a, end=b) + _meter_cost(dataset, cost_model, None, a, b) for a, b in bucket_bounds
+    ]
+
+    tcosts = task_costs(dataset.tasks, attribution, cost_model)
+    retried_by_customer: dict[str, list[TaskCost]] = defaultdict(list)
+    for t in tcosts:
+        if t.attempts > 1:
+            retried_by_customer[t.customer_id].append(t)
+    model_weights: dict[str, dict[str, Decimal]] = defaultdict(dict)
+    for (c, m), w in attribution.weighted_tokens.items():
+        model_weights[c][m] = w
+    no_retry_usages = {
+        c: without_retries(u, retried_by_customer.get(c, []), attribution, model_weights.get(c, {}))
+        for c, u in usages.items()
+    }
+
+    models = sorted({r.model for r in dataset.requests})
+    caching_off = {}
+    for m in models:
+        att_off = attribute(dataset, cost_model, caching_off_for=[m])
+        caching_off[m] = (att_off, customer_usages(dataset, att_off, start, end, caching_off_for=[m]))
+
+    def empty(c: str) -> Usage:
+        return Usage(c, start, end, {})
+
+    results: list[BookResult] = []
+    baseline: dict[str, Decimal] | None = None
+    for book in books:
+        ratings = {c: rate(book, usages.get(c) or empty(c)) for c in customers}
+        revenue_by = {c: r.total for c, r in ratings.items()}
+        if baseline is None:
+            baseline = revenue_by
+        customer_results = [
+            CustomerResult(c, revenue_by[c], currency.round(cust_cost[c]), baseline.get(c, ZERO)) for c in customers
+        ]
+        # risk: progressive ratings per bucket add up to the period's rating
+        bucket_revenue = [ZERO] * len(bucket_bounds)
+        for c in customers:
+            prior = Usage(c, start, start, {})
+            for i, (a, b) in enumerate(bucket_bounds):
+                window = bucket_usages[i].get(c) or Usage(c, a, b, {})
+                part = rate_progressive(book, prior, window, final=i == len(bucket_bounds) - 1)
+                bucket_revenue[i] += part.total
+                prior = prior.then(window) if prior.period_end > prior.period_start else window
+        risk = Risk(
+            bucket_name,
+            tuple(Bucket(a, bucket_revenue[i], currency.round(bucket_costs[i])) for i, (a, _) in enumerate(bucket_bounds)),
+            stdev([cr.margin for cr in customer_results]),
+            sum(1 for cr in customer_results if cr.margin < 0),
+        )
+        gains = []
+        for m in models:
+            att_off, usages_off = caching_off[m]
+            revenue_off = sum((rate(book, usages_off.get(c) or empty(c)).total for c in customers), ZERO)
+            gains.append(
+                CachingGain(
+                    m,
+                    sum(r.cached_input_tokens for r in dataset.requests if r.model == m),
+                    currency.round(att_off.total_cost),
+                    currency.round(attribution.total_cost),
+                    revenue_off,
+                    sum(revenue_by.values(), ZERO),
+                )
+            )
+        revenue_no_retry = sum(
+            (rate(book, no_retry_usages.get(c) or empty(c)).total for c in customers), ZERO
+        )
+        retries = RetryResult(
+            sum(t.attempts - 1 for t in tcosts if t.attempts > 1),
+            currency.round(sum((t.retried_attempts_cost for t in tcosts), ZERO)),
+            sum(revenue_by.values(), ZERO) - revenue_no_retry,
+        )
+        results.append(
+            BookResult(book, sum(revenue_by.values(), ZERO), cost, customer_results, ratings, risk, gains, retries)
+        )
+
+    totals: dict[str, Decimal] = defaultdict(lambda: ZERO)
+    for u in usages.values():
+        for key, q in u.quantities.items():
+            totals[key.meter] += q
+    return Comparison(
+        start,
+        end,
+        currency.code,
+        results,
+        dict(sorted(totals.items())),
+        precise(cost_precise),
+        currency.round(sum((v for k, v in attribution.cost.items() if not k.customer_id), ZERO)),
+        None if (cpt := cost_per_successful_task(tcosts)) is None else precise(cpt),
+        sum(1 for t in tcosts if t.outcome == "succeeded"),
+        {m: currency.round(attribution.cost_by(model=m)) for m in models},
+    )
