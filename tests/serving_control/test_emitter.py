@@ -1,0 +1,126 @@
+"""The emitter: spool first, Kafka after; nothing lost to kill -9 or to a broker outage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infermeter.settings import Settings
+from infermeter.stack import free_port, start_tansu
+from metering.contract import encode_event
+from metering.kafka import ensure_topics
+from serving import metrics
+from serving.emitter import Emitter
+from serving.spool import Spool
+from tests.serving_control.emit_child import request_event
+from tests.serving_control.kafka_helpers import identities, read_events
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_spool_survives_reopen_and_acks_delete(tmp_path):
+    spool = Spool(tmp_path / "s.sqlite3")
+    seqs = [spool.append(b"k", f"v{i}".encode()) for i in range(5)]
+    spool.append_many([(None, b"x"), (b"k2", b"y")])
+    spool.close()
+    spool = Spool(tmp_path / "s.sqlite3")
+    assert spool.depth() == 7
+    assert [e.value for e in spool.peek(3)] == [b"v0", b"v1", b"v2"]
+    spool.ack(seqs[:2])
+    assert spool.depth() == 5 and spool.peek(1)[0].value == b"v2"
+    assert spool.oldest_enqueued_at() is not None
+    spool.close()
+
+
+def test_events_reach_the_topic_exactly_as_emitted(settings, kafka_bootstrap, tmp_path):
+    ensure_topics(kafka_bootstrap, settings)
+    events = [request_event(i) for i in range(300)]
+    with Emitter(tmp_path / "spool", kafka_bootstrap, settings, name="exact") as emitter:
+        for event in events:
+            emitter.emit(event)
+        assert emitter.wait_drained(30), emitter.last_error
+    records = read_events(kafka_bootstrap, settings.events_topic, len(events))
+    assert sorted(v for _, v in records) == sorted(encode_event(e) for e in events)
+    assert all(key == orjson_subject(value) for key, value in records)
+
+
+def orjson_subject(value: bytes) -> bytes:
+    import orjson
+
+    return orjson.loads(value)["subject"].encode()
+
+
+def _child(spool_dir: Path, bootstrap: str, settings: Settings, name: str, first: int, count: int):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.serving_control.emit_child", str(spool_dir), bootstrap,
+         settings.topic_prefix, name, str(first), str(count)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )
+    line = process.stdout.readline()
+    assert line.strip() == "emitted", f"child said {line!r}"
+    return process
+
+
+def test_kill_9_loses_nothing_already_emitted(settings, kafka_bootstrap, tmp_path):
+    ensure_topics(kafka_bootstrap, settings)
+    spool_dir = tmp_path / "spool"
+    # 1. a gateway emits 3000 events with the broker up and is killed while still publishing
+    child = _child(spool_dir, kafka_bootstrap, settings, "gw", 0, 3000)
+    watch = Spool(spool_dir / "gw.sqlite3")
+    deadline = time.monotonic() + 10
+    while watch.depth() == 3000 and time.monotonic() < deadline:  # kill once publishing has begun
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    left_after_first = Spool(spool_dir / "gw.sqlite3").depth()
+    # 2. it restarts with Kafka unreachable, emits 500 more and is killed again: all 500 spooled
+    child = _child(spool_dir, f"127.0.0.1:{free_port()}", settings, "gw", 3000, 500)
+    time.sleep(0.3)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert Spool(spool_dir / "gw.sqlite3").depth() == left_after_first + 500
+    # 3. restarted with the broker: the spool is replayed; every event is on the topic
+    with Emitter(spool_dir, kafka_bootstrap, settings, name="gw") as emitter:
+        assert emitter.wait_drained(60), emitter.last_error
+    seen = identities(read_events(kafka_bootstrap, settings.events_topic, 3500, timeout_s=60))
+    assert set(seen) == {("//gateway/test-child", f"req-{i}") for i in range(3500)}
+    print(f"spooled after first kill: {left_after_first}; on topic: {len(seen)} (duplicates: {len(seen) - 3500})")
+
+
+def test_broker_outage_grows_the_spool_then_drains_without_loss(tmp_path, unique_name):
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    settings = Settings(INFERMETER_TOPIC_PREFIX=unique_name, KAFKA_BOOTSTRAP=bootstrap)
+    emitter = Emitter(tmp_path / "spool", bootstrap, settings, name="outage").start()
+    broker = None
+    try:
+        for i in range(200):
+            emitter.emit(request_event(i))
+        time.sleep(1.5)
+        assert emitter.depth() == 200  # nothing can be published: all spooled
+        emitter.emit_many(request_event(i) for i in range(200, 400))
+        time.sleep(0.5)
+        assert emitter.depth() == 400
+        text = metrics.render().decode()
+        assert 'infermeter_emitter_spool_depth{spool="outage"} 400.0' in text
+        lag = [line for line in text.splitlines() if line.startswith('infermeter_emitter_publish_lag_seconds{spool="outage"}')]
+        assert lag and float(lag[0].split()[-1]) >= 1.0
+        # the broker comes (back) on that address
+        broker = start_tansu(port=port, log_path=tmp_path / "tansu.log")
+        ensure_topics(bootstrap, settings)
+        assert emitter.wait_drained(60), emitter.last_error
+        emitter.emit(request_event(400))
+        assert emitter.wait_drained(10)
+        seen = identities(read_events(bootstrap, settings.events_topic, 401, timeout_s=30))
+        assert set(seen) == {("//gateway/test-child", f"req-{i}") for i in range(401)}
+        assert 'infermeter_emitter_spool_depth{spool="outage"} 0.0' in metrics.render().decode()
+    finally:
+        emitter.close()
+        if broker:
+            broker.stop()
