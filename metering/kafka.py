@@ -92,8 +92,8 @@ class Producer(Protocol):
     def flush(self, timeout_s: float = 30) -> int:
         """Wait for every queued message; return how many are still unacknowledged (0 = all acked)."""
 
-    def close(self) -> None:
-        """Flush briefly and release the client."""
+    def close(self, timeout_s: float = 5) -> None:
+        """Wait up to `timeout_s` for queued messages, then release the client."""
 
 
 class Consumer(Protocol):

@@ -41,7 +41,11 @@ def _base_config(bootstrap: str, client_id: str) -> dict:
 
 
 def _log_error(err: ck.KafkaError) -> None:
-    log.warning("kafka client error: %s", err)
+    # librdkafka retries transient errors itself and already logs them through `logger`.
+    if err.fatal():
+        log.error("fatal kafka client error: %s", err.str())
+    else:
+        log.debug("kafka client error: %s", err.str())
 
 
 def _probe(client, bootstrap: str, timeout_s: float) -> None:
@@ -103,8 +107,8 @@ class ConfluentProducer:
     def flush(self, timeout_s: float = 30) -> int:
         return self._producer.flush(timeout_s)
 
-    def close(self) -> None:
-        remaining = self._producer.flush(5)
+    def close(self, timeout_s: float = 5) -> None:
+        remaining = self._producer.flush(timeout_s)
         if remaining:
             log.warning("producer closed with %d message(s) not acknowledged by %s", remaining, self._bootstrap)
 

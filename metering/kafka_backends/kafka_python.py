@@ -122,11 +122,19 @@ class KafkaPythonProducer:
         self._serve()
         return self._outstanding
 
-    def close(self) -> None:
-        remaining = self.flush(5)
+    def close(self, timeout_s: float = 5) -> None:
+        remaining = self.flush(timeout_s)
         if remaining:
             log.warning("producer closed with %d message(s) not acknowledged by %s", remaining, self._bootstrap)
-        self._producer.close(timeout=5)
+        try:
+            self._producer.close(timeout=0.1 if remaining else timeout_s)
+        except kerrors.KafkaTimeoutError:
+            # kafka-python refuses to close while messages are unacknowledged (its close() flushes
+            # first and raises). Give up on them as librdkafka does: stop the sender thread.
+            sender = getattr(self._producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+            self._producer._closed = True
 
 
 def make_producer(bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str,
