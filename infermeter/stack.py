@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,7 @@ def start_tansu(port: int | None = None, log_path: Path | None = None) -> Broker
 class Stack:
     database_url: str
     kafka_bootstrap: str | None
+    consumer_group: str
     owned: list[Broker] = field(default_factory=list)
 
     def close(self) -> None:
@@ -155,6 +157,13 @@ class Stack:
     @property
     def owns_broker(self) -> bool:
         return bool(self.owned)
+
+    def settings_for(self, settings: Settings) -> Settings:
+        """The settings with this stack's database, broker and consumer group filled in."""
+        return settings.model_copy(
+            update={"database_url": self.database_url, "kafka_bootstrap": self.kafka_bootstrap,
+                    "consumer_group": self.consumer_group}
+        )
 
 
 def stack_file(settings: Settings) -> Path:
@@ -194,17 +203,21 @@ def open_stack(settings: Settings | None = None, *, broker: bool = True, migrate
         from infermeter.db import upgrade
 
         upgrade(database_url)
-    stack = Stack(database_url=database_url, kafka_bootstrap=None)
+    stack = Stack(database_url=database_url, kafka_bootstrap=None, consumer_group=settings.consumer_group)
     try:
         if broker:
             if settings.kafka_bootstrap:
                 stack.kafka_bootstrap = settings.kafka_bootstrap
             elif (info := running_stack(settings)) and info.get("kafka_bootstrap"):
                 stack.kafka_bootstrap = info["kafka_bootstrap"]
+                stack.consumer_group = info.get("consumer_group", stack.consumer_group)
             else:
                 started = start_tansu(log_path=settings.home / "tansu.log")
                 stack.owned.append(started)
                 stack.kafka_bootstrap = started.bootstrap
+                # A memory-only broker starts with empty logs: offsets stored for an earlier
+                # broker mean nothing here, so its consumers form a group of their own.
+                stack.consumer_group = f"{settings.consumer_group}-{uuid.uuid4().hex[:8]}"
             from metering.kafka import ensure_topics
 
             ensure_topics(stack.kafka_bootstrap, settings)
@@ -219,6 +232,7 @@ def write_stack_file(settings: Settings, stack: Stack, **extra: object) -> Path:
         "pid": os.getpid(),
         "database_url": stack.database_url,
         "kafka_bootstrap": stack.kafka_bootstrap,
+        "consumer_group": stack.consumer_group,
         **extra,
     }
     path.write_text(json.dumps(payload, indent=2))

@@ -6,19 +6,12 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from infermeter.db import load_all_tables
+from infermeter.db import include_object, load_all_tables
 
 config = context.config
 target_metadata = load_all_tables()
 
 MIGRATION_LOCK_ID = 0x1AFE_4E7E  # pg_advisory_lock key of infermeter migrations
-
-
-def include_object(obj, name, type_, reflected, compare_to):
-    # Monthly partitions of raw_events are created at run time, not by migrations.
-    if type_ == "table" and reflected and compare_to is None and name and name.startswith("raw_events_"):
-        return False
-    return True
 
 
 def run_migrations_offline() -> None:

@@ -1,0 +1,235 @@
+"""The metering HTTP API (FastAPI): event ingestion, usage and task queries, dead letters.
+
+    POST /v1/events          application/cloudevents+json (one) or application/cloudevents-batch+json
+    GET  /v1/usage           ?from=&to=&group_by=model,deployment,day|hour[&customer_id=]
+    GET  /v1/tasks           ?customer_id=   (customers: their own)
+    GET  /v1/tasks/{task_id}
+    GET  /v1/dead-letters    (admin)
+    GET  /healthz
+
+Credentials: `Authorization: Bearer <token>` — the admin token, the producer token, or a
+customer API key (`infermeter keys create`). A customer asking for another customer's data gets
+404 (existence is not disclosed); producer credentials cannot read (403).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from psycopg_pool import ConnectionPool
+
+from infermeter.auth import AuthError, Forbidden, Principal, bearer_token
+from infermeter.db import get_engine
+from infermeter.settings import Settings
+from infermeter.stack import to_libpq_url
+from metering import queries
+from metering.contract import InvalidEvent, decode_event
+from metering.ingest import routing_key
+from metering.kafka import make_producer
+
+CLOUDEVENT = "application/cloudevents+json"
+CLOUDEVENT_BATCH = "application/cloudevents-batch+json"
+MAX_BATCH = 10_000
+_json = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+
+def error(status: int, message: str, code: str) -> HTTPException:
+    return HTTPException(status_code=status, detail={"message": message, "code": code})
+
+
+async def get_principal(request: Request) -> Principal:
+    """The caller, from its bearer token (admin, producer, or a customer API key)."""
+    try:
+        token = bearer_token(request.headers.get("authorization"))
+        return await request.app.state.keys.authenticate(token)
+    except AuthError as exc:
+        raise error(401, str(exc) or "invalid credentials", "invalid_api_key") from None
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def scope(principal: Principal, customer_id: str | None) -> str | None:
+    try:
+        return principal.customer_scope(customer_id)
+    except LookupError:
+        raise error(404, "not found", "not_found") from None
+    except Forbidden as exc:
+        raise error(403, str(exc), "forbidden") from None
+
+
+class _Publisher:
+    """One shared producer; each request waits for the broker's ack of its own events."""
+
+    def __init__(self, bootstrap: str, backend: str, topic: str):
+        self.topic = topic
+        self.producer = make_producer(bootstrap, backend, client_id="infermeter-api")
+        self.lock = threading.Lock()
+
+    def publish(self, items: list[tuple[bytes | None, bytes]], timeout_s: float = 30) -> None:
+        done = threading.Event()
+        pending = [len(items)]
+        failures: list[Exception] = []
+
+        def delivered(err, _msg):
+            if err is not None:
+                failures.append(err)
+            pending[0] -= 1
+            if pending[0] == 0:
+                done.set()
+
+        for key, value in items:
+            self.producer.produce(self.topic, value, key=key, on_delivery=delivered)
+        deadline = datetime.now(UTC).timestamp() + timeout_s
+        while not done.is_set():
+            with self.lock:
+                self.producer.poll(0.05)
+            if datetime.now(UTC).timestamp() > deadline:
+                raise error(503, "the event bus did not acknowledge the events in time; retry", "bus_timeout")
+        if failures:
+            raise error(503, f"the event bus refused the events: {failures[0]}; retry", "bus_error")
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.producer.close()
+
+
+def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
+    from serving.keys import KeyStore
+
+    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__)
+    app.state.settings = settings
+    app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
+    app.state.keys = KeyStore(get_engine(database_url), settings=settings)
+    app.state.publisher = (
+        _Publisher(bootstrap, settings.kafka_backend, settings.events_topic) if bootstrap else None
+    )
+
+    @app.on_event("shutdown")
+    def _close() -> None:  # pragma: no cover - exercised by uvicorn
+        app.state.pool.close()
+        if app.state.publisher:
+            app.state.publisher.close()
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail), "code": "error"}
+        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/events", status_code=202)
+    async def post_events(request: Request, principal: PrincipalDep) -> dict[str, Any]:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        body = await request.body()
+        try:
+            parsed = _json.decode(body)
+        except msgspec.DecodeError as exc:
+            raise error(400, f"body is not valid JSON: {exc}", "invalid_json") from None
+        if content_type == CLOUDEVENT_BATCH or (content_type == "application/json" and isinstance(parsed, list)):
+            if not isinstance(parsed, list):
+                raise error(400, "a cloudevents batch must be a JSON array", "invalid_batch")
+            events = parsed
+        elif content_type in (CLOUDEVENT, "application/json"):
+            events = [parsed]
+        else:
+            raise error(415, f"content type must be {CLOUDEVENT} or {CLOUDEVENT_BATCH}", "unsupported_media_type")
+        if len(events) > MAX_BATCH:
+            raise error(413, f"at most {MAX_BATCH} events per batch", "batch_too_large")
+        return await _accept(request.app, principal, events)
+
+    async def _accept(app_: FastAPI, principal: PrincipalDep, events: list) -> dict[str, Any]:
+        if app_.state.publisher is None:
+            raise error(503, "no event bus configured", "bus_unavailable")
+        now = datetime.now(UTC)
+        good: list[tuple[bytes | None, bytes]] = []
+        rejected = []
+        for index, item in enumerate(events):
+            raw = _encode.encode(item)
+            try:
+                event = decode_event(raw, now=now, max_bytes=settings.max_event_bytes,
+                                     future_tolerance_s=settings.future_tolerance_s)
+            except InvalidEvent as exc:
+                rejected.append({"index": index, "id": exc.event_id, "reason": exc.reason, "detail": exc.detail})
+                continue
+            if not principal.may_act_for(event.subject):
+                rejected.append({"index": index, "id": event.id, "reason": "forbidden",
+                                 "detail": "these credentials may only send events for their own customer"})
+                continue
+            good.append((routing_key(raw, item), raw))
+        if good:
+            from starlette.concurrency import run_in_threadpool
+
+            await run_in_threadpool(app_.state.publisher.publish, good)
+        if rejected and not good:
+            raise error(400, f"every event was rejected: {rejected[0]['reason']}: {rejected[0]['detail']}",
+                        "invalid_events")
+        return {"published": len(good), "rejected": rejected}
+
+    @app.get("/v1/usage")
+    def get_usage(
+        principal: PrincipalDep,
+        from_: Annotated[str, Query(alias="from")],
+        to: str,
+        group_by: str | None = None,
+        customer_id: str | None = None,
+    ) -> dict[str, Any]:
+        customer = scope(principal, customer_id)
+        try:
+            window = queries.Window(queries.parse_time(from_, "from"), queries.parse_time(to, "to"))
+            dims = queries.parse_group_by(group_by)
+        except queries.QueryError as exc:
+            raise error(400, str(exc), "invalid_query") from None
+        with app.state.pool.connection() as conn:
+            rows = queries.usage(conn, window, customer_id=customer, group_by=dims)
+        return {"from": window.start.isoformat(), "to": window.end.isoformat(), "rows": rows}
+
+    @app.get("/v1/tasks")
+    def list_tasks(principal: PrincipalDep, customer_id: str | None = None, limit: int = 1000) -> dict[str, Any]:
+        customer = scope(principal, customer_id)
+        if customer is None:
+            raise error(400, "customer_id is required for admin credentials", "invalid_query")
+        with app.state.pool.connection() as conn:
+            return {"tasks": queries.tasks(conn, customer, limit=min(max(limit, 1), 10_000))}
+
+    @app.get("/v1/tasks/{task_id}")
+    def get_task(principal: PrincipalDep, task_id: str, customer_id: str | None = None) -> dict[str, Any]:
+        customer = scope(principal, customer_id)
+        if customer is None:
+            raise error(400, "customer_id is required for admin credentials", "invalid_query")
+        with app.state.pool.connection() as conn:
+            found = queries.tasks(conn, customer, task_id=task_id)
+        if not found:
+            raise error(404, "not found", "not_found")
+        return found[0]
+
+    @app.get("/v1/dead-letters")
+    def get_dead_letters(principal: PrincipalDep, limit: int = 100, reason: str | None = None) -> dict[str, Any]:
+        if not principal.is_admin:
+            raise error(403, "dead letters are for admins", "forbidden")
+        with app.state.pool.connection() as conn:
+            return {"dead_letters": queries.dead_letters(conn, limit=min(max(limit, 1), 1000), reason=reason)}
+
+    for mount in _routers():
+        app.include_router(mount)
+    return app
+
+
+def _routers() -> list:
+    """Routers other packages contribute (pricing shadow rating, ...)."""
+    routers = []
+    try:
+        from pricing_service.api import router as pricing_router
+    except ImportError:
+        pricing_router = None
+    if pricing_router is not None:
+        routers.append(pricing_router)
+    return routers

@@ -1,0 +1,432 @@
+"""`infermeter`: one CLI for the whole project (`infermeter --help`).
+
+Commands that need PostgreSQL or the broker use the configured ones (DATABASE_URL,
+KAFKA_BOOTSTRAP), else the stack of a running `infermeter up`, else start the embedded parts for
+their own duration. Errors print one clear line and exit with status 2 (1 for a failed check).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from infermeter.settings import get_settings, settings_table
+from infermeter.stack import StackError, open_stack, to_libpq_url, write_stack_file
+
+console = Console()
+err_console = Console(stderr=True)
+
+app = typer.Typer(
+    help="infermeter: token-and-task metering and billing for LLM inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
+events_app = typer.Typer(help="Publish events and inspect dead letters.", no_args_is_help=True)
+metering_app = typer.Typer(help="The metering consumer.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(events_app, name="events")
+app.add_typer(metering_app, name="metering")
+
+
+class CliError(Exception):
+    """An error to print as one line (exit 2)."""
+
+
+def _print_json(payload: object) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+# --- stack -------------------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    api: Annotated[bool, typer.Option(help="Serve the HTTP API too.")] = True,
+    consumers: Annotated[int, typer.Option(min=0, help="Metering consumer threads to run.")] = 1,
+) -> None:
+    """Run the whole local stack in the foreground until Ctrl-C: PostgreSQL, broker, metering, API."""
+    settings = get_settings()
+    with open_stack(settings) as stack:
+        run_settings = stack.settings_for(settings)
+        path = write_stack_file(settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None)
+        from metering.consumer import MeteringConsumer, run_in_thread
+
+        workers = [MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap) for _ in range(consumers)]
+        threads = [run_in_thread(w) for w in workers]
+        table = Table(title="infermeter stack", show_header=False)
+        table.add_row("PostgreSQL", stack.database_url)
+        table.add_row("Kafka bootstrap", stack.kafka_bootstrap)
+        table.add_row("events topic", settings.events_topic)
+        table.add_row("consumer group", stack.consumer_group)
+        table.add_row("stack file", str(path))
+        if api:
+            table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
+        console.print(table)
+        try:
+            if api:
+                import uvicorn
+
+                from infermeter.api import create_app
+
+                uvicorn.run(
+                    create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
+                    host=settings.api_host, port=settings.api_port, log_level="warning",
+                )
+            else:
+                console.print("running; Ctrl-C stops")
+                signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for w in workers:
+                w.stop()
+            for t in threads:
+                t.join(15)
+            path.unlink(missing_ok=True)
+            console.print("stopped")
+
+
+@app.command("settings")
+def show_settings() -> None:
+    """Every setting: its environment variable, default and meaning."""
+    table = Table("variable", "default", "meaning")
+    for row in settings_table():
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command("api")
+def serve_api(
+    host: Annotated[str | None, typer.Option(help="Bind address (INFERMETER_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (INFERMETER_API_PORT).")] = None,
+) -> None:
+    """Serve the HTTP API alone (events, usage, tasks, dead letters, pricing shadow)."""
+    import uvicorn
+
+    from infermeter.api import create_app
+
+    settings = get_settings()
+    with open_stack(settings) as stack:
+        uvicorn.run(create_app(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap),
+                    host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "heads") -> None:
+    """Apply Alembic migrations (automatic for the embedded database)."""
+    from infermeter.db import upgrade
+
+    settings = get_settings()
+    with open_stack(settings, broker=False, migrate=False) as stack:
+        upgrade(stack.database_url, revision)
+        console.print(f"database at {revision}")
+
+
+@db_app.command("check")
+def db_check() -> None:
+    """Fail if the models and the migrations disagree (autogenerate would produce changes)."""
+    from infermeter.db import drift
+
+    settings = get_settings()
+    with open_stack(settings, broker=False) as stack:
+        changes = drift(stack.database_url)
+    if changes:
+        for change in changes:
+            err_console.print(f"drift: {change}")
+        raise typer.Exit(1)
+    console.print("models and migrations agree")
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+@events_app.command("ingest")
+def events_ingest(
+    file: Annotated[Path, typer.Argument(help="JSON Lines file: one CloudEvent per line.")],
+    wait: Annotated[bool, typer.Option(help="Return only when metering has handled every event.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only {accepted, duplicates, rejected}.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 900,
+) -> None:
+    """Publish a file of events to Kafka (keyed by customer).
+
+    Lines that are not JSON are reported with their line number and counted as rejected; the rest
+    of the file still goes through. With --wait, the counts are metering's: accepted, duplicates
+    (already metered), rejected (dead-lettered, plus bad lines). When this command had to start
+    its own broker, it also runs the metering consumer and waits, since that broker dies with it.
+    """
+    from metering.consumer import MeteringConsumer, run_in_thread
+    from metering.ingest import IngestCounts, publish_lines, read_lines, wait_for_receipt
+    from metering.kafka import make_producer
+
+    if not file.is_file():
+        raise CliError(f"{file}: no such file")
+    settings = get_settings()
+    with open_stack(settings) as stack:
+        run_settings = stack.settings_for(settings)
+        producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
+        with _progress(as_json) as progress:
+            task = progress.add_task("publishing", total=None)
+            publication = publish_lines(
+                producer, settings.events_topic, read_lines(file),
+                on_progress=lambda n: progress.update(task, completed=n),
+            )
+        producer.close()
+        for bad in publication.bad_lines[:20]:
+            err_console.print(f"[yellow]rejected[/] {file}:{bad.reason}")
+        if len(publication.bad_lines) > 20:
+            err_console.print(f"… and {len(publication.bad_lines) - 20} more bad lines")
+        counts = IngestCounts()
+        if wait or stack.owns_broker:
+            consumer = thread = None
+            if stack.owns_broker:
+                consumer = MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
+                thread = run_in_thread(consumer)
+            try:
+                with _progress(as_json) as progress:
+                    task = progress.add_task("metering", total=publication.published)
+                    counts = wait_for_receipt(
+                        to_libpq_url(stack.database_url), publication.ingest_id, publication.published,
+                        timeout_s=timeout,
+                        on_progress=lambda c: progress.update(task, completed=c.total),
+                        still_running=(thread.is_alive if thread else None),
+                    )
+            finally:
+                if consumer is not None:
+                    consumer.stop()
+                    thread.join(30)
+        counts.rejected += len(publication.bad_lines)
+        result = counts.as_dict()
+        if not (wait or stack.owns_broker):
+            result = {"published": publication.published, "rejected": len(publication.bad_lines),
+                      "ingest_id": publication.ingest_id}
+    if as_json:
+        _print_json(result)
+    else:
+        console.print(" ".join(f"{k}={v}" for k, v in result.items()))
+
+
+@events_app.command("dead-letters")
+def events_dead_letters(
+    limit: Annotated[int, typer.Option(min=1, help="Newest N.")] = 20,
+    reason: Annotated[str | None, typer.Option(help="Only this reason code.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The newest dead-lettered events with their reasons."""
+    from metering.queries import dead_letters
+
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        rows = dead_letters(conn, limit=limit, reason=reason)
+    if as_json:
+        _print_json({"dead_letters": rows})
+        return
+    table = Table("id", "received_at", "reason", "detail", "event id", "bytes")
+    for row in rows:
+        table.add_row(str(row["id"]), row["received_at"], row["reason"], row["detail"][:80],
+                      str(row["event_id"]), str(row["payload_bytes"]))
+    console.print(table)
+
+
+# --- metering ----------------------------------------------------------------------------------
+
+
+@metering_app.command("run")
+def metering_run(
+    quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
+    idle_exit: Annotated[float | None, typer.Option(help="Exit after this many seconds without events.")] = None,
+) -> None:
+    """Run one metering consumer (a member of the consumer group) until Ctrl-C."""
+    from metering.consumer import MeteringConsumer
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    with open_stack(settings) as stack:
+        consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
+        signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
+        reporter = None
+        if not quiet:
+            def report() -> None:
+                while not consumer.stop_event.wait(5):
+                    s = consumer.stats
+                    err_console.print(f"accepted={s.accepted} duplicates={s.duplicates} rejected={s.rejected} "
+                                      f"batches={s.batches} db_retries={s.db_retries}")
+            reporter = threading.Thread(target=report, daemon=True)
+            reporter.start()
+        try:
+            consumer.run(idle_timeout_s=idle_exit)
+        except KeyboardInterrupt:
+            consumer.stop()
+        s = consumer.stats
+        if not quiet:
+            console.print(f"stopped: accepted={s.accepted} duplicates={s.duplicates} rejected={s.rejected}")
+
+
+# --- queries -----------------------------------------------------------------------------------
+
+
+@app.command()
+def usage(
+    from_: Annotated[str, typer.Option("--from", help="Start, inclusive (ISO 8601, e.g. 2026-11-02T00:00:00Z).")],
+    to: Annotated[str, typer.Option("--to", help="End, exclusive.")],
+    customer: Annotated[str | None, typer.Option(help="One customer only.")] = None,
+    group_by: Annotated[str | None, typer.Option(help="model, deployment, day or hour (comma-separated).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {\"rows\": [...]} with integers.")] = False,
+) -> None:
+    """Request usage per customer over [from, to) on event time."""
+    from metering import queries
+
+    window = queries.Window(queries.parse_time(from_, "--from"), queries.parse_time(to, "--to"))
+    dims = queries.parse_group_by(group_by)
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        rows = queries.usage(conn, window, customer_id=customer, group_by=dims)
+    if as_json:
+        _print_json({"rows": rows})
+        return
+    columns = [k for k in (rows[0].keys() if rows else ["customer_id", *queries.TOKEN_FIELDS])]
+    table = Table(*columns, title=f"usage [{window.start:%Y-%m-%d %H:%M}, {window.end:%Y-%m-%d %H:%M}) UTC")
+    for row in rows:
+        table.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()])
+    console.print(table)
+
+
+@app.command()
+def tasks(
+    customer: Annotated[str, typer.Option(help="The customer whose tasks to list.")],
+    task: Annotated[str | None, typer.Option(help="One task only.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Tasks with attempts, tokens and outcome."""
+    from metering import queries
+
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        rows = queries.tasks(conn, customer, task_id=task)
+    if as_json:
+        _print_json({"tasks": rows})
+        return
+    table = Table("task", "outcome", "attempts", "requests", "input", "cached", "output", "finished_at")
+    for r in rows:
+        table.add_row(r["task_id"], r["outcome"], str(r["attempts"]), str(r["requests"]), f"{r['input_tokens']:,}",
+                      f"{r['cached_input_tokens']:,}", f"{r['output_tokens']:,}", str(r["finished_at"] or ""))
+    console.print(table)
+
+
+@app.command()
+def reconcile(
+    from_: Annotated[str, typer.Option("--from", help="Start, on the hour.")],
+    to: Annotated[str, typer.Option("--to", help="End, on the hour (exclusive).")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Compare raw events with rollups per customer and meter; exit 1 on any difference."""
+    from metering import queries
+    from metering.reconcile import reconcile as run_reconcile
+
+    window = queries.Window(queries.parse_time(from_, "--from"), queries.parse_time(to, "--to"))
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        result = run_reconcile(conn, window)
+    if as_json:
+        _print_json({
+            "ok": result.ok, "checked": result.checked,
+            "totals": {k: str(v) for k, v in result.totals.items()},
+            "differences": [{"customer_id": d.customer_id, "meter": d.meter, "raw": str(d.raw), "rollup": str(d.rollup)}
+                            for d in result.differences],
+        })
+    else:
+        for d in result.differences:
+            err_console.print(f"[red]difference[/] {d.customer_id} {d.meter}: raw={d.raw} rollup={d.rollup}")
+        status = "[green]ok[/]" if result.ok else f"[red]{len(result.differences)} differences[/]"
+        console.print(f"reconcile {status}: {result.checked} customer x meter pairs checked")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    full: Annotated[bool, typer.Option(help="Replay the whole trace (12,031 requests) instead of a sample.")] = False,
+    requests: Annotated[int | None, typer.Option(help="Replay the first N requests of the trace.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of customer, task and retry assignment.")] = 7,
+    out: Annotated[Path | None, typer.Option(help="Folder for the demo's reports (default INFERMETER_HOME/demo).")] = None,
+) -> None:
+    """The main job: replay the bundled Mooncake trace through the full local stack and report."""
+    from metering.demo import run_demo
+
+    settings = get_settings()
+    run_demo(settings, full=full, limit=requests, seed=seed, out_dir=out or settings.home / "demo", console=console)
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+
+class _NoProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        pass
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return _NoProgress()
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
+                    TimeElapsedColumn(), console=err_console, transient=True)
+
+
+def _mount_optional_apps() -> None:
+    """Sub-apps of the other packages (a package still being built is simply not mounted)."""
+    import importlib
+    import importlib.util
+
+    mounts = [
+        ("pricing_service.cli", "app", "pricing"),
+        ("serving.cli", "app", "serve"),
+        ("serving.control_cli", "keys_app", "keys"),
+        ("serving.control_cli", "budgets_app", "budgets"),
+    ]
+    for module_name, attribute, name in mounts:
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        sub_app = getattr(importlib.import_module(module_name), attribute, None)
+        if sub_app is not None:
+            app.add_typer(sub_app, name=name)
+
+
+def main() -> None:
+    from metering.kafka import KafkaError
+    from metering.queries import QueryError
+
+    _mount_optional_apps()
+    from alembic.util.exc import CommandError
+
+    known = (CliError, StackError, KafkaError, QueryError, CommandError, psycopg.OperationalError, FileNotFoundError,
+             TimeoutError, RuntimeError, ValueError)
+    try:
+        app()
+    except known as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        err_console.print(f"[red]error:[/] {message}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,208 @@
+"""Usage and task queries (read side), shared by the CLI and the HTTP API.
+
+Windows are half-open [start, end) on event time. Whole hours come from the hourly rollups; a
+window edge inside an hour is answered exactly from raw events for that part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from psycopg.rows import dict_row
+
+HOUR = timedelta(hours=1)
+GROUP_BY_CHOICES = ("model", "deployment", "day", "hour")
+TOKEN_FIELDS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
+
+
+class QueryError(ValueError):
+    """A bad query parameter; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        if self.start.tzinfo is None or self.end.tzinfo is None:
+            raise QueryError("from/to need a time zone (e.g. 2026-11-02T00:00:00Z)")
+        if self.end <= self.start:
+            raise QueryError("to must be after from: windows are half-open [from, to)")
+
+    @property
+    def whole_hours(self) -> tuple[datetime, datetime] | None:
+        """[first whole hour, end of last whole hour) inside the window, or None."""
+        first = _ceil_hour(self.start)
+        last = _floor_hour(self.end)
+        return (first, last) if first < last else None
+
+
+def _floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = _floor_hour(moment)
+    return floor if floor == moment else floor + HOUR
+
+
+def parse_time(text: str, name: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise QueryError(f"{name}: {text!r} is not an ISO 8601 time (e.g. 2026-11-02T00:00:00Z)") from None
+    if value.tzinfo is None:
+        if len(text.strip()) == 10:  # a bare date means midnight UTC
+            return value.replace(tzinfo=UTC)
+        raise QueryError(f"{name}: {text!r} has no time zone; add Z or an offset")
+    return value.astimezone(UTC)
+
+
+def parse_group_by(text: str | Sequence[str] | None) -> list[str]:
+    if not text:
+        return []
+    parts = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
+    parts = [p.strip() for p in parts if p.strip()]
+    unknown = [p for p in parts if p not in GROUP_BY_CHOICES]
+    if unknown:
+        raise QueryError(f"group_by: unknown {', '.join(unknown)}; choose from {', '.join(GROUP_BY_CHOICES)}")
+    if "day" in parts and "hour" in parts:
+        raise QueryError("group_by: choose day or hour, not both")
+    return list(dict.fromkeys(parts))
+
+
+def _dimensions(group_by: list[str]) -> list[tuple[str, str, str]]:
+    """(output name, rollup expression, raw-event expression)."""
+    dims = [("customer_id", "customer_id", "customer_id")]
+    if "model" in group_by:
+        dims.append(("model", "model", "payload->'data'->>'model'"))
+    if "deployment" in group_by:
+        dims.append(("deployment_id", "deployment_id", "payload->'data'->>'deployment_id'"))
+    if "day" in group_by:
+        dims.append(("day", "date_trunc('day', hour)", "date_trunc('day', occurred_at)"))
+    if "hour" in group_by:
+        dims.append(("hour", "hour", "date_trunc('hour', occurred_at)"))
+    return dims
+
+
+def usage(
+    conn: psycopg.Connection,
+    window: Window,
+    *,
+    customer_id: str | None = None,
+    group_by: list[str] | None = None,
+) -> list[dict]:
+    """Request usage per customer (and per the chosen dimensions), integers, sorted."""
+    group_by = group_by or []
+    dims = _dimensions(group_by)
+    names = [d[0] for d in dims]
+    parts: list[str] = []
+    params: list = []
+    customer_filter = " AND customer_id = %s" if customer_id is not None else ""
+    if hours := window.whole_hours:
+        parts.append(
+            f"SELECT {', '.join(f'{d[1]} AS {d[0]}' for d in dims)}, sum(requests) AS requests, "
+            "sum(input_tokens) AS input_tokens, sum(cached_input_tokens) AS cached_input_tokens, "
+            "sum(output_tokens) AS output_tokens "
+            f"FROM request_rollup_hourly WHERE hour >= %s AND hour < %s{customer_filter} "
+            f"GROUP BY {', '.join(d[1] for d in dims)}"
+        )
+        params += [hours[0], hours[1]] + ([customer_id] if customer_id is not None else [])
+        edges = [(window.start, hours[0]), (hours[1], window.end)]
+    else:
+        edges = [(window.start, window.end)]
+    for edge_start, edge_end in edges:
+        if edge_start >= edge_end:
+            continue
+        parts.append(
+            f"SELECT {', '.join(f'{d[2]} AS {d[0]}' for d in dims)}, count(*) AS requests, "
+            "sum((payload->'data'->>'input_tokens')::bigint) AS input_tokens, "
+            "sum((payload->'data'->>'cached_input_tokens')::bigint) AS cached_input_tokens, "
+            "sum((payload->'data'->>'output_tokens')::bigint) AS output_tokens "
+            "FROM raw_events WHERE type = 'infermeter.request.v1' AND occurred_at >= %s AND occurred_at < %s"
+            f"{customer_filter} GROUP BY {', '.join(d[2] for d in dims)}"
+        )
+        params += [edge_start, edge_end] + ([customer_id] if customer_id is not None else [])
+    sql = (
+        f"SELECT {', '.join(names)}, sum(requests)::bigint AS requests, sum(input_tokens)::bigint AS input_tokens, "
+        "sum(cached_input_tokens)::bigint AS cached_input_tokens, sum(output_tokens)::bigint AS output_tokens "
+        f"FROM ({' UNION ALL '.join(parts)}) AS u GROUP BY {', '.join(names)} ORDER BY {', '.join(names)}"
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+        cur.execute(sql, params)
+        rows = cur.fetchall()
+    out = []
+    for row in rows:
+        item = {name: row[name] for name in names}
+        for key in ("day", "hour"):
+            if key in item and isinstance(item[key], datetime):
+                item[key] = item[key].astimezone(UTC).isoformat().replace("+00:00", "Z")
+        item.update(
+            requests=int(row["requests"]),
+            input_tokens=int(row["input_tokens"]),
+            cached_input_tokens=int(row["cached_input_tokens"]),
+            uncached_input_tokens=int(row["input_tokens"]) - int(row["cached_input_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+        )
+        out.append(item)
+    return out
+
+
+TASKS_SQL = """
+WITH attempts AS (
+    SELECT customer_id, task_id, count(*) AS attempts, max(attempt) AS last_attempt,
+           sum(requests) AS requests, sum(input_tokens) AS input_tokens,
+           sum(cached_input_tokens) AS cached_input_tokens, sum(output_tokens) AS output_tokens,
+           min(first_request_at) AS first_request_at, max(last_request_at) AS last_request_at
+    FROM task_attempts WHERE customer_id = %(customer)s {task_filter}
+    GROUP BY customer_id, task_id
+)
+SELECT coalesce(a.task_id, o.task_id) AS task_id, coalesce(a.customer_id, o.customer_id) AS customer_id,
+       coalesce(a.attempts, 0) AS attempts, coalesce(a.requests, 0) AS requests,
+       coalesce(a.input_tokens, 0) AS input_tokens, coalesce(a.cached_input_tokens, 0) AS cached_input_tokens,
+       coalesce(a.output_tokens, 0) AS output_tokens, o.outcome, o.finished_at,
+       a.first_request_at, a.last_request_at
+FROM attempts a
+FULL JOIN (SELECT * FROM task_outcomes WHERE customer_id = %(customer)s {task_filter}) o
+       ON o.customer_id = a.customer_id AND o.task_id = a.task_id
+ORDER BY coalesce(a.first_request_at, o.finished_at), 1
+LIMIT %(limit)s
+"""
+
+
+def tasks(conn: psycopg.Connection, customer_id: str, *, task_id: str | None = None, limit: int = 10_000) -> list[dict]:
+    sql = TASKS_SQL.format(task_filter="AND task_id = %(task)s" if task_id else "")
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql, {"customer": customer_id, "task": task_id, "limit": limit})
+        rows = cur.fetchall()
+    out = []
+    for row in rows:
+        item = dict(row)
+        for key in ("attempts", "requests", "input_tokens", "cached_input_tokens", "output_tokens"):
+            item[key] = int(item[key])
+        item["uncached_input_tokens"] = item["input_tokens"] - item["cached_input_tokens"]
+        item["outcome"] = item["outcome"] or "pending"
+        for key in ("finished_at", "first_request_at", "last_request_at"):
+            if item[key] is not None:
+                item[key] = item[key].astimezone(UTC).isoformat().replace("+00:00", "Z")
+        out.append(item)
+    return out
+
+
+def dead_letters(conn: psycopg.Connection, *, limit: int = 100, reason: str | None = None) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            'SELECT id, received_at, topic, partition, "offset", reason, detail, event_source, event_id, customer_id, '
+            "octet_length(payload) AS payload_bytes, encode(substring(payload from 1 for 512), 'escape') AS payload_head "
+            "FROM dead_letters WHERE (%s::text IS NULL OR reason = %s) ORDER BY id DESC LIMIT %s",
+            (reason, reason, limit),
+        )
+        rows = cur.fetchall()
+    for row in rows:
+        row["received_at"] = row["received_at"].astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return rows
