@@ -1,0 +1,170 @@
+"""Budgets: reservations shared through Postgres, settlement, no double counting with metering."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import func, select
+
+from infermeter.stack import to_libpq_url
+from metering.contract import REQUEST_V1, encode_event, make_event
+from metering.kafka import Message
+from metering.writer import BatchWriter
+from serving.budgets import (
+    WARNING_HEADER,
+    AdmissionController,
+    Admission,
+    Rejection,
+    list_price,
+    month_window,
+    set_budget,
+)
+from serving.tables import budget_reservations
+
+NOW = datetime(2026, 11, 15, 12, 0, 30, tzinfo=UTC)
+# List prices of these tests: 1.00 per 1M input tokens, 0.50 cached, 2.00 output.
+PRICES = dict(
+    list_price_input_per_mtok="1.00", list_price_cached_input_per_mtok="0.50", list_price_output_per_mtok="2.00"
+)
+PROMPT, MAX_TOKENS = 1000, 500
+WORST = Decimal("0.002")  # 1000 x 0.000001 + 500 x 0.000002
+
+
+@pytest.fixture
+def budget_settings(settings):
+    return settings.model_copy(update=PRICES)
+
+
+def controller(engine, budget_settings, now=NOW) -> AdmissionController:
+    return AdmissionController(engine, budget_settings, clock=lambda: now)
+
+
+def admit(ctl, customer, request_id=None, now=NOW, prompt=PROMPT, max_tokens=MAX_TOKENS):
+    return ctl.admit_sync(customer, model="tiny", request_id=request_id or uuid.uuid4().hex,
+                          prompt_tokens=prompt, max_tokens=max_tokens, now=now)
+
+
+def test_list_price_is_exact_decimal(budget_settings):
+    price = list_price("tiny", budget_settings)
+    assert price.cost(uncached_input_tokens=PROMPT, cached_input_tokens=0, output_tokens=MAX_TOKENS) == WORST
+    assert isinstance(price.output, Decimal)
+
+
+def test_month_window_is_half_open_utc():
+    assert month_window(datetime(2026, 12, 31, 23, 59, tzinfo=UTC)) == (
+        datetime(2026, 12, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+
+
+def test_customer_without_budget_is_admitted_without_a_reservation(engine, budget_settings):
+    ctl = controller(engine, budget_settings)
+    result = admit(ctl, "free-cust", "r1")
+    assert isinstance(result, Admission) and not result.limited
+    assert ctl.settle_sync("r1", input_tokens=5, cached_input_tokens=0, output_tokens=5,
+                           event_source="s", event_id="r1") is None
+
+
+def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_case(engine, other_engine, budget_settings):
+    cap = Decimal("0.05")  # room for exactly 25 worst cases
+    set_budget(engine, "cust-a", monthly_cap=cap, mode="hard")
+    gateways = [controller(engine, budget_settings), controller(other_engine, budget_settings)]
+    results: list[Admission | Rejection] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(100)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        outcome = admit(gateways[i % 2], "cust-a", f"req-{i}")
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    admitted = [r for r in results if isinstance(r, Admission)]
+    rejected = [r for r in results if isinstance(r, Rejection)]
+    assert len(results) == 100
+    spend = gateways[0].spend("cust-a", now=NOW)
+    assert spend.reserved == WORST * len(admitted)
+    assert spend.total <= cap + WORST  # the requirement
+    assert len(admitted) == 25  # in fact: no overshoot at all
+    assert {r.reason for r in rejected} == {"budget_exceeded"}
+    assert {(r.status, r.error_type, r.code) for r in rejected} == {(402, "insufficient_quota", "budget_exceeded")}
+    body = rejected[0].openai_error()
+    assert set(body["error"]) == {"message", "type", "param", "code"} and "budget" in body["error"]["message"]
+
+    # settling to the actual cost releases the difference: room for more requests
+    for a in admitted:
+        actual = gateways[1].settle_sync(a.request_id, input_tokens=PROMPT, cached_input_tokens=0, output_tokens=100,
+                                         event_source="//gateway/t", event_id=a.request_id)
+        assert actual == Decimal("0.0012")
+    spend = gateways[0].spend("cust-a", now=NOW)
+    assert (spend.reserved, spend.settled_unmetered) == (0, Decimal("0.0012") * 25)
+    more = [admit(gateways[0], "cust-a") for _ in range(12)]
+    assert sum(isinstance(r, Admission) for r in more) == 10  # (0.05 - 0.03) / 0.002
+
+
+def test_settled_cost_moves_to_metered_without_double_counting(engine, db_url, budget_settings, settings):
+    set_budget(engine, "cust-m", monthly_cap=Decimal("10"), mode="hard")
+    ctl = controller(engine, budget_settings, now=datetime.now(UTC))
+    started = datetime.now(UTC)
+    result = ctl.admit_sync("cust-m", model="tiny", request_id="req-m1", prompt_tokens=PROMPT, max_tokens=MAX_TOKENS)
+    assert isinstance(result, Admission) and result.limited
+    assert ctl.spend("cust-m").reserved == WORST
+    event = make_event(REQUEST_V1, source="//gateway/gw-1", subject="cust-m", event_id="req-m1", data={
+        "request_id": "req-m1", "customer_id": "cust-m", "api_key_id": "k", "model": "tiny",
+        "deployment_id": "dep", "replica_id": "r0", "status": "ok", "input_tokens": PROMPT,
+        "cached_input_tokens": 200, "output_tokens": 100, "task_id": None, "attempt": 1,
+        "started_at": started, "first_token_at": started, "finished_at": started, "tags": {}})
+    actual = ctl.settle_sync("req-m1", input_tokens=PROMPT, cached_input_tokens=200, output_tokens=100,
+                             event_source=event["source"], event_id=event["id"])
+    assert actual == Decimal("0.0008") + Decimal("0.0001") + Decimal("0.0002")
+    before = ctl.spend("cust-m")
+    assert (before.metered, before.settled_unmetered, before.reserved) == (0, actual, 0)
+    # the real metering write path ingests the event (rollup + event_keys in one transaction)
+    writer = BatchWriter(to_libpq_url(db_url), group_id="g", max_bytes=65536, future_tolerance_s=300)
+    raw = encode_event(event)
+    for offset in (0, 1):  # ingested twice (a duplicate on the topic): still counted once
+        writer.write([Message("t", 0, offset, b"cust-m", raw, {}, None)])
+    writer.close()
+    after = ctl.spend("cust-m")
+    assert (after.metered, after.settled_unmetered, after.reserved) == (actual, 0, 0)
+    assert after.total == before.total
+    ctl.housekeep("cust-m")
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(budget_reservations)).scalar() == 0
+    assert ctl.spend("cust-m").total == actual
+
+
+def test_soft_mode_admits_with_a_warning_header(engine, budget_settings):
+    set_budget(engine, "cust-s", monthly_cap=Decimal("0.003"), mode="soft")
+    ctl = controller(engine, budget_settings)
+    first, second = admit(ctl, "cust-s"), admit(ctl, "cust-s")
+    assert isinstance(first, Admission) and first.warning is None and first.headers == {}
+    assert isinstance(second, Admission) and WARNING_HEADER in second.headers
+    assert "monthly budget exceeded" in second.headers[WARNING_HEADER]
+    assert ctl.spend("cust-s", now=NOW).reserved == 2 * WORST  # still reserved: spend stays true
+
+
+def test_expired_reservations_stop_counting(engine, budget_settings):
+    set_budget(engine, "cust-x", monthly_cap=Decimal("0.002"), mode="hard")
+    ctl = controller(engine, budget_settings)
+    assert isinstance(admit(ctl, "cust-x"), Admission)
+    assert isinstance(admit(ctl, "cust-x"), Rejection)
+    later = NOW + timedelta(seconds=budget_settings.reservation_ttl_s + 1)
+    assert isinstance(admit(ctl, "cust-x", now=later), Admission)  # the dead gateway's hold expired
+
+
+def test_last_months_usage_does_not_count(engine, budget_settings):
+    set_budget(engine, "cust-p", monthly_cap=Decimal("0.003"), mode="hard")
+    ctl = controller(engine, budget_settings)
+    a = admit(ctl, "cust-p", "old", now=datetime(2026, 10, 31, 23, 59, tzinfo=UTC))
+    ctl.settle_sync(a.request_id, input_tokens=PROMPT, cached_input_tokens=0, output_tokens=MAX_TOKENS,
+                    event_source="s", event_id="old", now=datetime(2026, 10, 31, 23, 59, 30, tzinfo=UTC))
+    assert ctl.spend("cust-p", now=NOW).total == 0
+    assert isinstance(admit(ctl, "cust-p"), Admission)
