@@ -187,6 +187,20 @@ class Settings(BaseSettings):
         description="How often the replica agent scrapes vLLM /metrics inside an interval (busy-time resolution).",
     )
 
+    # --- pricing: price books, cost model, shadow rating (pricing_service/) ----------------------
+    pricing_books: str | None = Field(
+        default=None,
+        validation_alias="INFERMETER_PRICING_BOOKS",
+        description="Candidate price books for shadow rating: YAML files or directories, comma-separated. "
+        "Unset: the three example books in pricing_books/.",
+    )
+    pricing_cost_model: Path | None = Field(
+        default=None,
+        validation_alias="INFERMETER_PRICING_COST_MODEL",
+        description="Cost model YAML ($/GPU-hour per gpu_type, prefill/decode weights, unit costs of usage "
+        "meters). Unset: pricing_books/cost-model.yaml.",
+    )
+
     @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}.events"
