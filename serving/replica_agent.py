@@ -29,3 +29,203 @@ interval deduplicates. If a scrape fails the interval still carries its GPU time
 were held) with busy time from the samples that succeeded; token deltas catch up at the next
 successful scrape.
 """
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Protocol
+from urllib.parse import urlparse
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from metering.contract import REPLICA_V1, make_event, rfc3339
+from serving import metrics
+
+log = logging.getLogger("serving.replica_agent")
+
+SHARED_POOL_SUBJECT = "shared-pool"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+RUNNING = "vllm:num_requests_running"
+
+
+class EventSink(Protocol):
+    def emit(self, event: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class VllmSample:
+    """What the agent reads from one scrape (counters summed over their label sets)."""
+
+    at: datetime
+    running: float
+    prompt_tokens: int
+    generation_tokens: int
+
+
+def parse_vllm_metrics(text: str, at: datetime) -> VllmSample:
+    running = 0.0
+    prompt = generation = 0.0
+    found = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == PROMPT_TOKENS:
+                prompt += sample.value
+            elif sample.name == GENERATION_TOKENS:
+                generation += sample.value
+            elif sample.name == RUNNING:
+                running += sample.value
+            else:
+                continue
+            found.add(sample.name)
+    missing = {PROMPT_TOKENS, GENERATION_TOKENS, RUNNING} - found
+    if missing:
+        raise ValueError(f"vLLM /metrics lacks {', '.join(sorted(missing))}")
+    return VllmSample(at, running, int(round(prompt)), int(round(generation)))
+
+
+def counter_delta(previous: int, current: int) -> int:
+    """Increase of a counter; a decrease means the engine restarted and counts from 0 again."""
+    return current - previous if current >= previous else current
+
+
+def _micros(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+class ReplicaAgent:
+    def __init__(
+        self,
+        vllm_url: str,
+        deployment_id: str,
+        gpu_type: str,
+        gpu_count: int,
+        emitter: EventSink,
+        *,
+        customer_id: str | None = None,
+        replica_id: str | None = None,
+        interval_s: float = 10.0,
+        sample_s: float = 1.0,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        if gpu_count < 1:
+            raise ValueError("gpu_count must be at least 1")
+        if interval_s <= 0 or sample_s <= 0:
+            raise ValueError("interval_s and sample_s must be positive")
+        self.metrics_url = vllm_url.rstrip("/") + "/metrics"
+        parsed = urlparse(vllm_url)
+        self.deployment_id = deployment_id
+        self.replica_id = replica_id or f"{deployment_id}@{parsed.hostname}:{parsed.port or 80}"
+        self.gpu_type = gpu_type
+        self.gpu_count = gpu_count
+        self.customer_id = customer_id
+        self.emitter = emitter
+        self.interval_s = interval_s
+        self.sample_s = min(sample_s, interval_s)
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.interval_start: datetime | None = None
+        self._last: VllmSample | None = None
+        self._busy_us = 0
+        self._prompt = 0
+        self._generation = 0
+        self._scrapes_ok = metrics.REPLICA_SCRAPES.labels(deployment=deployment_id, result="ok")
+        self._scrapes_error = metrics.REPLICA_SCRAPES.labels(deployment=deployment_id, result="error")
+        self._intervals = metrics.REPLICA_INTERVALS.labels(deployment=deployment_id)
+
+    # --- accounting (pure given the samples) ------------------------------------------------------
+
+    def observe(self, sample: VllmSample | None, at: datetime) -> None:
+        """Account one scrape made at `at` (None: it failed)."""
+        if self.interval_start is None:
+            self.interval_start = at
+        if sample is None:
+            return
+        previous, self._last = self._last, sample
+        if previous is None:
+            return  # the baseline: counters before the agent started are not ours
+        prompt = counter_delta(previous.prompt_tokens, sample.prompt_tokens)
+        generation = counter_delta(previous.generation_tokens, sample.generation_tokens)
+        self._prompt += prompt
+        self._generation += generation
+        if previous.running > 0 or sample.running > 0 or prompt > 0 or generation > 0:
+            since = max(previous.at, self.interval_start)
+            self._busy_us += max(0, _micros(sample.at - since))
+
+    def close_interval(self, end: datetime) -> dict | None:
+        """The replica.v1 event of [interval_start, end), and a new interval from `end`."""
+        start = self.interval_start
+        if start is None or end <= start:
+            return None
+        length_us = _micros(end - start)
+        busy_us = min(self._busy_us, length_us)
+        data = {
+            "replica_id": self.replica_id,
+            "deployment_id": self.deployment_id,
+            "customer_id": self.customer_id,
+            "gpu_type": self.gpu_type,
+            "gpu_count": self.gpu_count,
+            "interval_start": start,
+            "interval_end": end,
+            "busy_seconds": f"{Decimal(busy_us).scaleb(-6):f}",
+            "prompt_tokens": self._prompt,
+            "generation_tokens": self._generation,
+        }
+        self.interval_start = end
+        self._busy_us = self._prompt = self._generation = 0
+        return make_event(
+            REPLICA_V1,
+            source=f"//replica-agent/{self.replica_id}",
+            subject=self.customer_id or SHARED_POOL_SUBJECT,
+            event_id=f"{self.replica_id}/{rfc3339(start)}",
+            data=data,
+            time=end,
+        )
+
+    # --- I/O ----------------------------------------------------------------------------------
+
+    async def sample(self, session: aiohttp.ClientSession) -> VllmSample | None:
+        try:
+            async with session.get(self.metrics_url, timeout=aiohttp.ClientTimeout(total=max(1.0, self.sample_s))) as resp:
+                resp.raise_for_status()
+                body = await resp.text()
+            at = self.clock()
+            sample = parse_vllm_metrics(body, at)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            self._scrapes_error.inc()
+            log.warning("replica agent: scrape of %s failed: %s", self.metrics_url, exc)
+            self.observe(None, self.clock())
+            return None
+        self._scrapes_ok.inc()
+        self.observe(sample, at)
+        return sample
+
+    def _emit(self, event: dict | None) -> None:
+        if event is not None:
+            self.emitter.emit(event)
+            self._intervals.inc()
+
+    async def run(self, stop: asyncio.Event, on_interval: Callable[[dict], None] | None = None) -> None:
+        """Scrape every sample_s; emit one interval every interval_s; a last partial one at stop."""
+        async with aiohttp.ClientSession() as session:
+            await self.sample(session)
+            while not stop.is_set():
+                assert self.interval_start is not None
+                close_at = self.interval_start + timedelta(seconds=self.interval_s)
+                wait = min(self.sample_s, max(0.0, (close_at - self.clock()).total_seconds()))
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=wait)
+                except TimeoutError:
+                    pass
+                sample = await self.sample(session)
+                now = sample.at if sample else self.clock()
+                if now >= close_at or stop.is_set():
+                    event = self.close_interval(now)
+                    self._emit(event)
+                    if event and on_interval:
+                        on_interval(event)
