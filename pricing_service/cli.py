@@ -1,5 +1,153 @@
-"""The `infermeter pricing ...` commands."""
+"""The `infermeter pricing ...` commands: compare, shadow, books import/list."""
 
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import psycopg
 import typer
+from rich.console import Console
+from rich.table import Table
 
-app = typer.Typer(help="pricing commands", no_args_is_help=True)
+from infermeter.settings import get_settings
+from infermeter.stack import StackError, open_stack
+from pricing.book import PriceBookError
+from pricing.cost import CostModelError
+from pricing.experiments import ExperimentError
+
+app = typer.Typer(help="Price books, pricing experiments and shadow rating.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+books_app = typer.Typer(help="Price books stored in the database with effective dates.", no_args_is_help=True)
+app.add_typer(books_app, name="books")
+
+console = Console()
+err = Console(stderr=True)
+
+EXPECTED = (PriceBookError, CostModelError, ExperimentError, StackError, ValueError, OSError, psycopg.Error)
+
+
+@contextmanager
+def _clear_errors() -> Iterator[None]:
+    try:
+        yield
+    except EXPECTED as exc:
+        message = str(exc).strip() or type(exc).__name__
+        err.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _database_url() -> str:
+    settings = get_settings()
+    with open_stack(settings, broker=False) as stack:
+        return stack.database_url
+
+
+@app.command("compare")
+def compare_cmd(
+    start: Annotated[str, typer.Option("--from", help="Window start, a whole UTC hour (e.g. 2026-11-02T00:00:00Z).")],
+    end: Annotated[str, typer.Option("--to", help="Window end (exclusive), a whole hour.")],
+    price_book: Annotated[list[str], typer.Option("--price-book", help="A price book YAML, or stored:<book id>; the first is the baseline. Repeat.")],
+    cost_model: Annotated[Path | None, typer.Option("--cost-model", help="Cost model YAML (default: INFERMETER_PRICING_COST_MODEL or pricing_books/cost-model.yaml).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of tables.")] = False,
+    html_out: Annotated[Path | None, typer.Option("--html", help="Write the HTML report (charts) here.")] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="Write revenue/cost per book and customer as CSV here.")] = None,
+) -> None:
+    """Rate the same metered usage under each price book: revenue, cost, margin, risk, caching, retries."""
+    from pricing_service.compare import render_console, run_comparison
+    from pricing_service.source import parse_time
+
+    with _clear_errors():
+        window = parse_time(start, "--from"), parse_time(end, "--to")
+        cost_model = cost_model or get_settings().pricing_cost_model
+        with err.status("Loading usage and rating it under each book...", spinner="dots"):
+            report = run_comparison(_database_url(), window[0], window[1], [Path(p) if not p.startswith("stored:") else p for p in price_book], cost_model)
+        if as_json:
+            sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        else:
+            render_console(report, console)
+        if html_out:
+            from pricing_service.report_html import write_html
+
+            written = write_html(report, html_out)
+            err.print(f"HTML report: {written}")
+        if csv_out:
+            report.write_csv(csv_out)
+            err.print(f"CSV: {csv_out}")
+
+
+@app.command("shadow")
+def shadow_cmd(
+    customer: Annotated[str | None, typer.Option("--customer", help="Only this customer.")] = None,
+    price_book: Annotated[list[Path] | None, typer.Option("--price-book", help="Candidate books (default: INFERMETER_PRICING_BOOKS).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Live running revenue of the current month under every candidate book, per customer."""
+    from pricing_service.books import book_paths, read_cost_model, read_price_book
+    from pricing_service.shadow import shadow_rating
+
+    with _clear_errors():
+        settings = get_settings()
+        books = [read_price_book(p) for p in (price_book or book_paths(settings.pricing_books))]
+        cost_model = read_cost_model(settings.pricing_cost_model)
+        report = shadow_rating(_database_url(), books, cost_model, customer_id=customer)
+        if as_json:
+            sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+            return
+        table = Table(title=f"Running revenue {report.period_start:%Y-%m-%d %H:%M}Z .. now ({report.as_of:%Y-%m-%d %H:%M:%S}Z), live")
+        table.add_column("customer")
+        for b in books:
+            table.add_column(f"{b.id} ({b.currency})", justify="right")
+        by = {(x.customer_id, x.book_id): x for x in report.lines}
+        for c in sorted({x.customer_id for x in report.lines}):
+            table.add_row(c, *[str(by[(c, b.id)].revenue_to_date) for b in books])
+        console.print(table)
+        if not report.lines:
+            console.print("No usage in the current period yet.")
+
+
+@books_app.command("import")
+def books_import(
+    file: Annotated[Path, typer.Argument(help="Price book YAML.")],
+    effective_from: Annotated[str, typer.Option("--effective-from", help="When this version comes into force (UTC time).")],
+) -> None:
+    """Validate a price book and store it as a version in force from --effective-from."""
+    from pricing_service.books import import_book
+    from pricing_service.source import connect, parse_time
+
+    with _clear_errors():
+        at = parse_time(effective_from, "--effective-from")
+        with connect(_database_url()) as conn:
+            book, created = import_book(conn, file, at)
+        state = "stored" if created else "already stored (same text)"
+        console.print(f"{book.id} effective from {at.isoformat()}: {state}")
+
+
+@books_app.command("list")
+def books_list(
+    book_id: Annotated[str | None, typer.Option("--id", help="Only this book.")] = None,
+) -> None:
+    """Stored price book versions and their effective dates."""
+    from pricing_service.books import list_versions
+    from pricing_service.source import connect
+
+    with _clear_errors():
+        with connect(_database_url()) as conn:
+            versions = list_versions(conn, book_id)
+        now = datetime.now(UTC)
+        table = Table(title="Stored price books")
+        for col in ("book", "effective from", "in force now", "sha256", "imported from"):
+            table.add_column(col)
+        current = {}
+        for v in versions:
+            if v.effective_from <= now:
+                current[v.book_id] = v.effective_from
+        for v in versions:
+            table.add_row(v.book_id, v.effective_from.astimezone(UTC).isoformat(), "yes" if current.get(v.book_id) == v.effective_from else "",
+                          v.sha256[:12], v.source_name)
+        console.print(table)

@@ -1,0 +1,227 @@
+"""`infermeter pricing compare`: load a window of metered usage, rate it under each book, cost it,
+and report (console tables, JSON, CSV, HTML)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pricing.book import PriceBook, PriceBookError
+from pricing.experiments import Comparison, compare
+from pricing_service.books import book_in_force, read_cost_model, read_price_book
+from pricing_service.source import check_window, connect, load_dataset
+
+STORED_PREFIX = "stored:"
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _s(d: Decimal | None) -> str | None:
+    return None if d is None else str(d)
+
+
+@dataclass
+class ComparisonReport:
+    comparison: Comparison
+    sources: list[str]
+    cost_model_source: str
+    generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def books(self):
+        return self.comparison.books
+
+    def to_json(self) -> dict[str, Any]:
+        """{"books": [{"id", "currency", "revenue", "cost", "margin", "customers": [{"customer_id",
+        "revenue", "cost", ...}], ...}], ...}: amounts as decimal strings."""
+        c = self.comparison
+        books = []
+        for source, b in zip(self.sources, c.books, strict=True):
+            books.append(
+                {
+                    "id": b.book.id,
+                    "currency": b.book.currency,
+                    "revenue": str(b.revenue),
+                    "cost": str(b.cost),
+                    "margin": str(b.margin),
+                    "customers": [
+                        {
+                            "customer_id": cr.customer_id,
+                            "revenue": str(cr.revenue),
+                            "cost": str(cr.cost),
+                            "margin": str(cr.margin),
+                            "versus_baseline": str(cr.versus_baseline),
+                        }
+                        for cr in b.customers
+                    ],
+                    "source": source,
+                    "gross_margin_pct": _s(_pct(b.margin, b.revenue)),
+                    "customers_paying_more_than_baseline": len(b.pays_more),
+                    "customers_paying_less_than_baseline": len(b.pays_less),
+                    "risk": {
+                        "bucket": b.risk.bucket,
+                        "margin_stdev": str(b.risk.margin_stdev),
+                        "margin_min": _s(min(b.risk.margins, default=None)),
+                        "margin_max": _s(max(b.risk.margins, default=None)),
+                        "customer_margin_stdev": str(b.risk.customer_margin_stdev),
+                        "loss_making_customers": b.risk.loss_making_customers,
+                        "buckets": [
+                            {"start": _iso(x.start), "revenue": str(x.revenue), "cost": str(x.cost), "margin": str(x.margin)}
+                            for x in b.risk.buckets
+                        ],
+                    },
+                    "caching": [
+                        {
+                            "model": g.model,
+                            "cached_input_tokens": g.cached_input_tokens,
+                            "cost_gain": str(g.cost_gain),
+                            "passed_to_customers": str(g.passed_to_customers),
+                            "kept_by_platform": str(g.kept_by_platform),
+                            "cost_without_caching": str(g.cost_without_caching),
+                            "revenue_without_caching": str(g.revenue_without_caching),
+                        }
+                        for g in b.caching
+                    ],
+                    "retries": None
+                    if b.retries is None
+                    else {
+                        "retried_attempts": b.retries.retried_attempts,
+                        "retried_cost": str(b.retries.retried_cost),
+                        "revenue_from_retries": str(b.retries.revenue_from_retries),
+                        "absorbed_by_platform": str(b.retries.absorbed_by_platform),
+                        "paid_by": b.retries.paid_by,
+                    },
+                }
+            )
+        return {
+            "books": books,
+            "window": {"from": _iso(c.start), "to": _iso(c.end)},
+            "currency": c.currency,
+            "usage": {k: str(v) for k, v in c.usage_totals.items()},
+            "cost_summary": {
+                "total": str(c.cost_total_precise),
+                "idle_shared_pool": str(c.idle_pool_cost),
+                "by_model": {m: str(v) for m, v in c.cost_by_model.items()},
+                "successful_tasks": c.successful_tasks,
+                "cost_per_successful_task": _s(c.cost_per_successful_task),
+            },
+            "cost_model": self.cost_model_source,
+            "generated_at": _iso(self.generated_at),
+        }
+
+    def write_csv(self, path: Path) -> None:
+        """One row per book x customer (plus a TOTAL row per book)."""
+        with Path(path).open("w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["book_id", "currency", "customer_id", "revenue", "cost", "margin", "versus_baseline"])
+            for b in self.books:
+                for cr in b.customers:
+                    w.writerow([b.book.id, b.book.currency, cr.customer_id, cr.revenue, cr.cost, cr.margin, cr.versus_baseline])
+                w.writerow([b.book.id, b.book.currency, "TOTAL", b.revenue, b.cost, b.margin, ""])
+
+
+def _pct(part: Decimal, whole: Decimal) -> Decimal | None:
+    if not whole:
+        return None
+    return (part * 100 / whole).quantize(Decimal("0.1"))
+
+
+def resolve_books(conn, specs: list[str | Path], at: datetime) -> tuple[list[PriceBook], list[str]]:
+    books, sources = [], []
+    for spec in specs:
+        spec_text = str(spec)
+        if spec_text.startswith(STORED_PREFIX):
+            book_id = spec_text[len(STORED_PREFIX):]
+            book = book_in_force(conn, book_id, at)
+            if book is None:
+                raise PriceBookError(spec_text, [("", f"no stored version of {book_id!r} is in force at {_iso(at)}")])
+        else:
+            book = read_price_book(Path(spec))
+        books.append(book)
+        sources.append(spec_text)
+    return books, sources
+
+
+def run_comparison(
+    database_url: str,
+    start: datetime,
+    end: datetime,
+    book_paths: list[Path],
+    cost_model_path: Path | None = None,
+) -> ComparisonReport:
+    """Rate [start, end) under each book (a path, or `stored:<book id>` for the stored version in force
+    at `start`), the first being the baseline, and cost it with the cost model."""
+    start, end = check_window(start, end)
+    cost_model = read_cost_model(cost_model_path)
+    with connect(database_url) as conn:
+        books, sources = resolve_books(conn, list(book_paths), start)
+        dataset = load_dataset(conn, start, end)
+    report = compare(dataset, books, cost_model)
+    from pricing_service.books import EXAMPLE_COST_MODEL
+
+    return ComparisonReport(report, sources, str(cost_model_path or EXAMPLE_COST_MODEL))
+
+
+def render_console(report: ComparisonReport, console: Console) -> None:
+    c = report.comparison
+    cur = c.currency
+    console.print(
+        f"[bold]Pricing comparison[/bold] {_iso(c.start)} .. {_iso(c.end)} ({cur}); "
+        f"baseline: [bold]{c.books[0].book.id}[/bold]"
+    )
+    t = Table(title="Revenue, cost and gross margin per book")
+    for col in ("book", "revenue", "cost", "margin", "margin %", "pay more", "pay less", f"{c.books[0].risk.bucket}ly margin sd", "loss-making customers"):
+        t.add_column(col, justify="right" if col != "book" else "left")
+    for b in c.books:
+        pct = _pct(b.margin, b.revenue)
+        t.add_row(b.book.id, str(b.revenue), str(b.cost), str(b.margin), "-" if pct is None else f"{pct}%",
+                  str(len(b.pays_more)), str(len(b.pays_less)), str(b.risk.margin_stdev.quantize(Decimal("0.01"))),
+                  str(b.risk.loss_making_customers))
+    console.print(t)
+
+    t = Table(title="Top customers by baseline revenue (revenue under each book)")
+    t.add_column("customer")
+    for b in c.books:
+        t.add_column(b.book.id, justify="right")
+    t.add_column("cost", justify="right")
+    base = sorted(c.books[0].customers, key=lambda x: x.revenue, reverse=True)[:10]
+    for cr in base:
+        row = [cr.customer_id]
+        for b in c.books:
+            other = next(x for x in b.customers if x.customer_id == cr.customer_id)
+            delta = other.versus_baseline
+            row.append(f"{other.revenue}" + ("" if b is c.books[0] else f" ({'+' if delta >= 0 else ''}{delta})"))
+        row.append(str(cr.cost))
+        t.add_row(*row)
+    console.print(t)
+
+    t = Table(title="Prefix caching: cost it saved, and who gets the gain")
+    for col in ("book", "model", "cached tokens", "cost saved", "passed to customers", "kept by platform"):
+        t.add_column(col, justify="left" if col in ("book", "model") else "right")
+    for b in c.books:
+        for g in b.caching:
+            t.add_row(b.book.id, g.model, f"{g.cached_input_tokens:,}", str(g.cost_gain), str(g.passed_to_customers), str(g.kept_by_platform))
+    console.print(t)
+
+    t = Table(title="Retried task attempts: what they cost and who pays")
+    for col in ("book", "retried attempts", "cost", "revenue from retries", "absorbed by platform", "paid by"):
+        t.add_column(col, justify="left" if col in ("book", "paid by") else "right")
+    for b in c.books:
+        r = b.retries
+        t.add_row(b.book.id, str(r.retried_attempts), str(r.retried_cost), str(r.revenue_from_retries), str(r.absorbed_by_platform), r.paid_by)
+    console.print(t)
+    cpt = c.cost_per_successful_task
+    console.print(
+        f"Cost {c.cost_total_precise.quantize(Decimal('0.01'))} {cur} (idle shared pool {c.idle_pool_cost}); "
+        f"{c.successful_tasks} successful tasks, cost per successful task "
+        f"{'-' if cpt is None else cpt.quantize(Decimal('0.0001'))} {cur}."
+    )

@@ -1,0 +1,93 @@
+"""Continuous shadow rating: each customer's running revenue in the current period under every
+candidate price book.
+
+It is live: it is computed when asked, from the hourly rollups, which metering updates in the same
+Postgres transaction that ingests each event batch. So the figures include every event ingested up to
+the moment of the query (the current hour included), with no batch job in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import psycopg
+
+from pricing.book import PriceBook
+from pricing.cost import CostModel, attribute
+from pricing.experiments import customer_usages
+from pricing.rating import rate
+from pricing.usage import Usage
+from pricing_service.source import connect, current_period, load_dataset
+
+
+@dataclass(frozen=True)
+class ShadowLine:
+    customer_id: str
+    book_id: str
+    currency: str
+    revenue_to_date: Decimal  # sum of the usage lines so far
+    total_with_commitments: Decimal  # with the minimum top-up and credits, as if the period ended now
+
+
+@dataclass(frozen=True)
+class ShadowReport:
+    period_start: datetime
+    period_end: datetime
+    as_of: datetime
+    lines: tuple[ShadowLine, ...]
+
+    def to_json(self) -> dict:
+        by_customer: dict[str, list[dict]] = {}
+        for line in self.lines:
+            by_customer.setdefault(line.customer_id, []).append(
+                {
+                    "id": line.book_id,
+                    "currency": line.currency,
+                    "revenue_to_date": str(line.revenue_to_date),
+                    "total_with_commitments": str(line.total_with_commitments),
+                }
+            )
+        iso = lambda t: t.astimezone(UTC).isoformat().replace("+00:00", "Z")  # noqa: E731
+        return {
+            "period": {"from": iso(self.period_start), "to": iso(self.period_end)},
+            "as_of": iso(self.as_of),
+            "live": True,
+            "customers": [{"customer_id": c, "books": books} for c, books in sorted(by_customer.items())],
+        }
+
+
+def shadow_rating(
+    database_url: str,
+    books: list[PriceBook],
+    cost_model: CostModel,
+    *,
+    now: datetime | None = None,
+    customer_id: str | None = None,
+) -> ShadowReport:
+    with connect(database_url) as conn:
+        return shadow_rating_on(conn, books, cost_model, now=now, customer_id=customer_id)
+
+
+def shadow_rating_on(
+    conn: psycopg.Connection,
+    books: list[PriceBook],
+    cost_model: CostModel,
+    *,
+    now: datetime | None = None,
+    customer_id: str | None = None,
+) -> ShadowReport:
+    now = now or datetime.now(UTC)
+    start, end = current_period(now)
+    dataset = load_dataset(conn, start, end, customer_id=customer_id)
+    attribution = attribute(dataset, cost_model)
+    usages = customer_usages(dataset, attribution, start, end)
+    customers = [customer_id] if customer_id is not None else sorted(usages)
+    lines = []
+    for c in customers:
+        usage = usages.get(c) or Usage(c, start, end, {})
+        for book in books:
+            rating = rate(book, usage)
+            lines.append(ShadowLine(c, book.id, book.currency, rating.usage_total, rating.total))
+    return ShadowReport(start, end, now, tuple(lines))
