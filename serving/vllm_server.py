@@ -56,6 +56,7 @@ def vllm_command(
     seed: int = 0,
     kv_cache_bytes: int = CPU_KV_CACHE_BYTES,
     extra_args: list[str] | tuple[str, ...] = (),
+    access_log: bool = False,
 ) -> list[str]:
     """The argv of a vLLM OpenAI server with prefix caching and prompt token details on."""
     argv = [
@@ -68,8 +69,9 @@ def vllm_command(
         "--seed", str(seed),
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
-        "--disable-uvicorn-access-log",
     ]  # fmt: skip
+    if not access_log:
+        argv.append("--disable-uvicorn-access-log")
     if device == "cpu":
         argv += [
             "--dtype", "float32",
@@ -157,6 +159,7 @@ def start_vllm(
     max_model_len: int = 2048,
     device: str = "cpu",
     extra_args: list[str] | tuple[str, ...] = (),
+    access_log: bool = False,
 ) -> VllmServer:
     """Spawn vLLM (not waiting for readiness: call `wait_ready`, so several can boot in parallel)."""
     port = port or free_port()
@@ -173,6 +176,7 @@ def start_vllm(
         max_model_len=max_model_len,
         device=device,
         extra_args=extra_args,
+        access_log=access_log,
     )
     process = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(state_dir), start_new_session=True
