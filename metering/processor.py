@@ -22,9 +22,6 @@ from metering.contract import (
     Event,
     InvalidEvent,
     ReplicaData,
-    RequestData,
-    TaskData,
-    UsageData,
     decode_event,
 )
 from metering.kafka import Message
@@ -130,41 +127,9 @@ def split_interval(data: ReplicaData) -> list[GpuSlice]:
 
 
 def stage_row(seq: int, event: Event, payload: bytes) -> StageRow:
-    """One staging row: envelope columns plus the per-type columns the rollups need."""
-    data = event.data
-    model = deployment = status = task_id = meter = outcome = None
-    input_tokens = cached = output = attempt = None
-    quantity = finished_at = None
-    if isinstance(data, RequestData):
-        model, deployment, status = data.model, data.deployment_id, data.status
-        input_tokens, cached, output = data.input_tokens, data.cached_input_tokens, data.output_tokens
-        task_id, attempt = data.task_id, data.attempt
-    elif isinstance(data, TaskData):
-        task_id, outcome, finished_at = data.task_id, data.outcome, data.finished_at
-    elif isinstance(data, UsageData):
-        meter, quantity, task_id = data.meter, data.quantity, data.task_id
-    return (
-        seq,
-        event.source,
-        event.id,
-        event.type,
-        event.subject,
-        event.time,
-        hour_of(event.time),
-        payload.decode("utf-8"),
-        model,
-        deployment,
-        status,
-        input_tokens,
-        cached,
-        output,
-        task_id,
-        attempt,
-        meter,
-        quantity,
-        outcome,
-        finished_at,
-    )
+    """One staging row: the envelope columns and the event as received (Postgres reads the
+    per-type fields from the payload, in C, once per batch)."""
+    return (seq, event.source, event.id, event.type, event.subject, event.time, payload.decode("utf-8"))
 
 
 def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, future_tolerance_s: int) -> ProcessedBatch:

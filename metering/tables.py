@@ -23,33 +23,34 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from infermeter.db import Quantity, metadata
+from infermeter.db import Key, Quantity, metadata
 
 _counts = lambda *names: [Column(n, BigInteger, nullable=False, server_default="0") for n in names]  # noqa: E731
 _ts = lambda name, **kw: Column(name, DateTime(timezone=True), **kw)  # noqa: E731
 
 # Every accepted event, whole, partitioned by month of its event time (raw_events_YYYY_MM).
+# No unique key here: the (source, id) identity is enforced by event_keys in the same statement.
 raw_events = Table(
     "raw_events",
     metadata,
     _ts("occurred_at", nullable=False),
-    Column("source", Text, nullable=False),
-    Column("event_id", Text, nullable=False),
+    Column("source", Key, nullable=False),
+    Column("event_id", Key, nullable=False),
     Column("type", Text, nullable=False),
-    Column("customer_id", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
     _ts("received_at", nullable=False, server_default=func.now()),
     Column("payload", JSONB, nullable=False),
-    PrimaryKeyConstraint("occurred_at", "source", "event_id", name="raw_events_pkey"),
     postgresql_partition_by="RANGE (occurred_at)",
 )
-Index("raw_events_customer_time", raw_events.c.customer_id, raw_events.c.occurred_at)
+# Identity lives in event_keys; raw rows only need cheap time-range scans within a partition.
+Index("raw_events_occurred_brin", raw_events.c.occurred_at, postgresql_using="brin")
 
 # The identity of every accepted event, CloudEvents (source, id): the deduplication key.
 event_keys = Table(
     "event_keys",
     metadata,
-    Column("source", Text, nullable=False),
-    Column("event_id", Text, nullable=False),
+    Column("source", Key, nullable=False),
+    Column("event_id", Key, nullable=False),
     _ts("occurred_at", nullable=False),
     PrimaryKeyConstraint("source", "event_id", name="event_keys_pkey"),
 )
@@ -58,9 +59,9 @@ event_keys = Table(
 request_rollup_hourly = Table(
     "request_rollup_hourly",
     metadata,
-    Column("customer_id", Text, nullable=False),
-    Column("model", Text, nullable=False),
-    Column("deployment_id", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
+    Column("model", Key, nullable=False),
+    Column("deployment_id", Key, nullable=False),
     _ts("hour", nullable=False),
     *_counts(
         "requests",
@@ -84,8 +85,8 @@ Index("request_rollup_hourly_hour", request_rollup_hourly.c.hour)
 task_attempts = Table(
     "task_attempts",
     metadata,
-    Column("customer_id", Text, nullable=False),
-    Column("task_id", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
+    Column("task_id", Key, nullable=False),
     Column("attempt", Integer, nullable=False),
     *_counts("requests", "input_tokens", "cached_input_tokens", "output_tokens"),
     _ts("first_request_at", nullable=False),
@@ -97,12 +98,12 @@ task_attempts = Table(
 task_outcomes = Table(
     "task_outcomes",
     metadata,
-    Column("customer_id", Text, nullable=False),
-    Column("task_id", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
+    Column("task_id", Key, nullable=False),
     Column("outcome", Text, nullable=False),
     _ts("finished_at", nullable=False),
-    Column("source", Text, nullable=False),
-    Column("event_id", Text, nullable=False),
+    Column("source", Key, nullable=False),
+    Column("event_id", Key, nullable=False),
     PrimaryKeyConstraint("customer_id", "task_id", name="task_outcomes_pkey"),
 )
 Index("task_outcomes_finished", task_outcomes.c.finished_at)
@@ -111,9 +112,9 @@ Index("task_outcomes_finished", task_outcomes.c.finished_at)
 task_usage = Table(
     "task_usage",
     metadata,
-    Column("customer_id", Text, nullable=False),
-    Column("task_id", Text, nullable=False),
-    Column("meter", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
+    Column("task_id", Key, nullable=False),
+    Column("meter", Key, nullable=False),
     Column("quantity", Quantity, nullable=False, server_default="0"),
     PrimaryKeyConstraint("customer_id", "task_id", "meter", name="task_usage_pkey"),
 )
@@ -122,8 +123,8 @@ task_usage = Table(
 usage_rollup_hourly = Table(
     "usage_rollup_hourly",
     metadata,
-    Column("customer_id", Text, nullable=False),
-    Column("meter", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
+    Column("meter", Key, nullable=False),
     _ts("hour", nullable=False),
     Column("quantity", Quantity, nullable=False, server_default="0"),
     *_counts("events"),
@@ -135,10 +136,10 @@ usage_rollup_hourly = Table(
 gpu_ledger_hourly = Table(
     "gpu_ledger_hourly",
     metadata,
-    Column("customer_id", Text, nullable=False),
-    Column("deployment_id", Text, nullable=False),
-    Column("replica_id", Text, nullable=False),
-    Column("gpu_type", Text, nullable=False),
+    Column("customer_id", Key, nullable=False),
+    Column("deployment_id", Key, nullable=False),
+    Column("replica_id", Key, nullable=False),
+    Column("gpu_type", Key, nullable=False),
     _ts("hour", nullable=False),
     *_counts("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals"),
     PrimaryKeyConstraint(
@@ -150,8 +151,8 @@ gpu_ledger_hourly = Table(
 consumer_offsets = Table(
     "consumer_offsets",
     metadata,
-    Column("group_id", Text, nullable=False),
-    Column("topic", Text, nullable=False),
+    Column("group_id", Key, nullable=False),
+    Column("topic", Key, nullable=False),
     Column("partition", Integer, nullable=False),
     Column("next_offset", BigInteger, nullable=False),
     _ts("updated_at", nullable=False, server_default=func.now()),
@@ -181,7 +182,7 @@ Index("dead_letters_received", dead_letters.c.received_at)
 ingest_receipts = Table(
     "ingest_receipts",
     metadata,
-    Column("ingest_id", Text, primary_key=True),
+    Column("ingest_id", Key, primary_key=True),
     *_counts("accepted", "duplicates", "rejected"),
     _ts("updated_at", nullable=False, server_default=func.now()),
 )

@@ -21,11 +21,7 @@ import psycopg
 from metering.kafka import Message, TopicPartition
 from metering.processor import ProcessedBatch, process
 
-STAGE_COLUMNS = (
-    "seq", "source", "event_id", "type", "customer_id", "occurred_at", "hour", "payload",
-    "model", "deployment_id", "status", "input_tokens", "cached_input_tokens", "output_tokens",
-    "task_id", "attempt", "meter", "quantity", "outcome", "finished_at",
-)
+STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload")
 GPU_STAGE_COLUMNS = (
     "seq", "customer_id", "deployment_id", "replica_id", "gpu_type", "hour",
     "gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens",
@@ -33,16 +29,13 @@ GPU_STAGE_COLUMNS = (
 
 CREATE_STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS stage (
-    seq int NOT NULL, source text NOT NULL, event_id text NOT NULL, type text NOT NULL,
-    customer_id text NOT NULL, occurred_at timestamptz NOT NULL, hour timestamptz NOT NULL,
-    payload text NOT NULL, model text, deployment_id text, status text,
-    input_tokens bigint, cached_input_tokens bigint, output_tokens bigint,
-    task_id text, attempt int, meter text, quantity numeric(38, 12), outcome text, finished_at timestamptz
+    seq int NOT NULL, source text COLLATE "C" NOT NULL, event_id text COLLATE "C" NOT NULL, type text NOT NULL,
+    customer_id text COLLATE "C" NOT NULL, occurred_at timestamptz NOT NULL, payload text NOT NULL
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
-    seq int NOT NULL, customer_id text NOT NULL, deployment_id text NOT NULL, replica_id text NOT NULL,
-    gpu_type text NOT NULL, hour timestamptz NOT NULL, gpu_ms bigint NOT NULL, busy_ms bigint NOT NULL,
-    prompt_tokens bigint NOT NULL, generation_tokens bigint NOT NULL
+    seq int NOT NULL, customer_id text COLLATE "C" NOT NULL, deployment_id text COLLATE "C" NOT NULL,
+    replica_id text COLLATE "C" NOT NULL, gpu_type text COLLATE "C" NOT NULL, hour timestamptz NOT NULL,
+    gpu_ms bigint NOT NULL, busy_ms bigint NOT NULL, prompt_tokens bigint NOT NULL, generation_tokens bigint NOT NULL
 ) ON COMMIT DELETE ROWS;
 """
 
@@ -61,11 +54,30 @@ WITH fresh_keys AS (
     SELECT source, event_id, occurred_at FROM stage
     ON CONFLICT DO NOTHING
     RETURNING source, event_id
-), fresh AS (
-    SELECT s.* FROM stage s JOIN fresh_keys k USING (source, event_id)
+), fresh AS MATERIALIZED (
+    SELECT s.seq, s.source, s.event_id, s.type, s.customer_id, s.occurred_at,
+           date_trunc('hour', s.occurred_at) AS hour, s.payload::jsonb AS payload
+    FROM stage s JOIN fresh_keys k USING (source, event_id)
+), req AS (
+    SELECT customer_id, occurred_at, hour,
+           payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
+           payload->'data'->>'status' AS status, payload->'data'->>'task_id' AS task_id,
+           coalesce((payload->'data'->>'attempt')::int, 1) AS attempt,
+           (payload->'data'->>'input_tokens')::bigint AS input_tokens,
+           (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
+           (payload->'data'->>'output_tokens')::bigint AS output_tokens
+    FROM fresh WHERE type = 'infermeter.request.v1'
+), outcome AS (
+    SELECT customer_id, source, event_id, payload->'data'->>'task_id' AS task_id,
+           payload->'data'->>'outcome' AS outcome, (payload->'data'->>'finished_at')::timestamptz AS finished_at
+    FROM fresh WHERE type = 'infermeter.task.v1'
+), used AS (
+    SELECT customer_id, hour, payload->'data'->>'meter' AS meter, payload->'data'->>'task_id' AS task_id,
+           (payload->'data'->>'quantity')::numeric AS quantity
+    FROM fresh WHERE type = 'infermeter.usage.v1'
 ), raw AS (
     INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload)
-    SELECT occurred_at, source, event_id, type, customer_id, payload::jsonb FROM fresh
+    SELECT occurred_at, source, event_id, type, customer_id, payload FROM fresh
 ), requests AS (
     INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, {", ".join(_REQUEST_COUNTS)})
     SELECT customer_id, model, deployment_id, hour,
@@ -79,7 +91,7 @@ WITH fresh_keys AS (
            coalesce(sum(input_tokens) FILTER (WHERE attempt > 1), 0),
            coalesce(sum(cached_input_tokens) FILTER (WHERE attempt > 1), 0),
            coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)
-    FROM fresh WHERE type = 'infermeter.request.v1'
+    FROM req
     GROUP BY customer_id, model, deployment_id, hour
     ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
 ), attempts AS (
@@ -87,7 +99,7 @@ WITH fresh_keys AS (
                                      cached_input_tokens, output_tokens, first_request_at, last_request_at)
     SELECT customer_id, task_id, attempt, count(*), sum(input_tokens), sum(cached_input_tokens),
            sum(output_tokens), min(occurred_at), max(occurred_at)
-    FROM fresh WHERE type = 'infermeter.request.v1' AND task_id IS NOT NULL
+    FROM req WHERE task_id IS NOT NULL
     GROUP BY customer_id, task_id, attempt
     ON CONFLICT (customer_id, task_id, attempt) DO UPDATE SET
         {_ADD("a", ("requests", "input_tokens", "cached_input_tokens", "output_tokens"))},
@@ -96,7 +108,7 @@ WITH fresh_keys AS (
 ), outcomes AS (
     INSERT INTO task_outcomes AS o (customer_id, task_id, outcome, finished_at, source, event_id)
     SELECT DISTINCT ON (customer_id, task_id) customer_id, task_id, outcome, finished_at, source, event_id
-    FROM fresh WHERE type = 'infermeter.task.v1'
+    FROM outcome
     ORDER BY customer_id, task_id, finished_at DESC, source DESC, event_id DESC
     ON CONFLICT (customer_id, task_id) DO UPDATE SET
         outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at,
@@ -105,13 +117,13 @@ WITH fresh_keys AS (
 ), usage AS (
     INSERT INTO usage_rollup_hourly AS u (customer_id, meter, hour, quantity, events)
     SELECT customer_id, meter, hour, sum(quantity), count(*)
-    FROM fresh WHERE type = 'infermeter.usage.v1'
+    FROM used
     GROUP BY customer_id, meter, hour
     ON CONFLICT (customer_id, meter, hour) DO UPDATE SET {_ADD("u", ("quantity", "events"))}
 ), task_usage AS (
     INSERT INTO task_usage AS t (customer_id, task_id, meter, quantity)
     SELECT customer_id, task_id, meter, sum(quantity)
-    FROM fresh WHERE type = 'infermeter.usage.v1' AND task_id IS NOT NULL
+    FROM used WHERE task_id IS NOT NULL
     GROUP BY customer_id, task_id, meter
     ON CONFLICT (customer_id, task_id, meter) DO UPDATE SET quantity = t.quantity + EXCLUDED.quantity
 ), gpu AS (

@@ -1,0 +1,326 @@
+"""`infermeter demo`: the bundled Mooncake trace, replayed through the real local stack.
+
+Events -> Kafka -> metering consumer -> Postgres, then a usage summary, the reconcile check
+(events emitted == raw events == rollups), and the pricing comparison of the example books.
+
+How the trace becomes usage (seeded; docs/demo.md says the same):
+- time: trace `timestamp` (ms from start) after 2026-11-02T00:00:00Z is `started_at`;
+  a request takes input/8000 + output/40 seconds; the event time is `finished_at`.
+- conversation: the trace's second prompt block (`hash_ids[1]`; block 0 is a system prompt shared
+  by every request) identifies a conversation; each conversation belongs to one customer, drawn
+  from 50 customers with a Zipf(1.1) share (the top customer carries about a quarter).
+- model: a customer uses `kimi-chat` (70% of customers) or `kimi-chat-lite`.
+- deployment: `kimi-chat` -> shared `dep-kimi-a`, `kimi-chat-lite` -> shared `dep-kimi-b`, except
+  `cust-001`, whose traffic runs on its dedicated `dep-cust-001`.
+- cached input tokens: within a deployment, the longest run of leading prompt blocks already seen
+  earlier counts as cached, 512 tokens a block, never the last prompt token (prefix caching reuses
+  whole blocks of a prefix; this is the unlimited-cache upper bound of the trace).
+- tasks: customers 2, 5, 8, … (every third) are agent customers: their consecutive requests form
+  tasks of 1-4 requests; 12% of tasks retry once and 4% twice (the request of a retry gets the next
+  attempt number); outcome succeeded 85%, failed 10%, abandoned 5%, reported 2 s after the task's
+  last request; each task also reports 1-5 `tool_calls`.
+- status: 1% of requests `error` (no output), 0.5% `cancelled` (half the output).
+- GPU time: every deployment's replicas report 60 s intervals (`gpu_type` H100): dep-kimi-a 4
+  replicas x 8 GPUs, dep-kimi-b 2 x 4, dep-cust-001 1 x 8 (dedicated to cust-001); busy seconds and
+  engine token counters are those of the requests finishing in the interval.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from infermeter.settings import Settings
+from infermeter.stack import open_stack, to_libpq_url
+from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
+
+REPO = Path(__file__).resolve().parent.parent
+TRACE = REPO / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
+TRACE_START = datetime(2026, 11, 2, tzinfo=UTC)
+BLOCK_TOKENS = 512
+CUSTOMERS = 50
+DEFAULT_REQUESTS = 4000
+INTERVAL = timedelta(seconds=60)
+REPLICAS = {  # deployment -> (replicas, gpus per replica, dedicated customer)
+    "dep-kimi-a": (4, 8, None),
+    "dep-kimi-b": (2, 4, None),
+    "dep-cust-001": (1, 8, "cust-001"),
+}
+
+
+@dataclass
+class DemoTotals:
+    """What the demo emitted: the reference the pipeline must reproduce."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    tasks: int = 0
+    replica_intervals: int = 0
+    tool_calls: int = 0
+    by_customer: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0]))
+
+
+def load_trace(limit: int | None) -> list[dict]:
+    rows = []
+    with TRACE.open() as handle:
+        for line in handle:
+            rows.append(json.loads(line))
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows
+
+
+def zipf_customer(rng: random.Random) -> str:
+    weights = [1 / (k ** 1.1) for k in range(1, CUSTOMERS + 1)]
+    return f"cust-{rng.choices(range(1, CUSTOMERS + 1), weights)[0]:03d}"
+
+
+def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tuple[datetime, datetime]]:
+    rng = random.Random(seed)
+    trace = load_trace(limit)
+    owner: dict[int, str] = {}
+    model_of = {f"cust-{k:03d}": ("kimi-chat" if random.Random(seed * 1000 + k).random() < 0.7 else "kimi-chat-lite")
+                for k in range(1, CUSTOMERS + 1)}
+    model_of["cust-001"] = "kimi-chat"
+    agents = {f"cust-{k:03d}" for k in range(2, CUSTOMERS + 1, 3)}
+    seen_blocks: dict[str, set[int]] = defaultdict(set)
+    open_task: dict[str, dict] = {}
+    events: list[bytes] = []
+    totals = DemoTotals()
+    served = defaultdict(list)  # deployment -> [(finished_at, busy_s, prompt, generation)]
+    task_counter = 0
+
+    def close_task(customer: str, task: dict) -> None:
+        nonlocal totals
+        roll = rng.random()
+        outcome = "succeeded" if roll < 0.85 else "failed" if roll < 0.95 else "abandoned"
+        finished = task["last_finished"] + timedelta(seconds=2)
+        events.append(encode_event(make_event(
+            TASK_V1, source="//demo/agents", subject=customer, event_id=f"{task['id']}/outcome", time=finished,
+            data={"task_id": task["id"], "customer_id": customer, "outcome": outcome, "finished_at": finished},
+        )))
+        calls = rng.randint(1, 5)
+        events.append(encode_event(make_event(
+            USAGE_V1, source="//demo/agents", subject=customer, event_id=f"{task['id']}/tools", time=finished,
+            data={"customer_id": customer, "meter": "tool_calls", "quantity": str(calls), "task_id": task["id"]},
+        )))
+        totals.tasks += 1
+        totals.tool_calls += calls
+
+    for index, row in enumerate(trace):
+        conversation = row["hash_ids"][1] if len(row["hash_ids"]) > 1 else -1
+        if conversation not in owner:
+            owner[conversation] = zipf_customer(rng)
+        customer = owner[conversation]
+        model = model_of[customer]
+        deployment = "dep-cust-001" if customer == "cust-001" else ("dep-kimi-a" if model == "kimi-chat" else "dep-kimi-b")
+        blocks = row["hash_ids"]
+        cache = seen_blocks[deployment]
+        leading = 0
+        for block in blocks:
+            if block not in cache:
+                break
+            leading += 1
+        cache.update(blocks)
+        input_tokens = row["input_length"]
+        cached = min(leading * BLOCK_TOKENS, max(input_tokens - 1, 0)) // BLOCK_TOKENS * BLOCK_TOKENS
+        output = row["output_length"]
+        roll = rng.random()
+        status = "error" if roll < 0.01 else "cancelled" if roll < 0.015 else "ok"
+        if status == "error":
+            output = 0
+        elif status == "cancelled":
+            output //= 2
+        started = TRACE_START + timedelta(milliseconds=row["timestamp"])
+        busy = input_tokens / 8000 + output / 40
+        finished = started + timedelta(seconds=round(busy, 3))
+        task_id = attempt = None
+        if customer in agents:
+            task = open_task.get(customer)
+            if task is None or task["left"] == 0:
+                if task is not None:
+                    close_task(customer, task)
+                task_counter += 1
+                retries = 2 if rng.random() < 0.04 else 1 if rng.random() < 0.125 else 0
+                task = {"id": f"task-{task_counter:05d}", "left": rng.randint(1, 4) + retries, "attempt": 1,
+                        "retries": retries}
+                open_task[customer] = task
+            if task["retries"] and task["left"] <= task["retries"]:
+                task["attempt"] += 1
+                task["retries"] -= 1
+            task_id, attempt = task["id"], task["attempt"]
+            task["left"] -= 1
+            task["last_finished"] = finished
+        data = {
+            "request_id": f"mooncake-{index:05d}", "customer_id": customer, "api_key_id": f"key-{customer}",
+            "model": model, "deployment_id": deployment, "replica_id": None, "status": status,
+            "input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output,
+            "task_id": task_id, "attempt": attempt or 1, "started_at": started,
+            "first_token_at": started + timedelta(seconds=round(input_tokens / 8000, 3)), "finished_at": finished,
+            "tags": {"trace": "mooncake"},
+        }
+        events.append(encode_event(make_event(
+            REQUEST_V1, source="//demo/gateway", subject=customer, event_id=data["request_id"], time=finished, data=data,
+        )))
+        served[deployment].append((finished, busy, input_tokens - cached, output))
+        totals.requests += 1
+        totals.input_tokens += input_tokens
+        totals.cached_input_tokens += cached
+        totals.output_tokens += output
+        per = totals.by_customer[customer]
+        per[0] += 1
+        per[1] += input_tokens
+        per[2] += cached
+        per[3] += output
+    for customer, task in open_task.items():
+        close_task(customer, task)
+
+    last = max((f for items in served.values() for f, *_ in items), default=TRACE_START)
+    end = TRACE_START + INTERVAL * (int((last - TRACE_START) / INTERVAL) + 1)
+    for deployment, (replicas, gpus, dedicated) in REPLICAS.items():
+        buckets = defaultdict(lambda: [0.0, 0, 0])
+        for finished, busy, prompt, generation in served[deployment]:
+            bucket = buckets[int((finished - TRACE_START) / INTERVAL)]
+            bucket[0] += busy
+            bucket[1] += prompt
+            bucket[2] += generation
+        for replica in range(replicas):
+            start = TRACE_START
+            while start < end:
+                slot = int((start - TRACE_START) / INTERVAL)
+                busy, prompt, generation = buckets.get(slot, [0.0, 0, 0])
+                share_busy = min(busy / replicas, INTERVAL.total_seconds())
+                replica_id = f"{deployment}-{replica}"
+                events.append(encode_event(make_event(
+                    REPLICA_V1, source=f"//demo/replica-agent/{replica_id}", subject=dedicated or "shared-pool",
+                    event_id=f"{replica_id}/{start.isoformat()}", time=start + INTERVAL,
+                    data={"replica_id": replica_id, "deployment_id": deployment, "customer_id": dedicated,
+                          "gpu_type": "H100", "gpu_count": gpus, "interval_start": start,
+                          "interval_end": start + INTERVAL, "busy_seconds": f"{share_busy:.3f}",
+                          "prompt_tokens": prompt // replicas, "generation_tokens": generation // replicas},
+                )))
+                totals.replica_intervals += 1
+                start += INTERVAL
+    window_end = TRACE_START + timedelta(hours=int((end - TRACE_START) / timedelta(hours=1)) + 1)
+    rng.shuffle(events)  # the bus does not keep global order; neither does the demo
+    return events, totals, (TRACE_START, window_end)
+
+
+def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, out_dir: Path,
+             console: Console, pricing: bool = True) -> dict:
+    from metering import queries
+    from metering.consumer import MeteringConsumer, run_in_thread
+    from metering.ingest import publish_lines, wait_for_receipt
+    from metering.kafka import make_producer
+    from metering.reconcile import reconcile
+
+    limit = None if full else (limit or DEFAULT_REQUESTS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with console.status("reading the Mooncake trace and building events…"):
+        events, totals, (start, end) = generate(limit, seed)
+    events_file = out_dir / "events.jsonl"
+    events_file.write_bytes(b"\n".join(events) + b"\n")
+    console.print(f"[bold]demo[/]: {totals.requests:,} requests, {totals.tasks:,} tasks, "
+                  f"{totals.replica_intervals:,} replica intervals -> {len(events):,} events ({events_file})")
+
+    with open_stack(settings) as stack:
+        run_settings = stack.settings_for(settings)
+        consumer = None
+        thread = None
+        if stack.owns_broker:
+            consumer = MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
+            thread = run_in_thread(consumer)
+        producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
+        ingest_id = f"demo-{uuid.uuid4().hex[:12]}"
+        from rich.progress import Progress
+
+        with Progress(console=console, transient=True) as progress:
+            sent = progress.add_task("publishing to Kafka", total=len(events))
+            publication = publish_lines(producer, settings.events_topic, enumerate(events, 1), ingest_id=ingest_id,
+                                        on_progress=lambda n: progress.update(sent, completed=n))
+            producer.close()
+            metered = progress.add_task("metering into Postgres", total=publication.published)
+            counts = wait_for_receipt(
+                to_libpq_url(stack.database_url), ingest_id, publication.published, timeout_s=900,
+                on_progress=lambda c: progress.update(metered, completed=c.total),
+                still_running=(thread.is_alive if thread else None),
+            )
+        if consumer is not None:
+            consumer.stop()
+            thread.join(30)
+        console.print(f"metered: accepted={counts.accepted:,} duplicates={counts.duplicates:,} "
+                      f"rejected={counts.rejected:,}")
+        window = queries.Window(start, end)
+        with psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+            rows = queries.usage(conn, window, group_by=["model"])
+            check = reconcile(conn, window)
+        _print_usage(console, rows, window)
+        pipeline = {
+            "requests": sum(r["requests"] for r in rows),
+            "input_tokens": sum(r["input_tokens"] for r in rows),
+            "cached_input_tokens": sum(r["cached_input_tokens"] for r in rows),
+            "output_tokens": sum(r["output_tokens"] for r in rows),
+        }
+        emitted = {"requests": totals.requests, "input_tokens": totals.input_tokens,
+                   "cached_input_tokens": totals.cached_input_tokens, "output_tokens": totals.output_tokens}
+        agree = pipeline == emitted and check.ok
+        # A second run on the same database finds everything already metered: rollups hold
+        # every run's events once, so they match what this run emitted only on a fresh database.
+        status = "[green]match[/]" if agree else "[red]MISMATCH[/]"
+        console.print(f"emitted {emitted} | metered {pipeline} | raw vs rollups: "
+                      f"{'ok' if check.ok else f'{len(check.differences)} differences'} -> {status}")
+        summary = {"window": [start.isoformat(), end.isoformat()], "emitted": emitted, "metered": pipeline,
+                   "counts": counts.as_dict(), "reconcile_ok": check.ok}
+        if pricing and importlib.util.find_spec("pricing_service.compare") is not None:
+            summary["pricing"] = _pricing(stack.database_url, start, end, out_dir, console)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        console.print(f"reports in {out_dir}")
+        if not agree:
+            raise RuntimeError("demo: metered usage does not match what was emitted (see above)")
+        return summary
+
+
+def _print_usage(console: Console, rows: list[dict], window) -> None:
+    by_customer = defaultdict(lambda: [0, 0, 0, 0])
+    by_model = defaultdict(lambda: [0, 0, 0, 0])
+    for r in rows:
+        for agg in (by_customer[r["customer_id"]], by_model[r["model"]]):
+            agg[0] += r["requests"]
+            agg[1] += r["uncached_input_tokens"]
+            agg[2] += r["cached_input_tokens"]
+            agg[3] += r["output_tokens"]
+    table = Table("model", "requests", "uncached input", "cached input", "output", "cache hit",
+                  title=f"usage by model [{window.start:%Y-%m-%d %H:%M}, {window.end:%H:%M}) UTC")
+    for model, (n, unc, cac, out) in sorted(by_model.items()):
+        table.add_row(model, f"{n:,}", f"{unc:,}", f"{cac:,}", f"{out:,}", f"{cac / max(unc + cac, 1):.1%}")
+    console.print(table)
+    table = Table("customer", "requests", "uncached input", "cached input", "output", "share of tokens",
+                  title="top customers")
+    total = sum(v[1] + v[2] + v[3] for v in by_customer.values()) or 1
+    for customer, (n, unc, cac, out) in sorted(by_customer.items(), key=lambda kv: -sum(kv[1][1:]))[:10]:
+        table.add_row(customer, f"{n:,}", f"{unc:,}", f"{cac:,}", f"{out:,}", f"{(unc + cac + out) / total:.1%}")
+    console.print(table)
+
+
+def _pricing(database_url: str, start: datetime, end: datetime, out_dir: Path, console: Console) -> dict | None:
+    """The pricing comparison of the example books (pricing_service)."""
+    from pricing_service.compare import default_book_paths, render_console, run_comparison
+
+    report = run_comparison(database_url, start, end, default_book_paths())
+    render_console(report, console)
+    html = out_dir / "pricing.html"
+    report.write_html(html)
+    console.print(f"pricing report: {html}")
+    return report.to_json()
