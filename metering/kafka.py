@@ -70,6 +70,32 @@ class Message:
     timestamp_ms: int | None
 
 
+def _message_factory() -> Callable[..., Message]:
+    """Message(...) without the frozen dataclass's __init__, which sets each field through
+    object.__setattr__: writing the slots directly costs ~0.5 us less per message, which matters on
+    the consumer's hot path (100k+ messages/s). Same object, same equality and repr."""
+    new = object.__new__
+    s_topic, s_partition, s_offset, s_key, s_value, s_headers, s_timestamp = (
+        Message.__dict__[name].__set__
+        for name in ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms")
+    )
+
+    def make(topic, partition, offset, key, value, headers, timestamp_ms):
+        m = new(Message)
+        s_topic(m, topic)
+        s_partition(m, partition)
+        s_offset(m, offset)
+        s_key(m, key)
+        s_value(m, value)
+        s_headers(m, headers)
+        s_timestamp(m, timestamp_ms)
+        return m
+
+    return make
+
+
+new_message = _message_factory()
+
 DeliveryCallback = Callable[[Exception | None, Message | None], None]
 AssignCallback = Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
 RevokeCallback = Callable[[list[TopicPartition]], None]

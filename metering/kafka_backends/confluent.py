@@ -18,6 +18,7 @@ from metering.kafka import (
     Message,
     RevokeCallback,
     TopicPartition,
+    new_message,
 )
 
 log = logging.getLogger("metering.kafka.confluent")
@@ -62,8 +63,15 @@ def _probe(client, bootstrap: str, timeout_s: float) -> None:
 
 
 class ConfluentProducer:
-    def __init__(self, bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str,
-                 connect_timeout_s: float | None):
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        idempotent: bool,
+        linger_ms: int,
+        client_id: str,
+        connect_timeout_s: float | None,
+    ):
         config = _base_config(bootstrap, client_id)
         config.update(
             {
@@ -110,7 +118,9 @@ class ConfluentProducer:
     def close(self, timeout_s: float = 5) -> None:
         remaining = self._producer.flush(timeout_s)
         if remaining:
-            log.warning("producer closed with %d message(s) not acknowledged by %s", remaining, self._bootstrap)
+            log.warning(
+                "producer closed with %d message(s) not acknowledged by %s", remaining, self._bootstrap
+            )
 
 
 def _delivery_adapter(on_delivery: DeliveryCallback, headers: dict[str, bytes] | None):
@@ -136,10 +146,16 @@ def _delivery_adapter(on_delivery: DeliveryCallback, headers: dict[str, bytes] |
     return report
 
 
-def make_producer(bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str,
-                  connect_timeout_s: float | None) -> ConfluentProducer:
-    return ConfluentProducer(bootstrap, idempotent=idempotent, linger_ms=linger_ms, client_id=client_id,
-                             connect_timeout_s=connect_timeout_s)
+def make_producer(
+    bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str, connect_timeout_s: float | None
+) -> ConfluentProducer:
+    return ConfluentProducer(
+        bootstrap,
+        idempotent=idempotent,
+        linger_ms=linger_ms,
+        client_id=client_id,
+        connect_timeout_s=connect_timeout_s,
+    )
 
 
 # --- consumers --------------------------------------------------------------------------------
@@ -189,7 +205,7 @@ class ConfluentConsumer:
             ts_type, ts = msg.timestamp()
             headers = msg.headers()
             append(
-                Message(
+                new_message(
                     msg.topic(),
                     msg.partition(),
                     msg.offset(),
@@ -284,8 +300,9 @@ def make_consumer(
     return wrapper
 
 
-def make_assigned_consumer(bootstrap: str, *, offsets: Mapping[TopicPartition, int], client_id: str,
-                           connect_timeout_s: float) -> ConfluentConsumer:
+def make_assigned_consumer(
+    bootstrap: str, *, offsets: Mapping[TopicPartition, int], client_id: str, connect_timeout_s: float
+) -> ConfluentConsumer:
     # librdkafka needs a group.id even for manual assignment; nothing is ever committed to it.
     raw = ck.Consumer(_consumer_config(bootstrap, client_id, f"{client_id}-unused"))
     try:
@@ -343,5 +360,7 @@ def _wait_visible(admin: AdminClient, bootstrap: str, name: str, timeout_s: floa
         if info is not None and info.error is None and info.partitions:
             return
         if time.monotonic() > deadline:
-            raise KafkaError(f"topic {name} does not show in the metadata of {bootstrap} after {timeout_s:g} s")
+            raise KafkaError(
+                f"topic {name} does not show in the metadata of {bootstrap} after {timeout_s:g} s"
+            )
         time.sleep(0.05)

@@ -27,6 +27,7 @@ from metering.kafka import (
     Message,
     RevokeCallback,
     TopicPartition,
+    new_message,
 )
 
 log = logging.getLogger("metering.kafka.kafka_python")
@@ -46,8 +47,15 @@ def _timeout_ms(timeout_s: float) -> int:
 
 
 class KafkaPythonProducer:
-    def __init__(self, bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str,
-                 connect_timeout_s: float | None):
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        idempotent: bool,
+        linger_ms: int,
+        client_id: str,
+        connect_timeout_s: float | None,
+    ):
         config = {
             "bootstrap_servers": bootstrap,
             "client_id": client_id,
@@ -81,7 +89,9 @@ class KafkaPythonProducer:
         try:
             future = self._producer.send(topic, value=value, key=key, headers=header_list)
         except kerrors.KafkaTimeoutError as exc:
-            raise KafkaUnavailable(f"could not queue a message for {topic} on {self._bootstrap}: {exc}") from None
+            raise KafkaUnavailable(
+                f"could not queue a message for {topic} on {self._bootstrap}: {exc}"
+            ) from None
         self._outstanding += 1
         done = self._done
         future.add_callback(lambda meta: done.append((on_delivery, None, meta, topic, key, value, headers)))
@@ -104,11 +114,15 @@ class KafkaPythonProducer:
                     log.warning("delivery to %s failed: %s", topic, exc)
                 continue
             if exc is not None:
-                on_delivery(DeliveryFailed(f"delivery to {topic} failed: {exc}"),
-                            Message(topic, -1, -1, key, value, dict(headers or {}), None))
+                on_delivery(
+                    DeliveryFailed(f"delivery to {topic} failed: {exc}"),
+                    Message(topic, -1, -1, key, value, dict(headers or {}), None),
+                )
             else:
                 ts = meta.timestamp if meta.timestamp is not None and meta.timestamp >= 0 else None
-                on_delivery(None, Message(topic, meta.partition, meta.offset, key, value, dict(headers or {}), ts))
+                on_delivery(
+                    None, Message(topic, meta.partition, meta.offset, key, value, dict(headers or {}), ts)
+                )
 
     def flush(self, timeout_s: float = 30) -> int:
         deadline = time.monotonic() + timeout_s
@@ -125,7 +139,9 @@ class KafkaPythonProducer:
     def close(self, timeout_s: float = 5) -> None:
         remaining = self.flush(timeout_s)
         if remaining:
-            log.warning("producer closed with %d message(s) not acknowledged by %s", remaining, self._bootstrap)
+            log.warning(
+                "producer closed with %d message(s) not acknowledged by %s", remaining, self._bootstrap
+            )
         try:
             self._producer.close(timeout=0.1 if remaining else timeout_s)
         except kerrors.KafkaTimeoutError:
@@ -137,10 +153,16 @@ class KafkaPythonProducer:
             self._producer._closed = True
 
 
-def make_producer(bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str,
-                  connect_timeout_s: float | None) -> KafkaPythonProducer:
-    return KafkaPythonProducer(bootstrap, idempotent=idempotent, linger_ms=linger_ms, client_id=client_id,
-                               connect_timeout_s=connect_timeout_s)
+def make_producer(
+    bootstrap: str, *, idempotent: bool, linger_ms: int, client_id: str, connect_timeout_s: float | None
+) -> KafkaPythonProducer:
+    return KafkaPythonProducer(
+        bootstrap,
+        idempotent=idempotent,
+        linger_ms=linger_ms,
+        client_id=client_id,
+        connect_timeout_s=connect_timeout_s,
+    )
 
 
 # --- consumers --------------------------------------------------------------------------------
@@ -176,7 +198,7 @@ class KafkaPythonConsumer:
                     headers = r.headers
                     ts = r.timestamp
                     append(
-                        Message(
+                        new_message(
                             r.topic,
                             r.partition,
                             r.offset,
@@ -260,8 +282,9 @@ def make_consumer(
     return KafkaPythonConsumer(raw)
 
 
-def make_assigned_consumer(bootstrap: str, *, offsets: Mapping[TopicPartition, int], client_id: str,
-                           connect_timeout_s: float) -> KafkaPythonConsumer:
+def make_assigned_consumer(
+    bootstrap: str, *, offsets: Mapping[TopicPartition, int], client_id: str, connect_timeout_s: float
+) -> KafkaPythonConsumer:
     try:
         raw = kafka.KafkaConsumer(**_consumer_config(bootstrap, client_id, connect_timeout_s))
     except (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError) as exc:
@@ -319,7 +342,9 @@ def create_topic(bootstrap: str, name: str, partitions: int, *, timeout_s: float
         deadline = time.monotonic() + timeout_s
         while not _partitions_of(admin, name):
             if time.monotonic() > deadline:
-                raise KafkaError(f"topic {name} does not show in the metadata of {bootstrap} after {timeout_s:g} s")
+                raise KafkaError(
+                    f"topic {name} does not show in the metadata of {bootstrap} after {timeout_s:g} s"
+                )
             time.sleep(0.05)
     finally:
         admin.close()

@@ -126,11 +126,15 @@ def test_on_assign_offsets_are_honoured(kafka_bootstrap, backend, topic, group_i
         calls.append(sorted(partitions, key=lambda tp: tp.partition))
         return {tp: starts[tp] for tp in partitions if tp in starts}
 
-    consumer = mk.make_consumer(kafka_bootstrap, backend=backend, group_id=group_id, topics=[topic], on_assign=on_assign)
+    consumer = mk.make_consumer(
+        kafka_bootstrap, backend=backend, group_id=group_id, topics=[topic], on_assign=on_assign
+    )
     expected = [m for m in delivered if m.offset >= starts.get(mk.TopicPartition(topic, m.partition), 0)]
     try:
         consumed = consume_until(consumer, len(expected))
-        assert sorted(consumer.assignment(), key=lambda tp: tp.partition) == [mk.TopicPartition(topic, p) for p in range(4)]
+        assert sorted(consumer.assignment(), key=lambda tp: tp.partition) == [
+            mk.TopicPartition(topic, p) for p in range(4)
+        ]
     finally:
         consumer.close()
 
@@ -158,7 +162,9 @@ def _member(bootstrap, backend, topic, group_id, name, store, stop, assignments,
         consumer.close()
 
 
-def test_two_consumers_in_one_group_split_partitions_without_duplicates(kafka_bootstrap, backend, topic, group_id):
+def test_two_consumers_in_one_group_split_partitions_without_duplicates(
+    kafka_bootstrap, backend, topic, group_id
+):
     store, stop = OffsetStore(), threading.Event()
     assignments: dict[str, set[int]] = {}
     revoked: dict[str, list] = defaultdict(list)
@@ -166,7 +172,9 @@ def test_two_consumers_in_one_group_split_partitions_without_duplicates(kafka_bo
 
     with ThreadPoolExecutor(2) as pool:
         members = [
-            pool.submit(_member, kafka_bootstrap, backend, topic, group_id, "a", store, stop, assignments, revoked)
+            pool.submit(
+                _member, kafka_bootstrap, backend, topic, group_id, "a", store, stop, assignments, revoked
+            )
         ]
         deadline = time.monotonic() + 30
         while store.count() < 200 and time.monotonic() < deadline:
@@ -176,7 +184,9 @@ def test_two_consumers_in_one_group_split_partitions_without_duplicates(kafka_bo
 
         # A second member joins while more messages keep arriving.
         members.append(
-            pool.submit(_member, kafka_bootstrap, backend, topic, group_id, "b", store, stop, assignments, revoked)
+            pool.submit(
+                _member, kafka_bootstrap, backend, topic, group_id, "b", store, stop, assignments, revoked
+            )
         )
         second = []
         for chunk in range(8):
@@ -197,7 +207,9 @@ def test_two_consumers_in_one_group_split_partitions_without_duplicates(kafka_bo
     messages = [ident for _, ident in processed]
     assert len(messages) == len(set(messages)), "a message was processed twice"
     assert sorted(messages) == sorted(map(identity, first + second))
-    assert split["a"] and split["b"] and not split["a"] & split["b"] and split["a"] | split["b"] == {0, 1, 2, 3}
+    assert (
+        split["a"] and split["b"] and not split["a"] & split["b"] and split["a"] | split["b"] == {0, 1, 2, 3}
+    )
     # Both members did work after the split, each only on its own partitions.
     late = {identity(m) for m in second}
     for member in ("a", "b"):
@@ -211,7 +223,11 @@ def test_new_member_resumes_from_on_assign_offsets(kafka_bootstrap, backend, top
     revoked: list[list[mk.TopicPartition]] = []
 
     first = mk.make_consumer(
-        kafka_bootstrap, backend=backend, group_id=group_id, topics=[topic], on_assign=store.on_assign,
+        kafka_bootstrap,
+        backend=backend,
+        group_id=group_id,
+        topics=[topic],
+        on_assign=store.on_assign,
         on_revoke=revoked.append,
     )
     try:
@@ -224,7 +240,9 @@ def test_new_member_resumes_from_on_assign_offsets(kafka_bootstrap, backend, top
     assert 80 <= seen_first < 200
     assert revoked and sorted(tp.partition for tp in revoked[-1]) == [0, 1, 2, 3]
 
-    second = mk.make_consumer(kafka_bootstrap, backend=backend, group_id=group_id, topics=[topic], on_assign=store.on_assign)
+    second = mk.make_consumer(
+        kafka_bootstrap, backend=backend, group_id=group_id, topics=[topic], on_assign=store.on_assign
+    )
     try:
         store.process("second", consume_until(second, 200 - seen_first))
     finally:
@@ -283,7 +301,12 @@ def test_unreachable_broker_fails_fast_with_a_clear_error(backend):
     attempts = {
         "producer": lambda: mk.make_producer(address, backend, connect_timeout_s=1),
         "consumer": lambda: mk.make_consumer(
-            address, backend=backend, group_id="g", topics=["t"], on_assign=lambda tps: {}, connect_timeout_s=1
+            address,
+            backend=backend,
+            group_id="g",
+            topics=["t"],
+            on_assign=lambda tps: {},
+            connect_timeout_s=1,
         ),
         "create_topic": lambda: mk.create_topic(address, "t", 1, backend=backend, timeout_s=1),
     }
