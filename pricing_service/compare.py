@@ -118,6 +118,11 @@ class ComparisonReport:
             "generated_at": _iso(self.generated_at),
         }
 
+    def write_html(self, path: Path) -> Path:
+        from pricing_service.report_html import write_html
+
+        return write_html(self, path)
+
     def write_csv(self, path: Path) -> None:
         """One row per book x customer (plus a TOTAL row per book)."""
         with Path(path).open("w", newline="", encoding="utf-8") as fh:
@@ -133,6 +138,13 @@ def _pct(part: Decimal, whole: Decimal) -> Decimal | None:
     if not whole:
         return None
     return (part * 100 / whole).quantize(Decimal("0.1"))
+
+
+def default_book_paths() -> list[Path]:
+    """The three example books, per-token first (the baseline), then GPU-hour and per-task."""
+    from pricing_service.books import EXAMPLE_BOOKS_DIR
+
+    return [EXAMPLE_BOOKS_DIR / n for n in ("per-token.yaml", "gpu-hour.yaml", "per-task.yaml")]
 
 
 def resolve_books(conn, specs: list[str | Path], at: datetime) -> tuple[list[PriceBook], list[str]]:

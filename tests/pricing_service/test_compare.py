@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -14,13 +15,14 @@ from typer.testing import CliRunner
 from infermeter.settings import get_settings
 from infermeter.stack import to_libpq_url
 from metering import queries
-from pricing_service.books import EXAMPLE_BOOKS_DIR, EXAMPLE_COST_MODEL
 from pricing_service.cli import app
 from pricing_service.compare import run_comparison
 from pricing_service.source import WindowError, connect, load_dataset
 from tests.pricing_service.conftest import H0, H1, H2
 
-BOOKS = [EXAMPLE_BOOKS_DIR / n for n in ("per-token.yaml", "gpu-hour.yaml", "per-task.yaml")]
+TEST_BOOKS = Path(__file__).parent / "books"
+BOOKS = [TEST_BOOKS / n for n in ("per-token.yaml", "gpu-hour.yaml", "per-task.yaml")]
+COST_MODEL = TEST_BOOKS / "cost-model.yaml"
 
 
 def test_dataset_reads_the_window_only(synthetic_db):
@@ -45,7 +47,7 @@ def test_window_must_be_whole_hours(synthetic_db):
 
 
 def test_comparison_json_shape_and_reconciliation(synthetic_db, tmp_path):
-    report = run_comparison(synthetic_db, H0, H2, BOOKS, EXAMPLE_COST_MODEL)
+    report = run_comparison(synthetic_db, H0, H2, BOOKS, COST_MODEL)
     data = report.to_json()
     assert [b["id"] for b in data["books"]] == ["per-token-2026-11", "gpu-hour-2026-11", "per-task-2026-11"]
     for book in data["books"]:
@@ -131,3 +133,13 @@ def test_cli_compare_json_console_and_errors(cli_env, tmp_path):
     assert f"{broken}: charges[0].meter: unknown meter 'tokens'" in bad.output.replace("\n", "")
     missing = runner.invoke(app, [*args[:5], "--price-book", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "cannot read the file" in missing.output
+
+
+def test_example_books_and_cost_model_are_valid():
+    from pricing_service.books import EXAMPLE_BOOKS_DIR, book_paths, read_cost_model, read_price_book
+    from pricing_service.compare import default_book_paths
+
+    assert [read_price_book(p).id for p in default_book_paths()] == ["per-token-2026-11", "gpu-hour-2026-11", "per-task-2026-11"]
+    assert sorted(p.name for p in book_paths(None)) == ["gpu-hour.yaml", "per-task.yaml", "per-token.yaml"]
+    assert all(p.parent == EXAMPLE_BOOKS_DIR for p in book_paths(None))
+    assert read_cost_model(None).gpu_hour["H100"] > 0

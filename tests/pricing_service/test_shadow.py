@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 from fastapi.testclient import TestClient
@@ -13,15 +14,16 @@ from infermeter.api import create_app
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from pricing_service.api import router
-from pricing_service.books import EXAMPLE_BOOKS_DIR, book_paths, read_cost_model, read_price_book
+from pricing_service.books import book_paths, read_cost_model, read_price_book
 from pricing_service.shadow import shadow_rating
 
+TEST_BOOKS = Path(__file__).parent / "books"
 NOW = datetime(2026, 11, 2, 1, 30, tzinfo=UTC)
 
 
 def test_shadow_is_live_and_matches_one_customer_view(synthetic_db):
-    books = [read_price_book(p) for p in book_paths(None)]
-    cost_model = read_cost_model(None)
+    books = [read_price_book(p) for p in book_paths([TEST_BOOKS])]
+    cost_model = read_cost_model(TEST_BOOKS / "cost-model.yaml")
     everyone = shadow_rating(synthetic_db, books, cost_model, now=NOW)
     assert everyone.period_start == datetime(2026, 11, 1, tzinfo=UTC)
     assert {x.customer_id for x in everyone.lines} == {"cust-1", "cust-2", "cust-3", "cust-4"}
@@ -45,7 +47,8 @@ def test_shadow_is_live_and_matches_one_customer_view(synthetic_db):
 
 def test_shadow_endpoint_scopes_customers(synthetic_db, tmp_path, monkeypatch):
     monkeypatch.setattr("pricing_service.shadow.datetime", _FrozenDatetime)
-    settings = Settings(INFERMETER_HOME=tmp_path, DATABASE_URL=synthetic_db, INFERMETER_PRICING_BOOKS=str(EXAMPLE_BOOKS_DIR))
+    settings = Settings(INFERMETER_HOME=tmp_path, DATABASE_URL=synthetic_db, INFERMETER_PRICING_BOOKS=str(TEST_BOOKS),
+                        INFERMETER_PRICING_COST_MODEL=str(TEST_BOOKS / "cost-model.yaml"))
     app = create_app(settings, synthetic_db, None)
     app.include_router(router)
     _, token = app.state.keys.create("cust-3")
