@@ -672,7 +672,7 @@ async def _admit(state: GatewayState, ctx: RequestContext) -> Response | None:
         for name, value in headers.items():
             response.headers[name] = str(value)
         return _with_headers(response, ctx)
-    ctx.admitted = True
+    ctx.admitted = bool(getattr(result, "limited", True))  # unlimited customers have nothing to settle
     ctx.extra_headers.update({name: str(value) for name, value in headers.items()})
     return None
 
@@ -1076,6 +1076,8 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
 
     async def stop() -> None:
         await emitter.aclose()
+        if admission is not None and hasattr(admission, "close"):
+            await asyncio.to_thread(admission.close)
 
     app = create_app(
         settings,

@@ -315,3 +315,19 @@ def test_tool_usage_events(gateway, customer, pipeline):
     assert event["data"]["meter"] == "tool_calls" and event["data"]["quantity"] == "3"
     pipeline.settle()
     assert len(pipeline.events(customer.customer_id, "infermeter.usage.v1", 1)) == 1
+
+
+def test_rate_limited_request_is_rejected_and_metered(client, customer, pipeline):
+    from infermeter.db import get_engine
+    from serving.budgets import set_budget
+
+    set_budget(get_engine(pipeline.database_url), customer.customer_id, rpm=1)
+    client.completions.create(model=MODEL, prompt="first", max_tokens=1, **FIXED)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model=MODEL, prompt="second", max_tokens=1, **FIXED)
+    assert caught.value.body["code"] and caught.value.response.headers.get("retry-after")
+    events = pipeline.request_events(customer.customer_id, 2)
+    assert sorted(event["data"]["status"] for event in events) == ["ok", "rejected"]
+    [rejected] = [event["data"] for event in events if event["data"]["status"] == "rejected"]
+    assert rejected["tags"]["reason"] == "rate_limit_requests"
+    assert (rejected["input_tokens"], rejected["output_tokens"], rejected["replica_id"]) == (0, 0, None)
