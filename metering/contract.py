@@ -169,7 +169,7 @@ def decode_event(
 ) -> Event:
     """Validate one message. Raises InvalidEvent with a clear reason; never anything else."""
     if len(raw) > max_bytes:
-        raise InvalidEvent("too_large", f"event is {len(raw)} bytes; the limit is {max_bytes}")
+        raise InvalidEvent("too_large", f"event is {len(raw)} bytes; the limit is {max_bytes}", **_identity(raw))
     if b"\\u0000" in raw:
         raise InvalidEvent("invalid_json", "strings may not contain the NUL character (\\u0000)", **_identity(raw))
     try:

@@ -35,6 +35,9 @@ DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # Partitions of the dead-letter topic: it carries few messages.
 DEAD_LETTER_PARTITIONS = 1
+# Largest message producers send (4 MiB): oversized events still reach the consumer, which
+# dead-letters them with their reason instead of the producer failing.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class KafkaError(Exception):

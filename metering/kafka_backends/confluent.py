@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from metering.kafka import (
+    MAX_MESSAGE_BYTES,
     AssignCallback,
     DeliveryCallback,
     DeliveryFailed,
@@ -79,6 +81,9 @@ class ConfluentProducer:
                 "enable.idempotence": idempotent,
                 "linger.ms": linger_ms,
                 "compression.type": "none",
+                # Room for oversized events to reach the consumer, which dead-letters them with
+                # their reason (the broker's own limit must allow it too; Tansu has none).
+                "message.max.bytes": MAX_MESSAGE_BYTES,
                 # The Java client's (and kafka-python's) key hashing: a key lands on the same
                 # partition whichever backend produced it.
                 "partitioner": "murmur2_random",
@@ -178,6 +183,34 @@ def _consumer_config(bootstrap: str, client_id: str, group_id: str) -> dict:
     return config
 
 
+def _to_messages(raw: list[ck.Message]) -> list[Message]:
+    out: list[Message] = []
+    append = out.append
+    for msg in raw:
+        err = msg.error()
+        if err is not None:
+            if err.code() == _PARTITION_EOF:
+                continue
+            if err.fatal():
+                raise KafkaError(f"fatal Kafka consumer error: {err.str()}")
+            log.warning("kafka consumer error: %s", err.str())
+            continue
+        ts_type, ts = msg.timestamp()
+        headers = msg.headers()
+        append(
+            new_message(
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                msg.key(),
+                msg.value(),
+                dict(headers) if headers else {},
+                None if ts_type == _TIMESTAMP_NOT_AVAILABLE else ts,
+            )
+        )
+    return out
+
+
 class ConfluentConsumer:
     def __init__(self, consumer: ck.Consumer):
         self._consumer = consumer
@@ -191,30 +224,17 @@ class ConfluentConsumer:
         raw = self._consumer.consume(max_messages, timeout_s)
         if not raw:
             return []
-        out: list[Message] = []
-        append = out.append
-        for msg in raw:
-            err = msg.error()
-            if err is not None:
-                if err.code() == _PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise KafkaError(f"fatal Kafka consumer error: {err.str()}")
-                log.warning("kafka consumer error: %s", err.str())
-                continue
-            ts_type, ts = msg.timestamp()
-            headers = msg.headers()
-            append(
-                new_message(
-                    msg.topic(),
-                    msg.partition(),
-                    msg.offset(),
-                    msg.key(),
-                    msg.value(),
-                    dict(headers) if headers else {},
-                    None if ts_type == _TIMESTAMP_NOT_AVAILABLE else ts,
-                )
-            )
+        # A batch allocates thousands of Message objects that all survive until the caller is done:
+        # pausing the cyclic GC while building them spares dozens of collections that would find
+        # nothing to free (measured: up to ~2x on this loop).
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            out = _to_messages(raw)
+        finally:
+            if paused:
+                gc.enable()
         if rebalances != self._rebalances and out:
             out = self._drop_stale(out)
         return out

@@ -19,6 +19,7 @@ import kafka
 import kafka.errors as kerrors
 
 from metering.kafka import (
+    MAX_MESSAGE_BYTES,
     AssignCallback,
     DeliveryCallback,
     DeliveryFailed,
@@ -63,6 +64,7 @@ class KafkaPythonProducer:
             "enable_idempotence": idempotent,
             "linger_ms": linger_ms,
             "batch_size": 256 * 1024,
+            "max_request_size": MAX_MESSAGE_BYTES,
             "bootstrap_timeout_ms": _timeout_ms(connect_timeout_s if connect_timeout_s is not None else 30.0),
         }
         if not idempotent:
