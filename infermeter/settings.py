@@ -176,6 +176,11 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_LIST_PRICE_OUTPUT_PER_MTOK",
         description="Budgets: list price per 1M output tokens (decimal string), any model.",
     )
+    list_price_book: Path | None = Field(
+        default=None,
+        validation_alias="INFERMETER_LIST_PRICE_BOOK",
+        description="Budgets: a price book YAML (docs/pricing.md) whose unit prices on token meters, per model, override the INFERMETER_LIST_PRICE_* defaults.",
+    )
     replica_interval_s: float = Field(
         default=10.0,
         validation_alias="INFERMETER_REPLICA_INTERVAL_S",

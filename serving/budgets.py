@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from functools import partial
+from functools import lru_cache, partial
 from typing import Literal
 
 from sqlalchemy import select, text, update
@@ -104,14 +104,47 @@ class ListPrice:
 def list_price(model: str, settings: Settings | None = None) -> ListPrice:
     """The list price of `model` used for budgets.
 
-    Today one price for every model, from INFERMETER_LIST_PRICE_*_PER_MTOK (decimal strings per
-    1M tokens). A per-model price book can replace this body without touching the callers."""
+    From the price book INFERMETER_LIST_PRICE_BOOK when set: its `unit` price on
+    uncached_input_tokens / cached_input_tokens / output_tokens that best matches the model
+    (pricing.rating.match_charge). Any meter the book does not price per unit falls back to
+    INFERMETER_LIST_PRICE_*_PER_MTOK (decimal strings per 1M tokens, the same for every model)."""
     settings = settings or get_settings()
+    fallback = {
+        "uncached_input_tokens": Decimal(settings.list_price_input_per_mtok) / _MTOK,
+        "cached_input_tokens": Decimal(settings.list_price_cached_input_per_mtok) / _MTOK,
+        "output_tokens": Decimal(settings.list_price_output_per_mtok) / _MTOK,
+    }
+    if settings.list_price_book:
+        fallback.update(_book_unit_prices(str(settings.list_price_book), model))
     return ListPrice(
-        uncached_input=Decimal(settings.list_price_input_per_mtok) / _MTOK,
-        cached_input=Decimal(settings.list_price_cached_input_per_mtok) / _MTOK,
-        output=Decimal(settings.list_price_output_per_mtok) / _MTOK,
+        uncached_input=fallback["uncached_input_tokens"],
+        cached_input=fallback["cached_input_tokens"],
+        output=fallback["output_tokens"],
     )
+
+
+@lru_cache(maxsize=64)
+def _price_book(path: str):
+    from pricing.book import parse_price_book
+
+    with open(path, encoding="utf-8") as handle:
+        return parse_price_book(handle.read(), source=path)
+
+
+@lru_cache(maxsize=1024)
+def _book_unit_prices(path: str, model: str) -> dict[str, Decimal]:
+    from pricing.book import UnitPrice
+    from pricing.rating import match_charge
+    from pricing.usage import UsageKey
+
+    book = _price_book(path)
+    prices = {}
+    for meter in ("uncached_input_tokens", "cached_input_tokens", "output_tokens"):
+        matched = match_charge(book, UsageKey(meter=meter, model=model))
+        if matched is not None and isinstance(matched[1].price, UnitPrice):
+            price = matched[1].price
+            prices[meter] = Decimal(price.amount) / Decimal(getattr(price, "per", 1))
+    return prices
 
 
 # --- configuration -----------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from metering.kafka import Message
 from metering.writer import BatchWriter
 from serving.budgets import (
     WARNING_HEADER,
-    AdmissionController,
     Admission,
+    AdmissionController,
     Rejection,
     list_price,
     month_window,
@@ -168,3 +168,18 @@ def test_last_months_usage_does_not_count(engine, budget_settings):
                     event_source="s", event_id="old", now=datetime(2026, 10, 31, 23, 59, 30, tzinfo=UTC))
     assert ctl.spend("cust-p", now=NOW).total == 0
     assert isinstance(admit(ctl, "cust-p"), Admission)
+
+
+def test_list_price_from_a_price_book_per_model_with_fallback(settings, tmp_path):
+    book = tmp_path / "book.yaml"
+    book.write_text(
+        "id: lp\ncurrency: USD\ncharges:\n"
+        "  - meter: output_tokens\n    price: {type: unit, amount: \"7.00\", per: 1000000}\n"
+        "  - meter: output_tokens\n    model: lite\n    price: {type: unit, amount: \"3.50\", per: 1000000}\n"
+        "  - meter: uncached_input_tokens\n    price: {type: tiered_volume, tiers: [{up_to: null, amount: \"1\"}]}\n"
+    )
+    s = settings.model_copy(update={**PRICES, "list_price_book": book})
+    big, lite = list_price("big", s), list_price("lite", s)
+    assert (big.output, lite.output) == (Decimal("0.000007"), Decimal("0.0000035"))
+    assert big.uncached_input == Decimal("0.000001")  # not a unit price in the book: the setting
+    assert big.cached_input == Decimal("0.0000005")
