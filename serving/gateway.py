@@ -304,6 +304,7 @@ class RequestContext:
     task_id: str | None
     attempt: int
     replica: Replica | None = None
+    holds_replica: bool = False  # counted in replica.in_flight
     finished: bool = False
     admitted: bool = False
     extra_headers: dict[str, str] = field(default_factory=dict)
@@ -503,9 +504,34 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
     )
     if task_id is not None:
         _remember_task(state, customer_id, task_id)
+    try:
+        return await _serve(state, ctx)
+    except Exception:  # a bug or a broken collaborator: still exactly one event, and an OpenAI error
+        log.exception("request %s failed inside the gateway", ctx.request_id)
+        if ctx.replica is not None and not ctx.finished:
+            _release(ctx)
+        await _finish(state, ctx, "error", tags={"error": "gateway_error"})
+        return _with_headers(
+            error_response(500, "the gateway failed to serve this request", "api_error", "gateway_error"), ctx
+        )
 
+
+async def _serve(state: GatewayState, ctx: RequestContext) -> Response:
+    body = ctx.body
+    route = ctx.route
     if state.admission is not None:
-        rejected = await _admit(state, ctx)
+        try:
+            rejected = await _admit(state, ctx)
+        except Exception:
+            log.exception("admission failed for %s", ctx.request_id)
+            await _finish(state, ctx, "error", tags={"error": "admission_unavailable"}, settle=False)
+            return _with_headers(
+                error_response(
+                    503, "budgets and rate limits cannot be checked right now; retry shortly", "api_error",
+                    "admission_unavailable",
+                ),
+                ctx,
+            )  # fmt: skip
         if rejected is not None:
             return rejected
 
@@ -527,7 +553,7 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
             data = b""
         finally:
             response.release()
-            ctx.replica.in_flight -= 1
+            _release(ctx)
         await _finish(state, ctx, "error", tags={"error": f"upstream_{response.status}"})
         return _with_headers(_upstream_error(response.status, data), ctx)
 
@@ -549,7 +575,7 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
         raise
     finally:
         response.release()
-        ctx.replica.in_flight -= 1
+        _release(ctx)
     received_at = datetime.now(UTC)
     usage = None
     with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
@@ -562,6 +588,12 @@ async def _proxy(state: GatewayState, request: Request, kind: str) -> Response:
             f'"model":"{route.upstream_model}"'.encode(), f'"model":"{route.name}"'.encode(), 1
         )
     return _with_headers(Response(data, media_type="application/json"), ctx)
+
+
+def _release(ctx: RequestContext) -> None:
+    if ctx.holds_replica:
+        ctx.holds_replica = False
+        ctx.replica.in_flight -= 1
 
 
 def _with_headers(response: Response, ctx: RequestContext) -> Response:
@@ -618,6 +650,7 @@ async def _open_upstream(state: GatewayState, ctx: RequestContext, payload: byte
             raise
         if replica.down_until:
             ctx.route.mark_up(replica)
+        ctx.holds_replica = True
         return response
     raise ApiError(
         503,
@@ -900,7 +933,7 @@ class MeteredStream(Response):
                 self.upstream.release()
             else:
                 self.upstream.close()  # drops the connection: vLLM aborts the request
-            ctx.replica.in_flight -= 1
+            _release(ctx)
             await _finish(
                 self.state,
                 ctx,
