@@ -83,14 +83,14 @@ class Emitter:
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._depth = self.spool.depth()
-        self._depth_lock = threading.Lock()
-        self._gauge_depth = metrics.SPOOL_DEPTH.labels(spool=name)
-        self._gauge_lag = metrics.PUBLISH_LAG.labels(spool=name)
+        self._closed = False
+        # The gauges are read from the spool itself when /metrics is scraped: always exact.
+        metrics.SPOOL_DEPTH.labels(spool=name).set_function(self._depth_for_metrics)
+        metrics.PUBLISH_LAG.labels(spool=name).set_function(self._lag_for_metrics)
+        self._last_depth = 0
         self._emitted = metrics.EVENTS_EMITTED.labels(spool=name)
         self._published = metrics.EVENTS_PUBLISHED.labels(spool=name)
         self._failures = metrics.PUBLISH_FAILURES.labels(spool=name)
-        self._gauge_depth.set(self._depth)
         self.last_error: str | None = None
 
     def _default_producer(self):
@@ -125,11 +125,16 @@ class Emitter:
             self._after_append(len(items))
 
     def _after_append(self, count: int) -> None:
-        with self._depth_lock:
-            self._depth += count
-            self._gauge_depth.set(self._depth)
         self._emitted.inc(count)
         self._wakeup.set()
+
+    def _depth_for_metrics(self) -> float:
+        if not self._closed:
+            self._last_depth = self.spool.depth()
+        return float(self._last_depth)
+
+    def _lag_for_metrics(self) -> float:
+        return 0.0 if self._closed else self.publish_lag_s()
 
     def depth(self) -> int:
         return self.spool.depth()
@@ -162,7 +167,10 @@ class Emitter:
         if self._thread is not None:
             self._thread.join(timeout_s + 5)
             self._thread = None
-        self.spool.close()
+        if not self._closed:
+            self._last_depth = self.spool.depth()
+            self._closed = True
+            self.spool.close()
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
         await asyncio.to_thread(self.close, timeout_s)
@@ -175,20 +183,12 @@ class Emitter:
 
     # --- the publisher thread -------------------------------------------------------------------
 
-    def _refresh_gauges(self) -> None:
-        depth = self.spool.depth()
-        with self._depth_lock:
-            self._depth = depth
-        self._gauge_depth.set(depth)
-        self._gauge_lag.set(self.publish_lag_s() if depth else 0.0)
-
     def _run(self) -> None:
         producer = None
         backoff = 0.2
         try:
             while not self._stopping.is_set():
                 batch = self.spool.peek(self.batch_max_events)
-                self._refresh_gauges()
                 if not batch:
                     self._wakeup.wait(self._idle_wait_s)
                     self._wakeup.clear()
@@ -205,6 +205,8 @@ class Emitter:
                 if acked:
                     self.spool.ack(acked)
                     self._published.inc(len(acked))
+                if failed and self._stopping.is_set():
+                    break  # closing: the unacknowledged events stay spooled for the next start
                 if failed:
                     self._note_failure(self.last_error or "delivery failed", failed)
                     try:
@@ -217,7 +219,6 @@ class Emitter:
                 else:
                     backoff = 0.2
         finally:
-            self._refresh_gauges()
             if producer is not None:
                 try:
                     producer.close()
@@ -273,7 +274,6 @@ class Emitter:
                     failed += pending
                     pending = 0
                 break
-            self._gauge_lag.set(self.publish_lag_s())
             if self._stopping.is_set():
                 # Closing: give in-flight messages a last chance, then leave the rest spooled.
                 try:

@@ -63,10 +63,14 @@ class Spool:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._sync = sync
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the writer connection: appends and acks
         self._conn = self._connect()
         with self._lock:
             self._conn.execute(_SCHEMA)
+        # Reads (the publisher's peeks, depth) use their own connection: in WAL mode they never
+        # block appends, so an emit on the gateway's event loop only ever waits for one ack.
+        self._read_lock = threading.Lock()
+        self._reader = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -95,37 +99,49 @@ class Spool:
         return len(rows)
 
     def peek(self, limit: int, after_seq: int = 0) -> list[SpooledEvent]:
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT seq, key, value, enqueued_at FROM spooled_events WHERE seq > ? ORDER BY seq LIMIT ?",
                 (after_seq, limit),
             ).fetchall()
         return [SpooledEvent(int(s), k, v, float(t)) for s, k, v, t in rows]
 
     def ack(self, seqs: Iterable[int]) -> int:
-        ids = [(int(s),) for s in seqs]
-        if not ids:
+        """Delete published events (contiguous runs of seqs are deleted as ranges)."""
+        ordered = sorted({int(s) for s in seqs})
+        if not ordered:
             return 0
+        ranges: list[tuple[int, int]] = []
+        first = last = ordered[0]
+        for seq in ordered[1:]:
+            if seq == last + 1:
+                last = seq
+            else:
+                ranges.append((first, last))
+                first = last = seq
+        ranges.append((first, last))
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.executemany("DELETE FROM spooled_events WHERE seq = ?", ids)
+                self._conn.executemany("DELETE FROM spooled_events WHERE seq BETWEEN ? AND ?", ranges)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-        return len(ids)
+        return len(ordered)
 
     def depth(self) -> int:
-        with self._lock:
-            return int(self._conn.execute("SELECT count(*) FROM spooled_events").fetchone()[0])
+        with self._read_lock:
+            return int(self._reader.execute("SELECT count(*) FROM spooled_events").fetchone()[0])
 
     def oldest_enqueued_at(self) -> float | None:
-        with self._lock:
-            row = self._conn.execute("SELECT enqueued_at FROM spooled_events ORDER BY seq LIMIT 1").fetchone()
+        with self._read_lock:
+            row = self._reader.execute("SELECT enqueued_at FROM spooled_events ORDER BY seq LIMIT 1").fetchone()
         return None if row is None else float(row[0])
 
     def close(self) -> None:
+        with self._read_lock:
+            self._reader.close()
         with self._lock:
             try:
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
