@@ -134,3 +134,7 @@ with contextlib.suppress(ImportError):  # control's half: `serve replica-agent`
     from serving.control_cli import register_serve_commands  # type: ignore[attr-defined]
 
     register_serve_commands(serve_app)
+
+
+if __name__ == "__main__":  # python -m serving.cli gateway ... (benchmarks, without the lead's CLI)
+    serve_app()

@@ -389,13 +389,15 @@ def create_app(
     async def _validation_error(_request: Request, exc: RequestValidationError) -> Response:
         return error_response(422, str(exc.errors()), "invalid_request_error", code="invalid_request")
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _proxy(state, request, "chat")
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _proxy(state, request, "completion")
+
+    # Plain Starlette routes on the hot path: no FastAPI dependency solving per request.
+    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.router.add_route("/v1/completions", completions, methods=["POST"])
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:

@@ -1,0 +1,489 @@
+"""Gateway overhead: the same load straight at the upstream, through the infermeter gateway, and
+through LiteLLM's proxy, in one run.
+
+    python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm] [--no-litellm]
+
+Parts, each its own process on loopback (one uvicorn worker each, uvloop):
+- a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage), which isolates the
+  gateway's own cost;
+- the gateway exactly as `infermeter serve gateway` runs it: real API key store (embedded
+  PostgreSQL), real emitter (spool + Tansu broker), one usage event per request;
+- LiteLLM's proxy from its own venv (`.venv-litellm`, `pip install 'litellm[proxy]'`), no database,
+  master key set, `LITELLM_LOCAL_MODEL_COST_MAP=True`, pointing at the same stub;
+- with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway.
+
+Load: closed loop at each concurrency (latency percentiles and the RPS reached = max RPS at that
+concurrency), then open loop at a fixed rate (default 200 req/s, the target's operating point).
+Added latency = p50/p99 through a proxy minus p50/p99 direct, under the same load. The load
+generator shares the 2 cores with everything else, so absolute numbers are this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STUB_MODEL = "stub-model"
+CHAT_BODY = {
+    "model": STUB_MODEL,
+    "messages": [{"role": "user", "content": "Say something about the harbor and its ledger."}],
+    "max_tokens": 16,
+}
+
+
+# --- the stub upstream ------------------------------------------------------------------------
+
+
+def run_stub(port: int) -> None:
+    """A fast OpenAI-compatible upstream: fixed answers with usage, streaming or not."""
+    import uvloop
+    from aiohttp import web
+
+    completion = json.dumps(
+        {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "created": 0,
+            "model": STUB_MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "The harbor keeps a ledger."},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 12,
+                "completion_tokens": 16,
+                "total_tokens": 28,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            },
+        }
+    ).encode()
+
+    def chunk(content: str | None, usage: dict | None, finish: str | None = None) -> bytes:
+        body: dict = {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": STUB_MODEL,
+        }
+        body["choices"] = (
+            [] if content is None else [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]
+        )
+        if usage is not None:
+            body["usage"] = usage
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.Response(body=completion, content_type="application/json")
+        options = body.get("stream_options") or {}
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        tokens = int(body.get("max_tokens") or 16)
+        for n in range(1, tokens + 1):
+            usage = (
+                {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n}
+                if options.get("continuous_usage_stats")
+                else None
+            )
+            await response.write(chunk(" tok", usage, "length" if n == tokens else None))
+        if options.get("include_usage"):
+            usage = {
+                "prompt_tokens": 12,
+                "completion_tokens": tokens,
+                "total_tokens": 12 + tokens,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+            await response.write(chunk(None, usage))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": STUB_MODEL, "object": "model", "max_model_len": 4096}]}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+# --- load generation ----------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    target: str
+    mode: str  # c=<n> or rate=<r>
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _one(
+    session, url: str, headers: dict, payload: bytes, latencies: list[float], errors: list[int]
+) -> None:
+    started = time.perf_counter()
+    try:
+        async with session.post(url, data=payload, headers=headers) as response:
+            await response.read()
+            if response.status != 200:
+                errors.append(response.status)
+                return
+    except Exception:  # noqa: BLE001 - counted, the load goes on
+        errors.append(0)
+        return
+    latencies.append((time.perf_counter() - started) * 1000)
+
+
+async def closed_loop(
+    url: str, headers: dict, body: dict, concurrency: int, duration_s: float, warmup_s: float = 0.5
+):
+    import aiohttp
+
+    payload = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **headers}
+    latencies: list[float] = []
+    errors: list[int] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker(stop_at: float, sink: list[float]) -> None:
+            while time.perf_counter() < stop_at:
+                await _one(session, url, headers, payload, sink, errors)
+
+        warm: list[float] = []
+        await asyncio.gather(*(worker(time.perf_counter() + warmup_s, warm) for _ in range(concurrency)))
+        errors.clear()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(started + duration_s, latencies) for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return latencies, errors, seconds
+
+
+async def open_loop(url: str, headers: dict, body: dict, rate: float, duration_s: float):
+    import aiohttp
+
+    payload = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **headers}
+    latencies: list[float] = []
+    errors: list[int] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for _ in range(int(rate * 0.3)):  # warm the connection pool
+            await _one(session, url, headers, payload, [], [])
+        tasks = []
+        started = time.perf_counter()
+        total = int(rate * duration_s)
+        for n in range(total):
+            delay = started + n / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(_one(session, url, headers, payload, latencies, errors)))
+        await asyncio.gather(*tasks)
+        seconds = time.perf_counter() - started
+    return latencies, errors, seconds
+
+
+def measure(
+    target: str,
+    url: str,
+    headers: dict,
+    body: dict,
+    *,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    duration_s: float,
+) -> Result:
+    if concurrency is not None:
+        latencies, errors, seconds = asyncio.run(closed_loop(url, headers, body, concurrency, duration_s))
+        mode = f"c={concurrency}"
+    else:
+        latencies, errors, seconds = asyncio.run(open_loop(url, headers, body, rate, duration_s))
+        mode = f"rate={rate:g}"
+    return Result(
+        target,
+        mode,
+        len(latencies),
+        len(errors),
+        seconds,
+        _percentile(latencies, 0.5),
+        _percentile(latencies, 0.99),
+    )
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    from infermeter.stack import free_port
+
+    return free_port()
+
+
+def _wait_http(url: str, timeout_s: float = 120.0, headers: dict | None = None, process=None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {process.returncode}")
+        with contextlib.suppress(Exception):
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=2) as response:
+                if response.status < 500:
+                    return
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def process(argv: list[str], env: dict | None = None, log: Path | None = None):
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def gateway_env(stack, home: Path, prefix: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": stack.database_url,
+        "KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "INFERMETER_HOME": str(home),
+        "INFERMETER_TOPIC_PREFIX": prefix,
+        "INFERMETER_GATEWAY_ID": f"bench-{prefix}",
+    }
+
+
+def litellm_config(path: Path, stub_url: str) -> Path:
+    path.write_text(
+        "model_list:\n"
+        f"  - model_name: {STUB_MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{STUB_MODEL}\n"
+        f"      api_base: {stub_url}/v1\n"
+        "      api_key: stub-key\n"
+        "litellm_settings:\n"
+        "  drop_params: true\n"
+    )
+    return path
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def print_table(title: str, results: list[Result], baseline: str) -> list[dict]:
+    from rich.console import Console
+    from rich.table import Table
+
+    direct = {r.mode: r for r in results if r.target == baseline}
+    table = Table(title=title)
+    for column in ("target", "load", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "errors"):
+        table.add_column(column, justify="right" if column != "target" else "left")
+    rows = []
+    for r in results:
+        base = direct.get(r.mode)
+        added50 = r.p50_ms - base.p50_ms if base and r.target != baseline else None
+        added99 = r.p99_ms - base.p99_ms if base and r.target != baseline else None
+        table.add_row(
+            r.target, r.mode, f"{r.rps:.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
+            "" if added50 is None else f"{added50:+.2f}", "" if added99 is None else f"{added99:+.2f}", str(r.errors),
+        )  # fmt: skip
+        rows.append({**r.__dict__, "rps": r.rps, "added_p50_ms": added50, "added_p99_ms": added99})
+    Console().print(table)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--rate", type=float, default=200.0, help="open-loop requests per second")
+    parser.add_argument(
+        "--vllm", action="store_true", help="also measure against a vLLM CPU server (tiny model)"
+    )
+    parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--stream", action="store_true", help="streamed requests instead of plain ones")
+    parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.stub:
+        run_stub(args.stub)
+        return 0
+
+    from infermeter.db import get_engine
+    from infermeter.settings import Settings
+    from infermeter.stack import open_stack
+    from serving.keys import KeyStore
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    body = dict(CHAT_BODY, stream=True) if args.stream else CHAT_BODY
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    prefix = f"bench{os.getpid()}"
+    settings = Settings(INFERMETER_HOME=work / "home", INFERMETER_TOPIC_PREFIX=prefix)
+    python = sys.executable
+    results: list[Result] = []
+    report: dict = {"stub": [], "vllm": []}
+    with open_stack(settings) as stack:
+        key_store = KeyStore(get_engine(stack.database_url), settings)
+        _key_id, token = key_store.create("bench-customer")
+        customer_headers = {"Authorization": f"Bearer {token}"}
+        stub_port, gw_port, ll_port = _free_port(), _free_port(), _free_port()
+        stub_url = f"http://127.0.0.1:{stub_port}"
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        env = gateway_env(stack, work / "home", prefix)
+        with contextlib.ExitStack() as stack_of_processes:
+            stub = stack_of_processes.enter_context(
+                process([python, "-m", "bench.gateway", "--stub", str(stub_port)], log=work / "stub.log")
+            )
+            _wait_http(stub_url + "/v1/models", process=stub)
+            gw = stack_of_processes.enter_context(
+                process(
+                    [python, "-m", "serving.cli", "gateway", "--upstream", stub_url, "--model", STUB_MODEL, "--port", str(gw_port)],
+                    env=env, log=work / "gateway.log",
+                )
+            )  # fmt: skip
+            _wait_http(gw_url + "/health", process=gw)
+            targets = [
+                ("direct", stub_url + "/v1/chat/completions", {}),
+                ("infermeter", gw_url + "/v1/chat/completions", customer_headers),
+            ]
+            litellm_python = REPO / ".venv-litellm/bin/python"
+            if not args.no_litellm:
+                if not litellm_python.exists():
+                    print(
+                        "no .venv-litellm: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install 'litellm[proxy]'",
+                        file=sys.stderr,
+                    )
+                    return 2
+                config = litellm_config(work / "litellm.yaml", stub_url)
+                ll_env = {
+                    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                    "LITELLM_MASTER_KEY": "sk-bench-master",
+                    "LITELLM_LOG": "ERROR",
+                    "DATABASE_URL": "",
+                    "DISABLE_SCHEMA_UPDATE": "True",
+                }
+                ll = stack_of_processes.enter_context(
+                    process(
+                        [str(REPO / ".venv-litellm/bin/litellm"), "--config", str(config), "--host", "127.0.0.1",
+                         "--port", str(ll_port), "--num_workers", "1"],
+                        env=ll_env, log=work / "litellm.log",
+                    )
+                )  # fmt: skip
+                _wait_http(f"http://127.0.0.1:{ll_port}/health/liveliness", timeout_s=180, process=ll)
+                targets.append(
+                    (
+                        "litellm",
+                        f"http://127.0.0.1:{ll_port}/v1/chat/completions",
+                        {"Authorization": "Bearer sk-bench-master"},
+                    )
+                )
+            for concurrency in levels:
+                for name, url, headers in targets:
+                    results.append(
+                        measure(name, url, headers, body, concurrency=concurrency, duration_s=args.duration)
+                    )
+                    print(f"  {name} c={concurrency}: {results[-1].rps:.0f} req/s", file=sys.stderr)
+            for name, url, headers in targets:
+                results.append(measure(name, url, headers, body, rate=args.rate, duration_s=args.duration))
+                print(f"  {name} rate={args.rate:g}: p50 {results[-1].p50_ms:.2f} ms", file=sys.stderr)
+            report["stub"] = print_table("stub upstream (the gateway's own cost)", results, "direct")
+            with contextlib.suppress(Exception):
+                report["gateway_events_spooled_or_published"] = _gateway_metric(
+                    gw_url, "infermeter_emitter_events_emitted_total"
+                )
+        if args.vllm:
+            report["vllm"] = bench_vllm(stack, work, customer_headers, args.duration, python)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+def _gateway_metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in response.read().decode().splitlines()
+            if line.startswith(name)
+        )
+
+
+def bench_vllm(stack, work: Path, headers: dict, duration_s: float, python: str) -> list[dict]:
+    """Direct vs through the gateway against the tiny model on vLLM CPU."""
+    from infermeter.settings import get_settings
+    from serving.tinymodel import ensure_tiny_model
+    from serving.vllm_server import resolve_python, start_vllm
+
+    vllm_python = resolve_python(get_settings().vllm_python)
+    model = ensure_tiny_model(work / "models", vllm_python)
+    server = start_vllm(vllm_python, str(model), served_model_name="tiny-llama", state_dir=work / "vllm")
+    gw_port = _free_port()
+    env = gateway_env(stack, work / "home", f"benchv{os.getpid()}")
+    results: list[Result] = []
+    try:
+        server.wait_ready()
+        with process(
+            [python, "-m", "serving.cli", "gateway", "--upstream", server.url, "--model", "tiny-llama", "--port", str(gw_port)],
+            env=env, log=work / "gateway-vllm.log",
+        ) as gw:  # fmt: skip
+            gw_url = f"http://127.0.0.1:{gw_port}"
+            _wait_http(gw_url + "/health", process=gw)
+            body = {
+                "model": "tiny-llama",
+                "prompt": "The harbor keeps a ledger of",
+                "max_tokens": 16,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            for concurrency in (1, 4, 16):
+                for name, url, hdrs in (
+                    ("direct", server.url + "/v1/completions", {}),
+                    ("infermeter", gw_url + "/v1/completions", headers),
+                ):
+                    results.append(
+                        measure(name, url, hdrs, body, concurrency=concurrency, duration_s=duration_s)
+                    )
+                    print(f"  vllm {name} c={concurrency}: {results[-1].rps:.0f} req/s", file=sys.stderr)
+    finally:
+        server.stop()
+    return print_table("vLLM CPU, tiny model, 16 output tokens", results, "direct")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
