@@ -115,7 +115,7 @@ def bench_admission(engine, settings: Settings, n: int) -> dict:
     ctl = AdmissionController(engine, settings)
     set_budget(engine, "limited", monthly_cap=Decimal("1000000"), mode="hard", rpm=10**9, tpm=10**12)
     admit_lat, settle_lat = [], []
-    for i in range(n):
+    for _ in range(n):
         rid = uuid.uuid4().hex
         t = time.perf_counter()
         result = ctl.admit_sync("limited", model="tiny", request_id=rid, prompt_tokens=800, max_tokens=64)

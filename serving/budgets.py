@@ -295,6 +295,29 @@ _SPEND_SQL = text(
 # anything); it saves a disk flush on every admission and settlement.
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 
+_LOCK_SQL = text(
+    """
+    SELECT customer_id, monthly_cap, mode, rpm, tpm, set_config('synchronous_commit', 'off', true) AS async_commit
+      FROM customer_budgets WHERE customer_id = :customer_id FOR UPDATE
+    """
+)
+
+_RESERVE_SQL = text(
+    """
+    WITH charged AS (
+        INSERT INTO rate_windows (customer_id, window_start, requests, tokens)
+        VALUES (:customer_id, :window_start, 1, :worst_tokens)
+        ON CONFLICT (customer_id, window_start)
+        DO UPDATE SET requests = rate_windows.requests + 1, tokens = rate_windows.tokens + EXCLUDED.tokens
+        RETURNING 1
+    )
+    INSERT INTO budget_reservations (request_id, customer_id, state, model, amount, worst_case, worst_tokens,
+                                     window_start, created_at, expires_at)
+    SELECT :request_id, :customer_id, 'reserved', :model, :worst, :worst, :worst_tokens, :window_start, :now, :expires_at
+      FROM charged
+    """
+)
+
 _HOUSEKEEP_SQL = text(
     """
     DELETE FROM budget_reservations r
@@ -388,10 +411,12 @@ class AdmissionController:
         worst_tokens = prompt_tokens + max_tokens
         start = ratelimit.window_start(now)
         with self.engine.begin() as conn:
-            conn.execute(_ASYNC_COMMIT)
-            row = conn.execute(
-                select(customer_budgets).where(customer_budgets.c.customer_id == customer_id).with_for_update()
-            ).first()
+            # 1. Lock the customer's row (and make this transaction's commit asynchronous).
+            # Rate windows and spend are read by LATER statements on purpose: under READ
+            # COMMITTED a statement that waited for a row lock re-checks only the locked row,
+            # while everything else it reads keeps the snapshot taken before the wait, which
+            # would miss what the previous lock holder just committed.
+            row = conn.execute(_LOCK_SQL, {"customer_id": customer_id}).first()
             if row is None:
                 with self._lock:
                     self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
@@ -426,20 +451,18 @@ class AdmissionController:
                             code="budget_exceeded",
                         )
                     warning = text_
-            ratelimit.charge(conn, customer_id, start, 1, worst_tokens)
-            conn.execute(
-                budget_reservations.insert().values(
+            conn.execute(  # 2. charge the rate window and reserve, in one statement
+                _RESERVE_SQL,
+                dict(
                     request_id=request_id,
                     customer_id=customer_id,
-                    state="reserved",
                     model=model,
-                    amount=worst,
-                    worst_case=worst,
+                    worst=worst,
                     worst_tokens=worst_tokens,
                     window_start=start,
-                    created_at=now,
+                    now=now,
                     expires_at=now + timedelta(seconds=self.settings.reservation_ttl_s),
-                )
+                ),
             )
         self._maybe_housekeep(customer_id, now)
         headers = {WARNING_HEADER: warning} if warning else {}

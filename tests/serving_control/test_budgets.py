@@ -183,3 +183,33 @@ def test_list_price_from_a_price_book_per_model_with_fallback(settings, tmp_path
     assert (big.output, lite.output) == (Decimal("0.000007"), Decimal("0.0000035"))
     assert big.uncached_input == Decimal("0.000001")  # not a unit price in the book: the setting
     assert big.cached_input == Decimal("0.0000005")
+
+
+def test_async_admit_and_settle_from_100_tasks(engine, other_engine, budget_settings):
+    """The gateway's path: 100 asyncio tasks on two controllers (worker threads, two pools)."""
+    import asyncio
+
+    set_budget(engine, "cust-async", monthly_cap=Decimal("0.02"), mode="hard")  # 10 worst cases
+    gateways = [controller(engine, budget_settings), controller(other_engine, budget_settings)]
+
+    async def one(i: int):
+        result = await gateways[i % 2].admit("cust-async", model="tiny", request_id=f"a{i}",
+                                             prompt_tokens=PROMPT, max_tokens=MAX_TOKENS)
+        if isinstance(result, Admission):
+            await asyncio.sleep(0.01)  # the request runs
+            await gateways[(i + 1) % 2].settle(f"a{i}", input_tokens=PROMPT, cached_input_tokens=0,
+                                               output_tokens=MAX_TOKENS, event_source="s", event_id=f"a{i}")
+        return result
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(100)))
+
+    results = asyncio.run(main())
+    admitted = [r for r in results if isinstance(r, Admission)]
+    assert len(admitted) == 10  # settled at exactly the worst case: nothing released
+    assert gateways[0].spend("cust-async", now=NOW).total == Decimal("0.02")
+    # a customer without a budget: answered from the cache, no reservation
+    assert not asyncio.run(gateways[0].admit("nobody", model="tiny", request_id="n", prompt_tokens=1,
+                                              max_tokens=1)).limited
+    for g in gateways:
+        g.close()
