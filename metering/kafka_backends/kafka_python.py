@@ -4,13 +4,15 @@ kafka-python 3 runs its network I/O (and the rebalance listener) on a background
 the interface's promises:
 - delivery results are queued by that thread and handed to `on_delivery` on the caller's thread
   inside `poll`/`flush`, as librdkafka does;
-- the rebalance listener calls on_assign/on_revoke on the I/O thread, while the caller waits in
-  `poll_batch`/`close`; on_assign should return promptly (a quick Postgres read is fine).
+- a fresh assignment is paused by the rebalance listener (I/O thread) and on_assign runs on the
+  caller's thread inside the next `poll_batch` round, before fetching resumes at the offsets it
+  chose; on_revoke runs on the I/O thread while the caller waits in `poll_batch`/`close`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -183,18 +185,62 @@ def _consumer_config(bootstrap: str, client_id: str, connect_timeout_s: float) -
 
 
 class KafkaPythonConsumer:
-    def __init__(self, consumer: kafka.KafkaConsumer):
+    def __init__(self, consumer: kafka.KafkaConsumer, on_assign: AssignCallback | None = None):
         self._consumer = consumer
+        self._on_assign = on_assign
+        # Partitions the group just gave us, paused until on_assign has run on the caller's thread.
+        self._pending: list[kafka.TopicPartition] | None = None
+        self._pending_lock = threading.Lock()
         self._closed = False
+
+    # Called by the rebalance listener on kafka-python's I/O thread.
+    def _assigned(self, partitions: list[kafka.TopicPartition]) -> None:
+        self._consumer.pause(*partitions)
+        with self._pending_lock:
+            self._pending = partitions
+
+    def _revoked(self) -> None:
+        with self._pending_lock:
+            self._pending = None
+
+    def _start_pending(self) -> None:
+        """Run on_assign for a fresh assignment (caller's thread), seek, and resume fetching."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if not pending:
+            return
+        consumer = self._consumer
+        ours = [TopicPartition(tp.topic, tp.partition) for tp in pending]
+        starts = dict(self._on_assign(ours))
+        owned = consumer.assignment()
+        if self._pending is not None:
+            return  # another rebalance arrived while on_assign ran: that one wins
+        live = [tp for tp in pending if tp in owned]
+        from_beginning = []
+        for tp in live:
+            start = starts.get(TopicPartition(tp.topic, tp.partition))
+            if start is None:
+                from_beginning.append(tp)
+            elif start < 0:
+                raise ValueError(f"on_assign returned a negative offset {start} for {tp}")
+            else:
+                consumer.seek(tp, start)
+        if from_beginning:
+            consumer.seek_to_beginning(*from_beginning)
+        consumer.resume(*live)
 
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
         consumer = self._consumer
         out: list[Message] = []
         append = out.append
         deadline = time.monotonic() + timeout_s
-        remaining_ms = _timeout_ms(timeout_s) if timeout_s > 0 else 0
         while True:
-            records = consumer.poll(timeout_ms=remaining_ms, max_records=max_messages - len(out))
+            if self._pending is not None:
+                self._start_pending()
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            # Short slices while unassigned, so a new assignment starts without waiting out the batch.
+            wait_ms = max(0, min(remaining_ms, 100) if not consumer.assignment() else remaining_ms)
+            records = consumer.poll(timeout_ms=wait_ms, max_records=max_messages - len(out))
             for batch in records.values():
                 for r in batch:
                     headers = r.headers
@@ -210,10 +256,9 @@ class KafkaPythonConsumer:
                             ts if ts is not None and ts >= 0 else None,
                         )
                     )
-            if len(out) >= max_messages:
-                return out
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
+            if len(out) >= max_messages or deadline - time.monotonic() <= 0:
+                if self._pending is not None and not out:
+                    self._start_pending()
                 return out
 
     def assignment(self) -> list[TopicPartition]:
@@ -226,32 +271,24 @@ class KafkaPythonConsumer:
 
 
 class _Listener(kafka.ConsumerRebalanceListener):
-    def __init__(self, on_assign: AssignCallback, on_revoke: RevokeCallback | None):
-        self.consumer: kafka.KafkaConsumer | None = None
-        self._on_assign = on_assign
+    """Runs on kafka-python's I/O thread, which also sends heartbeats: it must not block. A fresh
+    assignment is paused here and handed to the consumer, which calls on_assign on the caller's
+    thread at the start of the next poll_batch round (a slow on_assign, e.g. a Postgres retry loop,
+    then never stalls heartbeats). on_revoke runs here, because it must run before the partitions
+    go away; keep it quick."""
+
+    def __init__(self, wrapper: KafkaPythonConsumer, on_revoke: RevokeCallback | None):
+        self._wrapper = wrapper
         self._on_revoke = on_revoke
 
     def on_partitions_revoked(self, revoked) -> None:
+        self._wrapper._revoked()
         if self._on_revoke is not None and revoked:
             self._on_revoke([TopicPartition(tp.topic, tp.partition) for tp in sorted(revoked)])
 
     def on_partitions_assigned(self, assigned) -> None:
-        if not assigned:
-            return
-        raw = sorted(assigned)
-        ours = [TopicPartition(tp.topic, tp.partition) for tp in raw]
-        starts = dict(self._on_assign(ours))
-        from_beginning = []
-        for tp, ours_tp in zip(raw, ours, strict=True):
-            start = starts.get(ours_tp)
-            if start is None:
-                from_beginning.append(tp)
-            else:
-                if start < 0:
-                    raise ValueError(f"on_assign returned a negative offset {start} for {ours_tp}")
-                self.consumer.seek(tp, start)
-        if from_beginning:
-            self.consumer.seek_to_beginning(*from_beginning)
+        if assigned:
+            self._wrapper._assigned(sorted(assigned))
 
 
 def make_consumer(
@@ -278,10 +315,9 @@ def make_consumer(
         raw = kafka.KafkaConsumer(**config)
     except (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError) as exc:
         raise _unavailable(bootstrap, connect_timeout_s, exc) from None
-    listener = _Listener(on_assign, on_revoke)
-    listener.consumer = raw
-    raw.subscribe(topics=topics, listener=listener)
-    return KafkaPythonConsumer(raw)
+    wrapper = KafkaPythonConsumer(raw, on_assign)
+    raw.subscribe(topics=topics, listener=_Listener(wrapper, on_revoke))
+    return wrapper
 
 
 def make_assigned_consumer(

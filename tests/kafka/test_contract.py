@@ -143,6 +143,32 @@ def test_on_assign_offsets_are_honoured(kafka_bootstrap, backend, topic, group_i
     assert sorted(map(identity, consumed)) == sorted(map(identity, expected))
 
 
+def test_slow_on_assign_runs_on_the_callers_thread_and_keeps_the_membership(
+    kafka_bootstrap, backend, topic, group_id
+):
+    """on_assign may block (the metering consumer retries Postgres in it): it runs on the thread that
+    calls poll_batch, heartbeats go on meanwhile, and the member is not evicted (evicted = a second
+    assignment)."""
+    delivered = produce_keyed(kafka_bootstrap, backend, topic, 100)
+    calls: list[str] = []
+
+    def slow_on_assign(partitions):
+        calls.append(threading.current_thread().name)
+        time.sleep(7.5)  # longer than session_timeout_ms (6 s)
+        return {}
+
+    consumer = mk.make_consumer(
+        kafka_bootstrap, backend=backend, group_id=group_id, topics=[topic], on_assign=slow_on_assign
+    )
+    try:
+        consumed = consume_until(consumer, 100, timeout_s=40)
+        consumed += consumer.poll_batch(1000, 2.0)  # past another heartbeat round: still a member?
+    finally:
+        consumer.close()
+    assert calls == [threading.current_thread().name]
+    assert sorted(map(identity, consumed)) == sorted(map(identity, delivered))
+
+
 def _member(bootstrap, backend, topic, group_id, name, store, stop, assignments, revoked):
     consumer = mk.make_consumer(
         bootstrap,
