@@ -188,8 +188,9 @@ def make_consumer(
     """A group member subscribed to `topics` that never commits to Kafka.
 
     `on_assign(partitions)` returns {partition: offset to start from}; others start at the earliest
-    offset. Callbacks run while `poll_batch` or `close` is in progress (on the caller's thread with
-    confluent; on kafka-python's I/O thread, while the caller waits in poll_batch/close)."""
+    offset. on_assign runs on the caller's thread inside `poll_batch` (both backends) and may block
+    without losing the membership. on_revoke runs before partitions go away, while `poll_batch` or
+    `close` is in progress (on kafka-python's I/O thread with that backend: keep it quick)."""
     return _backend_module(backend).make_consumer(
         bootstrap,
         group_id=group_id,
