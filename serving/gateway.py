@@ -39,7 +39,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -1126,6 +1128,43 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     )
     app.state.emitter = emitter
     return app
+
+
+@dataclasses.dataclass
+class ServedApp:
+    """An app served by uvicorn in a background thread (tests, replay, benchmarks)."""
+
+    url: str
+    app: Any
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def state(self) -> GatewayState:
+        return self.app.state.gateway
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) -> ServedApp:
+    import uvicorn
+
+    from infermeter.stack import free_port
+
+    port = port or free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+    )
+    thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the app did not start on {host}:{port}")
+        time.sleep(0.02)
+    return ServedApp(url=f"http://{host}:{port}", app=app, server=server, thread=thread)
 
 
 __all__ = ["ApiError", "MemorySink", "build_gateway", "create_app", "parse_body", "usage_tokens"]

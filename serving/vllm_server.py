@@ -160,6 +160,7 @@ def start_vllm(
     device: str = "cpu",
     extra_args: list[str] | tuple[str, ...] = (),
     access_log: bool = False,
+    dev_mode: bool = False,
 ) -> VllmServer:
     """Spawn vLLM (not waiting for readiness: call `wait_ready`, so several can boot in parallel)."""
     port = port or free_port()
@@ -178,9 +179,10 @@ def start_vllm(
         extra_args=extra_args,
         access_log=access_log,
     )
-    process = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(state_dir), start_new_session=True
-    )
+    env = vllm_env(state_dir)
+    if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return VllmServer(
         url=f"http://{host}:{port}",
         served_model_name=served_model_name,

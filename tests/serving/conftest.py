@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 import urllib.request
 import uuid
@@ -142,39 +141,6 @@ def pipeline(pg_server_url: str, kafka_bootstrap: str, tmp_path_factory) -> Pipe
     thread.join(30)
 
 
-@dataclass
-class RunningGateway:
-    url: str
-    app: object
-    server: object
-    thread: threading.Thread
-
-    @property
-    def state(self):
-        return self.app.state.gateway
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
-def run_gateway(app, port: int | None = None) -> RunningGateway:
-    import uvicorn
-
-    port = port or free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools")
-    )
-    thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the gateway did not start")
-        time.sleep(0.02)
-    return RunningGateway(url=f"http://127.0.0.1:{port}", app=app, server=server, thread=thread)
-
-
 def upstream_config(vllm_url: str):
     from serving.upstreams import parse_upstreams
 
@@ -197,11 +163,10 @@ def upstream_config(vllm_url: str):
 
 
 @pytest.fixture(scope="session")
-def gateway(pipeline: Pipeline, vllm: VllmServer) -> RunningGateway:
-    from serving.gateway import build_gateway
+def gateway(pipeline: Pipeline, vllm: VllmServer):
+    from serving.gateway import build_gateway, serve_in_thread
 
-    app = build_gateway(pipeline.settings, upstreams=upstream_config(vllm.url))
-    running = run_gateway(app)
+    running = serve_in_thread(build_gateway(pipeline.settings, upstreams=upstream_config(vllm.url)))
     yield running
     running.stop()
 
@@ -233,7 +198,7 @@ def customer(key_store) -> Customer:
 
 
 @pytest.fixture
-def client(gateway: RunningGateway, customer: Customer):
+def client(gateway, customer: Customer):
     import openai
 
     with contextlib.closing(
