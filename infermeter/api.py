@@ -15,6 +15,7 @@ customer API key (`infermeter keys create`). A customer asking for another custo
 from __future__ import annotations
 
 import threading
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -103,19 +104,20 @@ class _Publisher:
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
     from serving.keys import KeyStore
 
-    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__)
+    @asynccontextmanager
+    async def lifespan(app_: FastAPI):
+        yield
+        app_.state.pool.close()
+        if app_.state.publisher:
+            app_.state.publisher.close()
+
+    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan)
     app.state.settings = settings
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
     app.state.keys = KeyStore(get_engine(database_url), settings=settings)
     app.state.publisher = (
         _Publisher(bootstrap, settings.kafka_backend, settings.events_topic) if bootstrap else None
     )
-
-    @app.on_event("shutdown")
-    def _close() -> None:  # pragma: no cover - exercised by uvicorn
-        app.state.pool.close()
-        if app.state.publisher:
-            app.state.publisher.close()
 
     @app.exception_handler(HTTPException)
     async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
@@ -224,12 +226,7 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
 
 
 def _routers() -> list:
-    """Routers other packages contribute (pricing shadow rating, ...)."""
-    routers = []
-    try:
-        from pricing_service.api import router as pricing_router
-    except ImportError:
-        pricing_router = None
-    if pricing_router is not None:
-        routers.append(pricing_router)
-    return routers
+    """Routers other packages contribute (pricing shadow rating)."""
+    from pricing_service.api import router as pricing_router
+
+    return [pricing_router]
