@@ -8,7 +8,7 @@ to its currency's minor unit, and the precise amount is kept beside the rounded 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 # Same scale as the NUMERIC columns (infermeter.db.QUANTITY_SCALE); pricing/ stays free of I/O imports,
 # so the number is repeated here and a test checks the two agree.
@@ -26,6 +26,9 @@ MINOR_UNITS: dict[str, int] = {
     "JPY": 0, "KRW": 0, "VND": 0, "CLP": 0, "ISK": 0, "HUF": 2,
     "BHD": 3, "KWD": 3, "OMR": 3, "JOD": 3, "TND": 3,
 }
+
+
+_MINOR = {n: Decimal(1).scaleb(-n) for n in range(0, 5)}
 
 
 class UnknownCurrency(ValueError):
@@ -52,8 +55,7 @@ class Currency:
 
     def round(self, amount: Decimal) -> Decimal:
         """Half-up to the minor unit (the only rounding done on money)."""
-        with localcontext(EXACT):
-            return amount.quantize(self.minor_unit, rounding=ROUND_HALF_UP)
+        return amount.quantize(_MINOR[self.minor_units], rounding=ROUND_HALF_UP, context=EXACT)
 
     def to_minor_units(self, amount: Decimal) -> int:
         """Integer minor units of an already rounded amount (what Stripe receives)."""
@@ -62,8 +64,7 @@ class Currency:
 
 def precise(amount: Decimal) -> Decimal:
     """An amount kept at the project scale (12 places, half-up): what is stored as the precise amount."""
-    with localcontext(EXACT):
-        return amount.quantize(QUANT, rounding=ROUND_HALF_UP)
+    return Decimal(amount).quantize(QUANT, rounding=ROUND_HALF_UP, context=EXACT)
 
 
 def exact_decimal(value: object, *, what: str = "amount") -> Decimal:
@@ -99,7 +100,6 @@ def exact_decimal(value: object, *, what: str = "amount") -> Decimal:
     return d
 
 
-def mul_div(quantity: Decimal, amount: Decimal, per: Decimal) -> Decimal:
+def mul_div(quantity: Decimal | int, amount: Decimal, per: Decimal) -> Decimal:
     """quantity x amount / per, exactly (to 80 digits) — never rounded here."""
-    with localcontext(EXACT):
-        return quantity * amount / per
+    return EXACT.divide(EXACT.multiply(quantity, amount), per)

@@ -15,8 +15,9 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import ROUND_CEILING, Decimal, localcontext
-from typing import Literal
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, localcontext
+from hashlib import sha256
+from typing import Literal, NamedTuple
 
 from pricing.book import (
     Charge,
@@ -27,7 +28,7 @@ from pricing.book import (
     TieredVolumePrice,
     UnitPrice,
 )
-from pricing.money import EXACT, Currency, mul_div, precise
+from pricing.money import EXACT, QUANT, Currency, mul_div, precise
 from pricing.usage import Usage, UsageKey
 
 ZERO = Decimal(0)
@@ -85,7 +86,7 @@ PRICERS: dict[type, Callable[..., Decimal]] = {
 
 def price_quantity(charge: Charge, quantity: Decimal) -> Decimal:
     """Precise amount of a charge for a quantity, after its free allowance."""
-    billable = max(ZERO, quantity - charge.free)
+    billable = quantity if not charge.free else max(ZERO, quantity - charge.free)
     return PRICERS[type(charge.price)](charge.price, billable)
 
 
@@ -94,8 +95,7 @@ def price_quantity(charge: Charge, quantity: Decimal) -> Decimal:
 LineKind = Literal["usage", "minimum", "credit"]
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     line_id: str
     kind: LineKind
     customer_id: str
@@ -218,23 +218,82 @@ def _commitment_lines(
     return lines
 
 
+def _pricer(charge: Charge) -> Callable[[Decimal | int], Decimal]:
+    """quantity -> precise amount for one charge (its free allowance included)."""
+    price = charge.price
+    if isinstance(price, UnitPrice) and not charge.free:
+        amount, per = price.amount, price.per
+        return lambda q: EXACT.divide(EXACT.multiply(q, amount), per)
+    return lambda q: price_quantity(charge, q)
+
+
+class _CompiledBook:
+    """What rating needs of a book, worked out once: charge keys, unit prices, and which charge (and
+    line group) prices each usage key."""
+
+    __slots__ = ("book", "currency", "minor", "keys", "unit_prices", "pricers", "matches")
+
+    def __init__(self, book: PriceBook):
+        self.book = book
+        self.currency = book.money
+        self.minor = self.currency.minor_unit
+        self.keys = [c.stable_key for c in book.charges]
+        self.unit_prices = [_unit_price(c) for c in book.charges]
+        self.pricers = [_pricer(c) for c in book.charges]
+        self.matches: dict[UsageKey, tuple[int, str] | None] = {}
+
+    def slot(self, key: UsageKey) -> tuple[int, str] | None:
+        try:
+            return self.matches[key]
+        except KeyError:
+            matched = match_charge(self.book, key)
+            slot = None if matched is None else (matched[0], key.group)
+            self.matches[key] = slot
+            return slot
+
+
+_COMPILED: dict[int, _CompiledBook] = {}
+
+
+def _compiled(book: PriceBook) -> _CompiledBook:
+    found = _COMPILED.get(id(book))
+    if found is not None and found.book is book:  # the cache holds the book, so its id is not reused
+        return found
+    if len(_COMPILED) >= 64:
+        _COMPILED.clear()
+    found = _COMPILED[id(book)] = _CompiledBook(book)
+    return found
+
+
 def rate(book: PriceBook, usage: Usage) -> Rating:
     """Rate one customer's usage of one period under a book."""
-    currency = book.money
+    compiled = _compiled(book)
+    currency = compiled.currency
+    quantities: dict[tuple[int, str], Decimal | int] = {}
+    for key, quantity in usage.quantities.items():
+        if quantity:
+            slot = compiled.slot(key)
+            if slot is not None:  # else a meter the book does not charge for
+                quantities[slot] = quantities.get(slot, 0) + quantity
+    customer = usage.customer_id
+    head = f"{book.id}|{customer}|"
+    tail = f"|{usage.period_start.isoformat()}|{usage.period_end.isoformat()}"
     lines: list[Line] = []
-    for (index, group), quantity in sorted(_line_quantities(book, usage).items()):
-        charge = book.charges[index]
-        exact = price_quantity(charge, quantity)
+    usage_total = ZERO
+    charges, keys, pricers, unit_prices, minor = book.charges, compiled.keys, compiled.pricers, compiled.unit_prices, compiled.minor
+    for (index, group), quantity in sorted(quantities.items()):
+        charge_key = keys[index]
+        exact = pricers[index](quantity)
+        amount = exact.quantize(minor, ROUND_HALF_UP, EXACT)  # the one rounding, half-up, per line
+        usage_total += amount
+        ident = sha256(f"{head}{charge_key}|{group}{tail}".encode()).hexdigest()[:24]
         lines.append(
-            Line(
-                line_id(book, usage.customer_id, charge.stable_key, group, usage.period_start, usage.period_end),
-                "usage", usage.customer_id, charge.stable_key, charge.meter, group, quantity,
-                _unit_price(charge), precise(exact), currency.round(exact),
-            )
+            Line(ident, "usage", customer, charge_key, charges[index].meter, group, Decimal(quantity),
+                 unit_prices[index], exact.quantize(QUANT, ROUND_HALF_UP, EXACT), amount)
         )
-    usage_total = sum((line.amount for line in lines), ZERO)
-    lines += _commitment_lines(book, currency, usage.customer_id, usage_total, usage.period_start, usage.period_end)
-    return Rating(book.id, book.currency, usage.customer_id, usage.period_start, usage.period_end, tuple(lines))
+    if book.minimum is not None or book.credits:
+        lines += _commitment_lines(book, currency, customer, usage_total, usage.period_start, usage.period_end)
+    return Rating(book.id, book.currency, customer, usage.period_start, usage.period_end, tuple(lines))
 
 
 def rate_progressive(book: PriceBook, prior: Usage, window: Usage, *, final: bool) -> Rating:

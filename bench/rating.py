@@ -1,0 +1,127 @@
+"""Benchmark: rate a month of hourly rollups for 10k customers x 5 models, against a plain SQL SUM
+scan of the same rows in the same run (target: rating <= 3x the scan).
+
+    python -m bench.rating [--customers 10000] [--models 5] [--active-hours 72] [--repeat 3]
+
+Rows: each customer x model is active in --active-hours hours of November 2026 (72 of 720 = 10%),
+so the defaults give 10,000 x 5 x 72 = 3.6M request_rollup_hourly rows, written with COPY into a
+real PostgreSQL (DATABASE_URL, else a fresh embedded one in a temporary folder). Rating = what an
+invoice run does: SQL sums per customer x model x deployment, then pure `pricing.rating.rate` of every
+customer under the example per-token book. The scan = `SELECT sum(...)` over the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from infermeter.db import upgrade
+from infermeter.stack import start_embedded_postgres, to_libpq_url
+from pricing.rating import rate
+from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
+from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
+
+START = datetime(2026, 11, 1, tzinfo=UTC)
+END = datetime(2026, 12, 1, tzinfo=UTC)
+HOURS = int((END - START) / timedelta(hours=1))
+MODELS = ["kimi-chat", "kimi-chat-lite", "model-c", "model-d", "model-e", "model-f", "model-g"]
+
+SCAN_SQL = """
+SELECT sum(requests), sum(input_tokens), sum(cached_input_tokens), sum(output_tokens)
+FROM request_rollup_hourly WHERE hour >= %s AND hour < %s
+"""
+
+
+def generate(url: str, customers: int, models: int, active_hours: int, console: Console) -> int:
+    upgrade(url, "heads")
+    with psycopg.connect(to_libpq_url(url), autocommit=True) as conn:
+        conn.execute("TRUNCATE request_rollup_hourly")
+    step = HOURS // active_hours
+    total = customers * models * active_hours
+    hour_text = [(START + timedelta(hours=h)).isoformat() for h in range(HOURS)]
+    with psycopg.connect(to_libpq_url(url)) as conn, Progress(
+        TextColumn("generating rollups (COPY)"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as progress:
+        task = progress.add_task("copy", total=total)
+        with conn.cursor().copy(
+            "COPY request_rollup_hourly (customer_id, model, deployment_id, hour, requests, requests_ok, "
+            "input_tokens, cached_input_tokens, output_tokens) FROM STDIN"
+        ) as copy:
+            for c in range(customers):
+                customer = f"cust-{c:05d}"
+                lines = []
+                for m in range(models):
+                    model = MODELS[m]
+                    offset = (c * 7 + m * 13) % step
+                    for k in range(active_hours):
+                        n = 1 + (c * 31 + m * 17 + k * 7) % 40
+                        inp = n * (900 + (c + k) % 700)
+                        cached = inp * ((c + m + k) % 5) // 10
+                        out = n * (120 + (c * 3 + k) % 200)
+                        lines.append(f"{customer}\t{model}\tdep-a\t{hour_text[offset + k * step]}\t{n}\t{n}\t{inp}\t{cached}\t{out}\n")
+                copy.write("".join(lines))
+                if c % 200 == 199:
+                    progress.update(task, completed=(c + 1) * models * active_hours)
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE request_rollup_hourly")
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--customers", type=int, default=10_000)
+    parser.add_argument("--models", type=int, default=5, choices=range(1, len(MODELS) + 1))
+    parser.add_argument("--active-hours", type=int, default=72, help="active hours per customer x model (of 720)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each side (best is reported)")
+    args = parser.parse_args()
+    console = Console()
+
+    # DATABASE_URL, else a fresh embedded server (stopped when this process exits)
+    url = os.environ.get("DATABASE_URL") or start_embedded_postgres(Path(tempfile.mkdtemp(prefix="bench-rating-")) / "pg")
+    if True:
+        t0 = time.perf_counter()
+        rows = generate(url, args.customers, args.models, args.active_hours, console)
+        console.print(f"generated {rows:,} hourly rollup rows in {time.perf_counter() - t0:.1f} s")
+        book = read_price_book(EXAMPLE_BOOKS_DIR / "per-token.yaml")
+        scans, ratings, sql_parts = [], [], []
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            conn.execute("SET TIME ZONE 'UTC'")
+            conn.execute(SCAN_SQL, (START, END)).fetchone()  # warm the cache for both sides
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                totals = conn.execute(SCAN_SQL, (START, END)).fetchone()
+                scans.append(time.perf_counter() - t)
+
+                t = time.perf_counter()
+                usages = load_period_usages(conn, START, END, by_deployment=needs_deployment(book),
+                                            meters=priced_meters(book))
+                loaded = time.perf_counter()
+                revenue = sum((rate(book, u).total for u in usages.values()), Decimal(0))
+                ratings.append(time.perf_counter() - t)
+                sql_parts.append(loaded - t)
+        scan, rating = min(scans), min(ratings)
+        console.print(f"rows scanned: {rows:,}; tokens: input {totals[1]:,}, output {totals[3]:,}")
+        console.print(f"customers rated: {len(usages):,}; revenue under {book.id}: {revenue} {book.currency}")
+        console.print(f"plain SQL SUM scan: {scan:.3f} s (best of {args.repeat})")
+        console.print(
+            f"rating: {rating:.3f} s (best of {args.repeat}; SQL sums per customer x model {min(sql_parts):.3f} s, "
+            f"pure rating {rating - min(sql_parts):.3f} s)"
+        )
+        ratio = rating / scan
+        verdict = "[green]within[/]" if ratio <= 3 else "[red]over[/]"
+        console.print(f"ratio rating / scan: [bold]{ratio:.2f}x[/] ({verdict} the 3x target)")
+
+
+if __name__ == "__main__":
+    main()
