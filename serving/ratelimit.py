@@ -6,7 +6,8 @@ customer's budget-row lock), so the gateway only calls `admit`/`settle`. Pure he
     window_start(now) -> datetime                         # the minute [start, start + 60 s)
     sliding_estimate(prev, cur, now) -> float             # previous minute weighted + current
     check(limits, prev_window, cur_window, now, tokens) -> RateDecision
-    charge(conn, customer_id, now, tokens)                # +1 request, +tokens in the minute row
+    charge(conn, customer_id, start, requests, tokens)    # +requests, +tokens in the minute row
+                                                          # (admit fuses this with its reservation)
     adjust_tokens(conn, customer_id, window_start, delta) # settle: worst case -> actual tokens
 
 Algorithm: sliding-window counter. Counters live in `rate_windows` (customer, minute) in

@@ -196,7 +196,7 @@ class ReplicaAgent:
                 body = await resp.text()
             at = self.clock()
             sample = parse_vllm_metrics(body, at)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             self._scrapes_error.inc()
             log.warning("replica agent: scrape of %s failed: %s", self.metrics_url, exc)
             self.observe(None, self.clock())

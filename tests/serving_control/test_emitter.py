@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from infermeter.settings import Settings
 from infermeter.stack import free_port, start_tansu
 from metering.contract import encode_event

@@ -136,7 +136,7 @@ def test_agent_emits_contiguous_valid_intervals_through_the_emitter(settings, ka
     events = sorted((decode_event(v, now=datetime.now(UTC)) for _, v in records), key=lambda e: e.data.interval_start)
     assert len(events) == len(intervals) and all(e.type == REPLICA_V1 for e in events)
     assert all(e.subject == "cust-dedicated" and e.data.customer_id == "cust-dedicated" for e in events)
-    for before, after in zip(events, events[1:]):
+    for before, after in zip(events, events[1:], strict=False):
         assert before.data.interval_end == after.data.interval_start  # GPU time tiles, no gaps
     for event in events:
         length = (event.data.interval_end - event.data.interval_start).total_seconds()
