@@ -147,3 +147,70 @@ def test_agent_emits_contiguous_valid_intervals_through_the_emitter(settings, ka
     busy = sum(Decimal(e.data.busy_seconds) for e in events)
     total = sum(Decimal(str((e.data.interval_end - e.data.interval_start).total_seconds())) for e in events)
     assert Decimal("0.8") <= busy < total  # ~1 s running, plus the samples where counters moved
+
+
+def test_replica_agent_command_runs_until_sigint(settings, kafka_bootstrap, tmp_path):
+    """`infermeter serve replica-agent` as a real process: intervals reach the topic; Ctrl-C stops it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    ensure_topics(kafka_bootstrap, settings)
+    fake = FakeVllmMetrics()
+    ready = threading.Event()
+    box: dict = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_get("/metrics", fake.handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box["port"] = site._server.sockets[0].getsockname()[1]
+            box["stop"] = asyncio.Event()
+            ready.set()
+            await box["stop"].wait()
+            await runner.cleanup()
+
+        box["loop"] = asyncio.new_event_loop()
+        box["loop"].run_until_complete(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "INFERMETER_TOPIC_PREFIX": settings.topic_prefix,
+           "INFERMETER_HOME": str(tmp_path / "home")}
+    command = [str(Path(sys.executable).parent / "infermeter"), "serve", "replica-agent",
+               "--vllm", f"http://127.0.0.1:{box['port']}", "--deployment", "dep-cli", "--gpu-type", "cpu",
+               "--gpu-count", "1", "--interval-s", "1", "--sample-s", "0.2"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any("busy" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the first interval is out: the agent runs
+        fake.add(prompt=11, generation=5)
+        time.sleep(1.2)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+        reader.join(10)
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+    stderr = "".join(lines)
+    assert process.returncode == 0, stderr
+    assert "replica agent:" in stderr and "shared pool" in stderr and "Traceback" not in stderr
+    shown = [line for line in stderr.splitlines() if "busy" in line]
+    assert len(shown) >= 2
+    records = read_events(kafka_bootstrap, settings.events_topic, len(shown), timeout_s=20)
+    events = [decode_event(v, now=datetime.now(UTC)) for _, v in records]
+    assert len(events) == len(shown)
+    assert all(e.subject == "shared-pool" and e.data.customer_id is None for e in events)
+    assert sum(e.data.prompt_tokens for e in events) == 11
