@@ -185,7 +185,7 @@ def events_ingest(
             )
         producer.close()
         for bad in publication.bad_lines[:20]:
-            err_console.print(f"[yellow]rejected[/] {file}:{bad.reason}")
+            err_console.print(f"{file}:{bad.line}: [yellow]rejected[/]: {bad.reason}", soft_wrap=True, highlight=False)
         if len(publication.bad_lines) > 20:
             err_console.print(f"… and {len(publication.bad_lines) - 20} more bad lines")
         counts = IngestCounts()
@@ -421,7 +421,7 @@ def main() -> None:
         app()
     except known as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        err_console.print(f"[red]error:[/] {message}")
+        err_console.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -85,7 +85,7 @@ def publish_lines(
         try:
             parsed = _json.decode(raw)
         except msgspec.DecodeError as exc:
-            publication.bad_lines.append(BadLine(number, f"line {number}: not valid JSON ({exc})"))
+            publication.bad_lines.append(BadLine(number, f"not valid JSON ({exc})"))
             continue
         producer.produce(topic, raw, key=routing_key(raw, parsed), headers=headers, on_delivery=delivered)
         publication.published += 1
