@@ -149,6 +149,9 @@ def replay(
     upstream: list[str] = typer.Option(
         [], help="Existing vLLM replica URL (repeatable) instead of starting some."
     ),
+    kv_cache_mib: int = typer.Option(
+        64, help="KV cache per started replica, MiB (64 MiB = 32k tokens here)."
+    ),
 ) -> None:
     """Replay a real trace at scaled arrival times and reconcile metered tokens with vLLM's counters."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -191,6 +194,7 @@ def replay(
             runs = replay_pipeline(
                 get_settings(), requests, routings=policies, replicas=replicas, upstreams=upstream or None,
                 progress=lambda text: progress.update(task, description=text), on_done=done,
+                kv_cache_bytes=kv_cache_mib * 1024 * 1024,
             )  # fmt: skip
         except ReplayError as exc:
             _fail(str(exc))
@@ -224,6 +228,71 @@ def replay(
             console.print(f"  {run.routing}: {url} {counters}")
     if mismatch:
         raise typer.Exit(1)
+
+
+@bench_app.command("pareto")
+def bench_pareto(
+    upstream: str = typer.Option(..., help="Base URL of a vLLM server (or of the gateway, with --api-key)."),
+    model: str = typer.Option("tiny-llama", help="Model name to request."),
+    concurrency: str = typer.Option("1,2,4,8,16,32", help="Comma-separated concurrency levels."),
+    duration: float = typer.Option(10.0, help="Seconds per level."),
+    max_tokens: int = typer.Option(64, help="Output tokens per request (ignore_eos)."),
+    prompt_tokens: int = typer.Option(128, help="Prompt tokens per request (approximate on other models)."),
+    gpu_count: int = typer.Option(1, help="GPUs behind the deployment."),
+    gpu_hour_price: str = typer.Option(None, help="$ per GPU-hour (default INFERMETER_GPU_HOUR_PRICE)."),
+    api_key: str = typer.Option(None, help="Bearer token (when going through the gateway)."),
+    out: Path = typer.Option(None, help="Output folder (default INFERMETER_HOME/reports/pareto)."),
+) -> None:
+    """Sweep concurrency: aggregate vs per-request output tok/s and $/1M output tokens, with a plot."""
+    from decimal import Decimal, InvalidOperation
+
+    from rich.table import Table
+
+    from serving.pareto import sweep, write_json, write_plot
+
+    settings = get_settings()
+    try:
+        price = Decimal(gpu_hour_price or settings.gpu_hour_price)
+        levels = [int(level) for level in concurrency.split(",") if level.strip()]
+    except (InvalidOperation, ValueError):
+        _fail("--gpu-hour-price must be a decimal and --concurrency a comma-separated list of integers")
+    if price < 0 or not levels or min(levels) < 1:
+        _fail("the price must be >= 0 and every concurrency >= 1")
+    out = out or Path(settings.home) / "reports" / "pareto"
+    try:
+        with console.status("sweeping") as status:
+            points = sweep(
+                upstream, model=model, levels=levels, duration_s=duration, max_tokens=max_tokens,
+                prompt_tokens=prompt_tokens, gpu_hour_price=price, gpu_count=gpu_count, api_key=api_key,
+                on_point=lambda p: status.update(
+                    f"c={p.concurrency}: {p.aggregate_tok_s} tok/s aggregate, {p.per_request_tok_s} per request"
+                ),
+            )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - one clear line
+        _fail(f"the sweep failed against {upstream}: {type(exc).__name__}: {exc}")
+    if all(p.requests == 0 for p in points):
+        _fail(f"no request succeeded against {upstream} (model {model!r}?)")
+    table = Table(title=f"operating points of {upstream} at ${price}/GPU-hour x {gpu_count}")
+    for column in (
+        "concurrency",
+        "requests",
+        "aggregate tok/s",
+        "per-request tok/s",
+        "TTFT p50 s",
+        "$/1M output",
+        "frontier",
+    ):
+        table.add_column(column, justify="right")
+    for p in points:
+        table.add_row(
+            str(p.concurrency), f"{p.requests} ({p.errors} err)", f"{p.aggregate_tok_s}", f"{p.per_request_tok_s}",
+            f"{p.ttft_p50_s}", p.usd_per_million_output, "*" if p.on_frontier else "",
+        )  # fmt: skip
+    Console().print(table)
+    meta = {"upstream": upstream, "model": model, "gpu_hour_price": str(price), "gpu_count": gpu_count}
+    json_path = write_json(points, out / "pareto.json", **meta)
+    html_path = write_plot(points, out / "pareto.html", title=f"{model} at {upstream}: operating points")
+    console.print(f"wrote {json_path} and {html_path}")
 
 
 with contextlib.suppress(ImportError):  # control's half: `serve replica-agent`

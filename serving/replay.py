@@ -366,6 +366,7 @@ def replay_pipeline(
     upstreams: list[str] | None = None,
     progress: Callable[[str], None] = print,
     on_done: Callable[[ReplayResult], None] | None = None,
+    kv_cache_bytes: int | None = None,
 ) -> list[PolicyRun]:
     """Start what is missing (stack, vLLM replicas, metering consumer, gateway), replay the trace
     through the gateway once per routing policy from cold caches, and reconcile each run."""
@@ -395,7 +396,12 @@ def replay_pipeline(
             for n in range(replicas):
                 state_dir = Path(tempfile.mkdtemp(prefix=f"replay-vllm-{n}-", dir=Path(settings.home)))
                 server = start_vllm(
-                    python, str(model_dir), served_model_name=SERVED_NAME, state_dir=state_dir, dev_mode=True
+                    python,
+                    str(model_dir),
+                    served_model_name=SERVED_NAME,
+                    state_dir=state_dir,
+                    dev_mode=True,
+                    **({"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}),
                 )
                 cleanup.callback(server.stop)
                 servers.append(server)

@@ -161,6 +161,7 @@ def start_vllm(
     extra_args: list[str] | tuple[str, ...] = (),
     access_log: bool = False,
     dev_mode: bool = False,
+    kv_cache_bytes: int = CPU_KV_CACHE_BYTES,
 ) -> VllmServer:
     """Spawn vLLM (not waiting for readiness: call `wait_ready`, so several can boot in parallel)."""
     port = port or free_port()
@@ -178,6 +179,7 @@ def start_vllm(
         device=device,
         extra_args=extra_args,
         access_log=access_log,
+        kv_cache_bytes=kv_cache_bytes,
     )
     env = vllm_env(state_dir)
     if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
