@@ -27,7 +27,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 # Every module that defines tables; a package that adds tables adds its module here.
-TABLE_MODULES = ("metering.tables", "serving.tables")
+TABLE_MODULES = ("metering.tables", "serving.tables", "pricing_service.tables")
 
 
 def load_all_tables() -> MetaData:

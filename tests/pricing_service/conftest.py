@@ -6,10 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine
 
 from infermeter.stack import to_libpq_url
-from pricing_service.tables import price_book_versions
 
 H0 = datetime(2026, 11, 2, 0, tzinfo=UTC)
 H1 = H0 + timedelta(hours=1)
@@ -18,11 +16,7 @@ H2 = H0 + timedelta(hours=2)
 
 @pytest.fixture
 def pricing_db(db_url: str) -> str:
-    """The test database with the price-book table (created by migration 0003 once the lead's conftest
-    upgrades to 'heads'; created here until then)."""
-    engine = create_engine(db_url)
-    price_book_versions.create(engine, checkfirst=True)
-    engine.dispose()
+    """The migrated test database (price_book_versions comes from Alembic revision 0003)."""
     return db_url
 
 
