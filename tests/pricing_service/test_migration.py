@@ -1,0 +1,21 @@
+"""Revision 0003 creates exactly the price-book table of pricing_service/tables.py (no drift)."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine
+
+from infermeter.db import include_object, load_all_tables
+
+
+def test_price_book_table_matches_its_migration(db_url):
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": include_object})
+            diff = compare_metadata(context, load_all_tables())
+    finally:
+        engine.dispose()
+    assert [d for d in diff if "price_book_versions" in repr(d)] == []
+    assert "price_book_versions" in load_all_tables().tables
