@@ -28,6 +28,11 @@ replay_app = typer.Typer(help="Replay a real traffic trace through the gateway."
 bench_app = typer.Typer(help="Benchmarks of a serving deployment.", no_args_is_help=True)
 
 
+@bench_app.callback()
+def _bench() -> None:
+    """Benchmarks of a serving deployment (a group, so `bench pareto` stays a subcommand)."""
+
+
 def _fail(message: str, code: int = 1) -> None:
     console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code)
