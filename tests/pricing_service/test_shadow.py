@@ -70,3 +70,31 @@ class _FrozenDatetime(datetime):
     @classmethod
     def now(cls, tz=None):
         return NOW
+
+
+def test_cli_shadow_prints_a_table_and_json(synthetic_db, tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from infermeter.settings import get_settings
+    from pricing_service.cli import app as cli
+
+    monkeypatch.setattr("pricing_service.shadow.datetime", _FrozenDatetime)
+    monkeypatch.setenv("DATABASE_URL", synthetic_db)
+    monkeypatch.setenv("INFERMETER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("INFERMETER_PRICING_BOOKS", str(TEST_BOOKS))
+    monkeypatch.setenv("INFERMETER_PRICING_COST_MODEL", str(TEST_BOOKS / "cost-model.yaml"))
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        table = runner.invoke(cli, ["shadow"])
+        assert table.exit_code == 0, table.output
+        assert "live" in table.stdout and "cust-4" in table.stdout
+        one = runner.invoke(cli, ["shadow", "--customer", "cust-4", "--json"])
+        assert one.exit_code == 0, one.output
+        body = json.loads(one.stdout)
+        assert [c["customer_id"] for c in body["customers"]] == ["cust-4"]
+        assert body["period"] == {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T02:00:00Z"}
+    finally:
+        get_settings.cache_clear()
