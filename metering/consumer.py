@@ -9,6 +9,7 @@ until it commits, and the offset fence makes a replay harmless.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import psycopg
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.kafka import Consumer, Producer, TopicPartition, make_consumer, make_producer
-from metering.writer import BatchWriter, WriteResult
+from metering.writer import BatchWriter, Prepared, WriteResult
 
 log = logging.getLogger("infermeter.metering")
 
@@ -106,19 +107,10 @@ class MeteringConsumer:
                 if self.stop_event.is_set():
                     return None
 
-    def poll_once(self) -> WriteResult | None:
-        assert self._consumer is not None, "call start() first"
-        messages = self._consumer.poll_batch(
-            self.settings.batch_max_events, self.settings.batch_max_wait_ms / 1000
-        )
-        if not messages:
-            return None
-        result = self.write_with_retry(messages)
-        if result is not None:
-            self.stats.add(result)
-            if result.rejected and self.publish_dead_letters:
-                self._publish_dead_letters(messages)
-        return result
+    def _record(self, prepared: Prepared, result: WriteResult) -> None:
+        self.stats.add(result)
+        if result.rejected and self.publish_dead_letters:
+            self._publish_dead_letters(prepared.messages)
 
     def _publish_dead_letters(self, messages) -> None:
         """Best effort copy to the dead-letter topic; the dead_letters table is the record."""
@@ -144,21 +136,58 @@ class MeteringConsumer:
             log.warning("could not copy dead letters to %s: %s", self.settings.dead_letter_topic, exc)
 
     def run(self, until: Callable[[ConsumerStats], bool] | None = None, idle_timeout_s: float | None = None) -> ConsumerStats:
-        """Consume until stop() is called, `until(stats)` is true, or nothing arrived for idle_timeout_s."""
+        """Consume until stop() is called, `until(stats)` is true, or nothing arrived for idle_timeout_s.
+
+        Two stages overlap: this thread polls Kafka and decodes the next batch while a writer
+        thread commits the previous one (Postgres works in its own process meanwhile). At most
+        two decoded batches wait, so a slow database slows the polling instead of filling memory."""
         if self._consumer is None:
             self.start()
+        pending: queue.Queue[Prepared | None] = queue.Queue(maxsize=2)
+        failures: list[BaseException] = []
+
+        def write_loop() -> None:
+            try:
+                while (prepared := pending.get()) is not None:
+                    result = self.write_with_retry(prepared)
+                    if result is None:  # stopped while Postgres was away: the batch stays unwritten
+                        return
+                    self._record(prepared, result)
+            except BaseException as exc:  # noqa: BLE001 - handed to the polling thread
+                failures.append(exc)
+                self.stop_event.set()
+
+        writer = threading.Thread(target=write_loop, name="metering-writer", daemon=True)
+        writer.start()
         last_activity = time.monotonic()
         try:
             while not self.stop_event.is_set():
-                result = self.poll_once()
-                if result is not None:
+                messages = self._consumer.poll_batch(self.settings.batch_max_events,
+                                                     self.settings.batch_max_wait_ms / 1000)
+                if messages:
+                    prepared = self.writer.prepare(messages)
+                    while not self.stop_event.is_set():
+                        try:
+                            pending.put(prepared, timeout=0.2)
+                            break
+                        except queue.Full:
+                            continue
                     last_activity = time.monotonic()
                 if until is not None and until(self.stats):
                     break
                 if idle_timeout_s is not None and time.monotonic() - last_activity > idle_timeout_s:
                     break
         finally:
+            while writer.is_alive():
+                try:
+                    pending.put(None, timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
+            writer.join()
             self.close()
+        if failures:
+            raise failures[0]
         return self.stats
 
     def stop(self) -> None:

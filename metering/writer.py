@@ -166,6 +166,14 @@ ON CONFLICT (ingest_id) DO UPDATE SET
 
 
 @dataclass
+class Prepared:
+    """A batch decoded ahead of its transaction."""
+
+    messages: list[Message]
+    batch: ProcessedBatch
+
+
+@dataclass
 class WriteResult:
     written: int = 0  # messages handled (not fenced off)
     accepted: int = 0  # fresh events stored
@@ -197,7 +205,7 @@ class BatchWriter:
     # --- connection ---------------------------------------------------------------------------
     def connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(self.dsn, autocommit=False)
+            self._conn = psycopg.connect(self.dsn, autocommit=False, connect_timeout=10)
             with self._conn.cursor() as cur:
                 cur.execute("SET TIME ZONE 'UTC'")
                 cur.execute(CREATE_STAGE)
@@ -212,21 +220,21 @@ class BatchWriter:
 
     # --- offsets --------------------------------------------------------------------------------
     def stored_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        conn = self.connection()
+        """Where each partition resumes. Its own short connection: rebalance callbacks run on the
+        polling thread while the write thread may be mid-transaction."""
         by_topic: dict[str, list[int]] = defaultdict(list)
         for tp in partitions:
             by_topic[tp.topic].append(tp.partition)
         found: dict[TopicPartition, int] = {}
-        with conn.cursor() as cur:
+        with psycopg.connect(self.dsn, connect_timeout=10) as conn:
             for topic, parts in by_topic.items():
-                cur.execute(
+                rows = conn.execute(
                     "SELECT partition, next_offset FROM consumer_offsets "
                     "WHERE group_id = %s AND topic = %s AND partition = ANY(%s)",
                     (self.group_id, topic, parts),
-                )
-                for partition, offset in cur.fetchall():
+                ).fetchall()
+                for partition, offset in rows:
                     found[TopicPartition(topic, partition)] = offset
-        conn.commit()
         return found
 
     # --- partitions of raw_events ---------------------------------------------------------------
@@ -247,35 +255,40 @@ class BatchWriter:
         self._partitions |= missing
 
     # --- the batch -----------------------------------------------------------------------------
-    def write(self, messages: Sequence[Message]) -> WriteResult:
-        if not messages:
+    def prepare(self, messages: Sequence[Message]) -> Prepared:
+        """Decode and validate a batch (pure, no database): may run ahead of the write."""
+        batch = process(messages, now=self.clock(), max_bytes=self.max_bytes, future_tolerance_s=self.future_tolerance_s)
+        return Prepared(list(messages), batch)
+
+    def write(self, messages: Sequence[Message] | Prepared) -> WriteResult:
+        """Write one batch in one transaction (or raise, leaving nothing behind)."""
+        prepared = messages if isinstance(messages, Prepared) else self.prepare(messages)
+        if not prepared.messages:
             return WriteResult()
         conn = self.connection()
         try:
-            return self._write(conn, messages)
+            return self._write(conn, prepared)
         except BaseException:
             if not conn.closed:
                 conn.rollback()
             raise
 
-    def _write(self, conn: psycopg.Connection, messages: Sequence[Message]) -> WriteResult:
+    def _write(self, conn: psycopg.Connection, prepared: Prepared) -> WriteResult:
         result = WriteResult()
+        messages = prepared.messages
         ends: dict[TopicPartition, int] = {}
         for m in messages:
             tp = TopicPartition(m.topic, m.partition)
             ends[tp] = max(ends.get(tp, 0), m.offset + 1)
+        months = {month_start(row[5]) for row in prepared.batch.stage_rows}
+        if months - self._partitions:
+            self.ensure_partitions(months)  # DDL in its own short transaction
         with conn.cursor() as cur:
             stored = self._fence(cur, ends)
             todo = [m for m in messages if m.offset >= stored.get(TopicPartition(m.topic, m.partition), 0)]
             result.skipped = len(messages) - len(todo)
-            batch = process(todo, now=self.clock(), max_bytes=self.max_bytes,
-                            future_tolerance_s=self.future_tolerance_s)
-            if batch.stage_rows:
-                months = {month_start(row[5]) for row in batch.stage_rows}
-                if months - self._partitions:
-                    conn.rollback()  # DDL in its own short transaction, then start over
-                    self.ensure_partitions(months)
-                    return self._write(conn, messages)
+            # Rare (a replay after a crash or rebalance): decode again without what was written.
+            batch = prepared.batch if not result.skipped else self.prepare(todo).batch
             fresh = self._stage_and_merge(cur, batch)
             self._dead_letters(cur, batch)
             self._receipts(cur, batch, fresh, result)
