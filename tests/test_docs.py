@@ -1,0 +1,19 @@
+"""The docs that are generated from code stay current."""
+
+from pathlib import Path
+
+from infermeter.settings import render_settings_doc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_settings_doc_lists_every_setting():
+    assert (ROOT / "docs" / "settings.md").read_text() == render_settings_doc(), (
+        "docs/settings.md is stale: run `python -m infermeter.settings`"
+    )
+
+
+def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    assert "scripts/demo" in readme and "scripts/test" in readme
+    assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
