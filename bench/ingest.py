@@ -32,7 +32,12 @@ from infermeter.db import upgrade
 from infermeter.settings import Settings
 from infermeter.stack import start_embedded_postgres, start_tansu, to_libpq_url
 from metering.contract import REQUEST_V1, encode_event, make_event
-from metering.kafka import TopicPartition, create_topic, list_partitions, make_assigned_consumer, make_producer
+from metering.kafka import (
+    create_topic,
+    list_partitions,
+    make_assigned_consumer,
+    make_producer,
+)
 from metering.processor import INGEST_ID_HEADER
 
 console = Console(stderr=True)

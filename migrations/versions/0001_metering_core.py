@@ -5,8 +5,8 @@ Revises:
 Create Date: 2026-11-29 10:39:10.473533
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0001'

@@ -6,7 +6,9 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from metering import queries
 from metering.kafka import Message
