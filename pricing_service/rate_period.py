@@ -1,21 +1,25 @@
-"""Rate a whole period for every customer straight from the rollups: the path invoices take.
+"""Rate a whole period straight from the rollups: the path invoices and shadow rating take.
 
-SQL sums each customer's quantities over the period (per model and deployment for request meters),
-so Python sees one row per customer x model x deployment, not one per hour; GPU time of the shared
-pool is attributed by the cost model from the deployment-hours that had GPU time (docs/cost-model.md).
+SQL sums each customer's quantities over the period (per model, and per deployment when a charge
+names one), so Python sees one row per customer x model, not one per hour. The GPU time of each
+deployment-hour is attributed in SQL by the cost model's method (docs/cost-model.md): shared by the
+customers served in that hour in proportion to their weighted tokens; idle hours of a dedicated
+deployment are its customer's. The SQL keeps 20 decimal places per deployment-hour share (numeric),
+so its GPU-seconds agree with the exact pure `pricing.cost.attribute` to far below the 12-place
+scale (tests/pricing_service/test_rate_period.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from decimal import Decimal
 
 import psycopg
 
-from pricing.book import PriceBook
-from pricing.cost import CostModel, attribute
+from pricing.book import GPU_METER, PriceBook
+from pricing.cost import CostModel
 from pricing.rating import Rating, rate
-from pricing.records import Dataset, GpuRecord, RequestRecord
 from pricing.usage import Usage, UsageKey
 from pricing_service.source import check_window
 
@@ -28,29 +32,51 @@ REQUEST_METER_SUMS = {
 }
 REQUEST_TOTALS_SQL = """
 SELECT customer_id, model, {deployment}, {sums}
-FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s
+FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
 GROUP BY customer_id, model{group_deployment}
 """
 TASK_TOTALS_SQL = """
 SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), count(*) FILTER (WHERE o.outcome = 'failed'),
        coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id)), 0)
-FROM task_outcomes o WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s
+FROM task_outcomes o WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s {only}
 GROUP BY o.customer_id
 """
 METER_TOTALS_SQL = """
 SELECT customer_id, meter, sum(quantity) FROM usage_rollup_hourly
-WHERE hour >= %(start)s AND hour < %(end)s GROUP BY customer_id, meter
+WHERE hour >= %(start)s AND hour < %(end)s {only} GROUP BY customer_id, meter
 """
-GPU_HOURS_SQL = """
-SELECT customer_id, deployment_id, gpu_type, hour, sum(gpu_ms)::bigint FROM gpu_ledger_hourly
-WHERE hour >= %(start)s AND hour < %(end)s GROUP BY customer_id, deployment_id, gpu_type, hour
+# GPU-ms of each deployment-hour shared by weighted tokens; idle dedicated hours to their owner.
+# With a customer, only the deployment-hours that customer was served in (or owns) are read.
+GPU_ATTRIBUTION_SQL = """
+WITH hours AS (
+    SELECT DISTINCT deployment_id, hour FROM gpu_ledger_hourly
+    WHERE hour >= %(start)s AND hour < %(end)s {gpu_only}
+), weights AS (
+    SELECT r.customer_id, r.deployment_id, r.hour,
+           sum(%(pw)s * (r.input_tokens - r.cached_input_tokens) + %(dw)s * r.output_tokens) AS weight
+    FROM request_rollup_hourly r JOIN hours h ON h.deployment_id = r.deployment_id AND h.hour = r.hour
+    GROUP BY r.customer_id, r.deployment_id, r.hour
+), totals AS (
+    SELECT deployment_id, hour, sum(weight) AS total FROM weights GROUP BY deployment_id, hour
+), gpu AS (
+    SELECT g.customer_id AS owner, g.deployment_id, g.gpu_type, g.hour, sum(g.gpu_ms) AS gpu_ms
+    FROM gpu_ledger_hourly g JOIN hours h ON h.deployment_id = g.deployment_id AND h.hour = g.hour
+    GROUP BY g.customer_id, g.deployment_id, g.gpu_type, g.hour
+)
+SELECT w.customer_id, g.deployment_id, g.gpu_type, sum((g.gpu_ms * w.weight)::numeric(70, 20) / t.total)
+FROM gpu g
+JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour AND t.total > 0
+JOIN weights w ON w.deployment_id = g.deployment_id AND w.hour = g.hour AND w.weight > 0 {weights_only}
+GROUP BY w.customer_id, g.deployment_id, g.gpu_type
+UNION ALL
+SELECT g.owner, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
+FROM gpu g LEFT JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour
+WHERE g.owner <> '' AND coalesce(t.total, 0) = 0 {owner_only}
+GROUP BY g.owner, g.deployment_id, g.gpu_type
 """
-SERVED_IN_GPU_HOURS_SQL = """
-SELECT r.customer_id, r.model, r.deployment_id, r.hour, r.requests, r.input_tokens, r.cached_input_tokens, r.output_tokens
-FROM request_rollup_hourly r
-WHERE r.hour >= %(start)s AND r.hour < %(end)s
-  AND EXISTS (SELECT 1 FROM gpu_ledger_hourly g WHERE g.deployment_id = r.deployment_id AND g.hour = r.hour)
-"""
+CUSTOMER_GPU_HOURS = """AND (customer_id = %(customer)s OR (deployment_id, hour) IN (
+        SELECT deployment_id, hour FROM request_rollup_hourly
+        WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s))"""
 
 
 def load_period_usages(
@@ -61,13 +87,17 @@ def load_period_usages(
     *,
     by_deployment: bool = True,
     meters: Iterable[str] | None = None,
+    customer_id: str | None = None,
 ) -> dict[str, Usage]:
-    """Each customer's usage of [start, end). `by_deployment=False` sums request meters over
-    deployments and `meters` limits the request meters summed (see `needs_deployment` and
-    `priced_meters`: enough for books that name no deployment / do not price every meter)."""
+    """Each customer's usage of [start, end) (or one customer's). `by_deployment=False` sums request
+    meters over deployments and `meters` limits the meters read (see `needs_deployment` and
+    `priced_meters`: enough for books that name no deployment / do not price every meter). GPU time
+    needs the cost model (its weights attribute the shared pool)."""
     start, end = check_window(start, end)
-    params = {"start": start, "end": end}
-    request_meters = [m for m in REQUEST_METER_SUMS if meters is None or m in set(meters)]
+    wanted = None if meters is None else set(meters)
+    params: dict[str, object] = {"start": start, "end": end, "customer": customer_id}
+    only = "" if customer_id is None else "AND customer_id = %(customer)s"
+    request_meters = [m for m in REQUEST_METER_SUMS if wanted is None or m in wanted]
     out: dict[str, dict[UsageKey, object]] = {}
 
     def add(customer: str, key: UsageKey, q) -> None:
@@ -83,6 +113,7 @@ def load_period_usages(
                     deployment="deployment_id" if by_deployment else "''",
                     sums=", ".join(REQUEST_METER_SUMS[m] for m in request_meters),
                     group_deployment=", deployment_id" if by_deployment else "",
+                    only=only,
                 ),
                 params,
             )
@@ -98,26 +129,43 @@ def load_period_usages(
                 # (customer, model[, deployment]) is the GROUP BY key: each key arrives once
                 for key, q in zip(k, row[3:], strict=True):
                     quantities[key] = q
-        cur.execute(TASK_TOTALS_SQL, params)
-        for customer, ok, failed, attempts in cur:
-            add(customer, UsageKey("successful_tasks"), ok)
-            add(customer, UsageKey("failed_tasks"), failed)
-            add(customer, UsageKey("task_attempts"), attempts)
-        cur.execute(METER_TOTALS_SQL, params)
-        for customer, meter, quantity in cur:
-            add(customer, UsageKey("usage:" + meter), quantity)
-        cur.execute(GPU_HOURS_SQL, params)
-        gpu = tuple(GpuRecord(*r) for r in cur)
-        if gpu:
-            if cost_model is None:
-                raise ValueError("GPU time in the period needs a cost model to attribute the shared pool")
-            cur.execute(SERVED_IN_GPU_HOURS_SQL, params)
-            served = tuple(RequestRecord(*r) for r in cur)
-            attribution = attribute(Dataset(start, end, served, gpu), cost_model)
-            for k, seconds in attribution.gpu_seconds.items():
-                if k.customer_id:
-                    add(k.customer_id, UsageKey("gpu_seconds", "", k.deployment_id, k.gpu_type), seconds)
+        if wanted is None or wanted & {"successful_tasks", "failed_tasks", "task_attempts"}:
+            cur.execute(TASK_TOTALS_SQL.format(only=only.replace("customer_id", "o.customer_id")), params)
+            for customer, ok, failed, attempts in cur:
+                add(customer, UsageKey("successful_tasks"), ok)
+                add(customer, UsageKey("failed_tasks"), failed)
+                add(customer, UsageKey("task_attempts"), attempts)
+        if wanted is None or any(m.startswith("usage:") for m in wanted):
+            cur.execute(METER_TOTALS_SQL.format(only=only), params)
+            for customer, meter, quantity in cur:
+                add(customer, UsageKey("usage:" + meter), quantity)
+        if wanted is None or GPU_METER in wanted:
+            for customer, deployment, gpu_type, seconds in gpu_seconds(conn, start, end, cost_model, customer_id):
+                add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
     return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
+
+
+def gpu_seconds(
+    conn: psycopg.Connection, start: datetime, end: datetime, cost_model: CostModel | None, customer_id: str | None = None
+) -> list[tuple[str, str, str, Decimal]]:
+    """(customer, deployment, gpu_type, GPU-seconds) attributed over [start, end)."""
+    if cost_model is None:
+        has_gpu = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM gpu_ledger_hourly WHERE hour >= %s AND hour < %s)", (start, end)
+        ).fetchone()[0]
+        if has_gpu:
+            raise ValueError("GPU time in the period needs a cost model to attribute the shared pool")
+        return []
+    mine = customer_id is not None
+    sql = GPU_ATTRIBUTION_SQL.format(
+        gpu_only=CUSTOMER_GPU_HOURS if mine else "",
+        weights_only="AND w.customer_id = %(customer)s" if mine else "",
+        owner_only="AND g.owner = %(customer)s" if mine else "",
+    )
+    params = {"start": start, "end": end, "customer": customer_id,
+              "pw": cost_model.prefill_weight, "dw": cost_model.decode_weight}
+    rows = conn.execute(sql, params).fetchall()
+    return [(c, d, g, Decimal(ms) / 1000) for c, d, g, ms in rows if ms]
 
 
 def priced_meters(*books: PriceBook) -> set[str]:

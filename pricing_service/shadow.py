@@ -2,7 +2,8 @@
 candidate price book.
 
 It is live: it is computed when asked, from the hourly rollups, which metering updates in the same
-Postgres transaction that ingests each event batch. So the figures include every event ingested up to
+Postgres transaction that ingests each event batch. SQL sums the period per customer and model and
+attributes GPU time (pricing_service.rate_period), so Python rates one small aggregate per customer. So the figures include every event ingested up to
 the moment of the query (the current hour included), with no batch job in between.
 """
 
@@ -15,11 +16,11 @@ from decimal import Decimal
 import psycopg
 
 from pricing.book import PriceBook
-from pricing.cost import CostModel, attribute
-from pricing.experiments import customer_usages
+from pricing.cost import CostModel
 from pricing.rating import rate
 from pricing.usage import Usage
-from pricing_service.source import connect, current_period, load_dataset
+from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
+from pricing_service.source import connect, current_period
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,10 @@ def shadow_rating_on(
 ) -> ShadowReport:
     now = now or datetime.now(UTC)
     start, end = current_period(now)
-    dataset = load_dataset(conn, start, end, customer_id=customer_id)
-    attribution = attribute(dataset, cost_model)
-    usages = customer_usages(dataset, attribution, start, end)
+    usages = load_period_usages(
+        conn, start, end, cost_model, by_deployment=needs_deployment(*books), meters=priced_meters(*books),
+        customer_id=customer_id,
+    )
     customers = [customer_id] if customer_id is not None else sorted(usages)
     lines = []
     for c in customers:
