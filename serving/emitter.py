@@ -98,9 +98,12 @@ class Emitter:
 
         if not self.bootstrap:
             raise ValueError("the emitter needs a Kafka bootstrap address (KAFKA_BOOTSTRAP)")
+        # Not idempotent: the emitter is at-least-once anyway (metering dedupes by (source, id)),
+        # and an idempotent producer stays stuck on a broker that lost its producer state (a
+        # memory-only Tansu restarted on the same address never acknowledges it again).
         return make_producer(
             self.bootstrap, self.settings.kafka_backend, client_id=f"infermeter-emitter-{self.name}",
-            connect_timeout_s=None,
+            connect_timeout_s=None, idempotent=False,
         )
 
     # --- producing side (any thread, event loop included) ---------------------------------------
@@ -209,10 +212,7 @@ class Emitter:
                     break  # closing: the unacknowledged events stay spooled for the next start
                 if failed:
                     self._note_failure(self.last_error or "delivery failed", failed)
-                    try:
-                        producer.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                    _close_quietly(producer, 0.5)  # its queue is in the spool: do not wait for it
                     producer = None
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -220,10 +220,7 @@ class Emitter:
                     backoff = 0.2
         finally:
             if producer is not None:
-                try:
-                    producer.close()
-                except Exception:  # noqa: BLE001
-                    pass
+                _close_quietly(producer, 2.0)
 
     def _note_failure(self, message: str, count: int) -> None:
         self.last_error = message
@@ -260,11 +257,21 @@ class Emitter:
             with lock:
                 pending -= len(batch) - produced
                 failed += len(batch) - produced
-        # Wait for every report: librdkafka keeps retrying while the broker is away (up to its
-        # message timeout), then reports failures, which we re-send from the spool.
+        # Wait for every report: the client keeps retrying while the broker is away. If no report
+        # arrives for INFERMETER_EMITTER_STALL_TIMEOUT_MS, give up on this client: the rest of the
+        # batch counts as failed and is re-sent from the spool by a fresh producer.
+        stall_s = self.settings.emitter_stall_timeout_ms / 1000
+        last_pending, last_progress = pending, time.monotonic()
         while True:
             with lock:
                 if pending <= 0:
+                    break
+                if pending != last_pending:
+                    last_pending, last_progress = pending, time.monotonic()
+                elif time.monotonic() - last_progress > stall_s:
+                    self.last_error = f"no delivery report for {stall_s:g} s ({pending} events)"
+                    failed += pending
+                    pending = 0
                     break
             try:
                 producer.flush(0.5)
@@ -285,3 +292,12 @@ class Emitter:
                     pending = 0
                 break
         return acked, failed
+
+
+def _close_quietly(producer, timeout_s: float) -> None:
+    try:
+        producer.close(timeout_s)
+    except TypeError:  # a producer whose close takes no timeout
+        producer.close()
+    except Exception:  # noqa: BLE001 - a client in a fatal state may fail to close; it is dropped anyway
+        log.debug("emitter: producer close failed", exc_info=True)

@@ -118,7 +118,49 @@ def test_broker_outage_grows_the_spool_then_drains_without_loss(tmp_path, unique
         seen = identities(read_events(bootstrap, settings.events_topic, 401, timeout_s=30))
         assert set(seen) == {("//gateway/test-child", f"req-{i}") for i in range(401)}
         assert 'infermeter_emitter_spool_depth{spool="outage"} 0.0' in metrics.render().decode()
+        # the broker dies (memory-only: its log is gone) and a new one comes up on the same port;
+        # the producer's idempotence state no longer matches it: the emitter must still deliver
+        broker.stop()
+        emitter.emit_many(request_event(i) for i in range(1000, 1100))
+        time.sleep(1.0)
+        assert emitter.depth() == 100
+        broker = start_tansu(port=port, log_path=tmp_path / "tansu2.log")
+        ensure_topics(bootstrap, settings)
+        assert emitter.wait_drained(60), emitter.last_error
+        seen = identities(read_events(bootstrap, settings.events_topic, 100, timeout_s=30))
+        assert set(seen) == {("//gateway/test-child", f"req-{i}") for i in range(1000, 1100)}
     finally:
         emitter.close()
         if broker:
             broker.stop()
+
+
+def test_a_stuck_kafka_client_is_replaced_and_the_batch_resent(tmp_path, unique_name):
+    """An idempotent producer never recovers on a broker that lost its producer state (a memory-only
+    broker restarted on the same address): the stall guard replaces the client and re-sends."""
+    from metering.kafka import make_producer
+
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    settings = Settings(INFERMETER_TOPIC_PREFIX=unique_name, KAFKA_BOOTSTRAP=bootstrap,
+                        INFERMETER_EMITTER_STALL_TIMEOUT_MS=1500)
+    broker = start_tansu(port=port, log_path=tmp_path / "a.log")
+    ensure_topics(bootstrap, settings)
+    emitter = Emitter(tmp_path / "spool", bootstrap, settings, name="stuck",
+                      producer_factory=lambda: make_producer(bootstrap, idempotent=True, connect_timeout_s=None))
+    emitter.start()
+    try:
+        emitter.emit_many(request_event(i) for i in range(50))
+        assert emitter.wait_drained(20), emitter.last_error
+        broker.stop()
+        emitter.emit_many(request_event(i) for i in range(50, 100))
+        time.sleep(0.5)
+        broker = start_tansu(port=port, log_path=tmp_path / "b.log")
+        ensure_topics(bootstrap, settings)
+        assert emitter.wait_drained(30), emitter.last_error
+        assert "no delivery report" in (emitter.last_error or "")
+        seen = identities(read_events(bootstrap, settings.events_topic, 50, timeout_s=20))
+        assert set(seen) == {("//gateway/test-child", f"req-{i}") for i in range(50, 100)}
+    finally:
+        emitter.close()
+        broker.stop()
