@@ -69,7 +69,15 @@ def customer_usages(
     for m in dataset.meters:
         if start <= m.hour < end:
             rows[m.customer_id].append((UsageKey("usage:" + m.meter), m.quantity))
-    return {c: Usage.build(c, start, end, r) for c, r in rows.items()}
+    out = {}
+    for c, r in rows.items():
+        usage = Usage.build(c, start, end, r)
+        if any(k.meter == "gpu_seconds" for k in usage.quantities):
+            # attributed GPU-seconds are exact fractions: keep them at the project scale (12 places)
+            usage = Usage(c, start, end, {k: precise(q) if k.meter == "gpu_seconds" else q
+                                          for k, q in usage.quantities.items()})
+        out[c] = usage
+    return out
 
 
 def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attribution,
@@ -216,12 +224,18 @@ class Comparison:
     end: datetime
     currency: str
     books: list[BookResult]
-    usage_totals: dict[str, Decimal]
+    usage_totals: dict[str, Decimal]  # quantities at the project scale, trailing zeros dropped
     cost_total_precise: Decimal
     idle_pool_cost: Decimal
     cost_per_successful_task: Decimal | None
     successful_tasks: int
     cost_by_model: dict[str, Decimal]
+
+
+def quantity_text(value: Decimal | int) -> Decimal:
+    """A quantity at the project scale without trailing zeros (172800, not 172800.000000000000)."""
+    q = precise(Decimal(value))
+    return q.quantize(Decimal(1)) if q == q.to_integral_value() else q.normalize()
 
 
 def stdev(values: Sequence[Decimal]) -> Decimal:
@@ -363,7 +377,7 @@ def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel)
         end,
         currency.code,
         results,
-        dict(sorted(totals.items())),
+        {k: quantity_text(v) for k, v in sorted(totals.items())},
         precise(cost_precise),
         currency.round(sum((v for k, v in attribution.cost.items() if not k.customer_id), ZERO)),
         None if (cpt := cost_per_successful_task(tcosts)) is None else precise(cpt),

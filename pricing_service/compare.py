@@ -106,7 +106,7 @@ class ComparisonReport:
             "books": books,
             "window": {"from": _iso(c.start), "to": _iso(c.end)},
             "currency": c.currency,
-            "usage": {k: str(v) for k, v in c.usage_totals.items()},
+            "usage": {k: format(v, "f") for k, v in c.usage_totals.items()},
             "cost_summary": {
                 "total": str(c.cost_total_precise),
                 "idle_shared_pool": str(c.idle_pool_cost),

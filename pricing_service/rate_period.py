@@ -19,6 +19,7 @@ import psycopg
 
 from pricing.book import GPU_METER, PriceBook
 from pricing.cost import CostModel
+from pricing.money import precise
 from pricing.rating import Rating, rate
 from pricing.usage import Usage, UsageKey
 from pricing_service.source import check_window
@@ -165,7 +166,7 @@ def gpu_seconds(
     params = {"start": start, "end": end, "customer": customer_id,
               "pw": cost_model.prefill_weight, "dw": cost_model.decode_weight}
     rows = conn.execute(sql, params).fetchall()
-    return [(c, d, g, Decimal(ms) / 1000) for c, d, g, ms in rows if ms]
+    return [(c, d, g, precise(Decimal(ms) / 1000)) for c, d, g, ms in rows if ms]
 
 
 def priced_meters(*books: PriceBook) -> set[str]:

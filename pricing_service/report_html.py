@@ -131,7 +131,7 @@ def write_html(report: ComparisonReport, path: Path) -> Path:
                          "paying less", f"margin sd per {c.books[0].risk.bucket}", "loss-making customers"], rows))
     cpt = c.cost_per_successful_task
     parts.append(
-        "<p class='note'>Usage in the window: " + ", ".join(f"{k} {v}" for k, v in c.usage_totals.items())
+        "<p class='note'>Usage in the window: " + ", ".join(f"{k} {v:f}" for k, v in c.usage_totals.items())
         + f". Cost per successful task: {'-' if cpt is None else cpt.quantize(Decimal('0.0001'))} {c.currency} "
         f"({c.successful_tasks} successful tasks). Idle shared-pool cost: {c.idle_pool_cost} {c.currency}.</p>"
     )
