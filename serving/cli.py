@@ -231,6 +231,12 @@ def replay(
     for run in runs:
         for url, counters in run.per_replica.items():
             console.print(f"  {run.routing}: {url} {counters}")
+        failed = [r for r in run.report.results if r.status != 200 or r.error]
+        if failed:
+            reasons = sorted({f"{r.status}: {(r.error or '')[:160]}" for r in failed})
+            console.print(
+                f"  {run.routing}: {len(failed)} request(s) failed (metered as errors): {reasons[:3]}"
+            )
     if mismatch:
         raise typer.Exit(1)
 
