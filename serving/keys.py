@@ -22,8 +22,10 @@ authentication at a few microseconds on the gateway's hot path.
 
 Revocation on every gateway process: each process caches a *positive* lookup for at most
 `cache_ttl_s` (INFERMETER_KEY_CACHE_TTL_S, default 2 s). A revoked key therefore stops
-working everywhere within that TTL; unknown/revoked keys are not cached (each such request
-costs one primary-key lookup, done in a worker thread so the event loop never blocks).
+working everywhere within that TTL. Key ids that do not exist or are revoked are remembered
+as refused for the same TTL (neither can become valid again); a wrong secret for a valid key
+id is never remembered, so it cannot lock the real key out. Cache misses cost one primary-key
+lookup, done in a worker thread so the event loop never blocks.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from serving.tables import api_keys
 
 KEY_PREFIX = "im_live_"
 _KEY_ID_HEX = 16
+_MAX_REFUSED = 10_000
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ class KeyStore:
         self.cache_ttl_s = self.settings.key_cache_ttl_s if cache_ttl_s is None else cache_ttl_s
         self._clock = clock
         self._cache: dict[str, _Cached] = {}
+        # Key ids known NOT to authenticate (no such id, or revoked): neither can become valid
+        # again (ids are random, revocation is final), so remembering them is safe; it keeps a
+        # flood of bad keys off the database. Bounded: cleared when it grows past the limit.
+        self._unknown: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
     # --- administration -------------------------------------------------------------------
@@ -170,6 +177,9 @@ class KeyStore:
         return static_principal(token, self.settings.admin_token, self.settings.producer_token)
 
     def _from_cache(self, key_id: str, secret: str) -> Principal | None:
+        refused = self._unknown.get(key_id)
+        if refused is not None and refused[0] > self._clock():
+            raise AuthError(refused[1])
         entry = self._cache.get(key_id)
         if entry is None or entry.expires_at <= self._clock():
             return None
@@ -187,17 +197,29 @@ class KeyStore:
                     api_keys.c.revoked_at,
                 ).where(api_keys.c.key_id == key_id)
             ).first()
-        if row is None or not hmac.compare_digest(bytes(row.secret_sha256), _hash(secret)):
+        if row is None:
+            self._refuse(key_id, "invalid API key")
             raise AuthError("invalid API key")
+        if not hmac.compare_digest(bytes(row.secret_sha256), _hash(secret)):
+            raise AuthError("invalid API key")  # not remembered: the key id itself is valid
         if row.revoked_at is not None:
             with self._lock:
                 self._cache.pop(key_id, None)
+            self._refuse(key_id, "API key has been revoked")
             raise AuthError("API key has been revoked")
         principal = Principal(kind="customer", customer_id=row.customer_id, api_key_id=key_id, project_id=row.project_id)
         if self.cache_ttl_s > 0:
             with self._lock:
                 self._cache[key_id] = _Cached(self._clock() + self.cache_ttl_s, bytes(row.secret_sha256), principal)
         return principal
+
+    def _refuse(self, key_id: str, reason: str) -> None:
+        if self.cache_ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._unknown) >= _MAX_REFUSED:
+                self._unknown.clear()
+            self._unknown[key_id] = (self._clock() + self.cache_ttl_s, reason)
 
     async def authenticate(self, token: str) -> Principal:
         """The principal of a bearer token (admin, producer or customer key); AuthError otherwise."""

@@ -85,3 +85,19 @@ def test_revocation_reaches_a_second_process_within_the_cache_ttl(engine, other_
     # and it stays revoked
     with pytest.raises(AuthError, match="revoked"):
         asyncio.run(gateway_2.authenticate(token))
+
+
+def test_refused_key_ids_are_remembered_but_a_wrong_secret_never_locks_out_the_real_key(engine, settings):
+    store = KeyStore(engine, settings, cache_ttl_s=60)
+    key_id, token = store.create("cust-a")
+    with pytest.raises(AuthError):
+        store.authenticate_sync(f"{KEY_PREFIX}{key_id}_{'B' * 43}")  # wrong secret, not cached yet
+    assert store.authenticate_sync(token).customer_id == "cust-a"  # the real key still works
+    unknown = f"{KEY_PREFIX}{'0' * 16}_{'C' * 43}"
+    with pytest.raises(AuthError):
+        store.authenticate_sync(unknown)
+    lookups = []
+    store._lookup = lambda *a: lookups.append(a)  # type: ignore[method-assign]
+    with pytest.raises(AuthError, match="invalid"):
+        store.authenticate_sync(unknown)  # remembered: no database lookup
+    assert lookups == []
