@@ -85,3 +85,13 @@ def test_sliding_window_weights_the_previous_minute():
     assert ratelimit.check(31, None, WindowCount(40, 0), WindowCount(0, 0), quarter, 1).allowed
     too_big = ratelimit.check(None, 100, WindowCount(), WindowCount(), quarter, 101)
     assert not too_big.allowed and "too large" in too_big.message.lower()
+
+
+def test_budget_cap_holds_across_two_processes(engine, db_url):
+    """Same lock, real processes: default list prices, worst case 1000 x 0.50/M + 500 x 1.50/M."""
+    from decimal import Decimal
+
+    set_budget(engine, "cust-cap", monthly_cap=Decimal("0.025"), mode="hard")  # 20 worst cases of 0.00125
+    results = _two_processes(db_url, "cust-cap", 30, 1000, 500)
+    assert sum(a for a, _ in results) == 20
+    assert {r for _, r in results} == {"budget_exceeded"}
