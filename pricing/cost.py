@@ -130,6 +130,18 @@ class Attribution:
         with localcontext(EXACT):
             return served / weight
 
+    def cost_per_weighted_token_by_customer(self) -> dict[str, Decimal]:
+        """Every customer's served cost / weighted tokens, in one pass (customers without tokens left out)."""
+        weight: dict[str, Decimal] = defaultdict(lambda: ZERO)
+        served: dict[str, Decimal] = defaultdict(lambda: ZERO)
+        for (customer, _), w in self.weighted_tokens.items():
+            weight[customer] += w
+        for k, v in self.cost.items():
+            if k.model:
+                served[k.customer_id] += v
+        with localcontext(EXACT):
+            return {c: served[c] / w for c, w in weight.items() if w}
+
     def cost_per_request(self, customer: str, model: str) -> Decimal:
         n = self.requests.get((customer, model), 0)
         with localcontext(EXACT):
@@ -198,13 +210,12 @@ class TaskCost:
 
 
 def task_costs(tasks: Iterable[TaskRecord], attribution: Attribution, model: CostModel) -> list[TaskCost]:
-    rates: dict[str, Decimal] = {}
+    rates = attribution.cost_per_weighted_token_by_customer()
+    platform_rate = attribution.cost_per_weighted_token()
     out = []
     with localcontext(EXACT):
         for t in tasks:
-            rate = rates.get(t.customer_id)
-            if rate is None:
-                rate = rates[t.customer_id] = attribution.cost_per_weighted_token(t.customer_id)
+            rate = rates.get(t.customer_id, platform_rate)
             last = t.last_attempt
             all_w = ZERO
             retried_w = ZERO

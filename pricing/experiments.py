@@ -8,6 +8,7 @@ and who pays for retried task attempts.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -258,15 +259,34 @@ def _buckets(start: datetime, end: datetime) -> tuple[str, list[tuple[datetime, 
     return name, out
 
 
-def _meter_cost(dataset: Dataset, model: CostModel, customer: str | None, start: datetime, end: datetime) -> Decimal:
-    return sum(
-        (
-            model.usage_cost(m.meter, m.quantity)
-            for m in dataset.meters
-            if (customer is None or m.customer_id == customer) and start <= m.hour < end
-        ),
-        ZERO,
-    )
+def _bucket_usages(
+    dataset: Dataset, attribution: Attribution, bounds: list[tuple[datetime, datetime]]
+) -> list[dict[str, Usage]]:
+    """customer_usages of each bucket, splitting the records once (not once per bucket)."""
+    starts = [a for a, _ in bounds]
+
+    def index(t: datetime) -> int | None:
+        i = bisect_right(starts, t) - 1
+        return i if 0 <= i and t < bounds[i][1] else None
+
+    parts: list[tuple[list, list, list]] = [([], [], []) for _ in bounds]
+    gpu_parts: list[dict] = [{} for _ in bounds]
+    for r in dataset.requests:
+        if (i := index(r.hour)) is not None:
+            parts[i][0].append(r)
+    for t in dataset.tasks:
+        if (i := index(t.finished_at)) is not None:
+            parts[i][1].append(t)
+    for m in dataset.meters:
+        if (i := index(m.hour)) is not None:
+            parts[i][2].append(m)
+    for k, seconds in attribution.gpu_seconds.items():
+        if (i := index(k.hour)) is not None:
+            gpu_parts[i][k] = seconds
+    return [
+        customer_usages(Dataset(a, b, tuple(req), (), tuple(tasks), tuple(meters)), Attribution(gpu_seconds=gpu), a, b)
+        for (a, b), (req, tasks, meters), gpu in zip(bounds, parts, gpu_parts, strict=True)
+    ]
 
 
 def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel) -> Comparison:
@@ -283,17 +303,22 @@ def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel)
     usages = customer_usages(dataset, attribution, start, end)
     customers = sorted(set(usages) | {k.customer_id for k in attribution.cost if k.customer_id})
 
-    cust_cost = {
-        c: attribution.cost_by(customer=c) + _meter_cost(dataset, cost_model, c, start, end) for c in customers
-    }
-    cost_precise = attribution.total_cost + _meter_cost(dataset, cost_model, None, start, end)
-    cost = currency.round(cost_precise)
-
+    # one pass over the attributed cost and the usage meters: per customer and per time bucket
     bucket_name, bucket_bounds = _buckets(start, end)
-    bucket_usages = [customer_usages(dataset, attribution, a, b) for a, b in bucket_bounds]
-    bucket_costs = [
-        attribution.cost_by(start=a, end=b) + _meter_cost(dataset, cost_model, None, a, b) for a, b in bucket_bounds
-    ]
+    starts = [a for a, _ in bucket_bounds]
+    cust_cost: dict[str, Decimal] = dict.fromkeys(customers, ZERO)
+    bucket_costs = [ZERO] * len(bucket_bounds)
+    cost_precise = ZERO
+    items = [(k.customer_id, k.hour, v) for k, v in attribution.cost.items()]
+    items += [(m.customer_id, m.hour, cost_model.usage_cost(m.meter, m.quantity))
+              for m in dataset.meters if start <= m.hour < end]
+    for customer, hour, value in items:
+        cost_precise += value
+        if customer:
+            cust_cost[customer] = cust_cost.get(customer, ZERO) + value
+        bucket_costs[max(0, bisect_right(starts, hour) - 1)] += value
+    cost = currency.round(cost_precise)
+    bucket_usages = _bucket_usages(dataset, attribution, bucket_bounds)
 
     tcosts = task_costs(dataset.tasks, attribution, cost_model)
     retried_by_customer: dict[str, list[TaskCost]] = defaultdict(list)
