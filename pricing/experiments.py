@@ -18,7 +18,7 @@ from decimal import Decimal, localcontext
 from pricing.book import PriceBook
 from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
 from pricing.money import EXACT, Currency, precise
-from pricing.rating import Rating, rate, rate_progressive
+from pricing.rating import Rating, line_quantities, rate, rounded_total
 from pricing.records import Dataset
 from pricing.usage import Usage, UsageKey
 
@@ -353,14 +353,23 @@ def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel)
             CustomerResult(c, revenue_by[c], currency.round(cust_cost[c]), baseline.get(c, ZERO)) for c in customers
         ]
         # risk: progressive ratings per bucket add up to the period's rating
+        # progressive by bucket: each bucket's revenue is the cumulative total minus the previous
+        # one (exactly what rate_progressive's lines add up to); the minimum and credits on the last
         bucket_revenue = [ZERO] * len(bucket_bounds)
+        last = len(bucket_bounds) - 1
         for c in customers:
-            prior = Usage(c, start, start, {})
-            for i, (a, b) in enumerate(bucket_bounds):
-                window = bucket_usages[i].get(c) or Usage(c, a, b, {})
-                part = rate_progressive(book, prior, window, final=i == len(bucket_bounds) - 1)
-                bucket_revenue[i] += part.total
-                prior = prior.then(window) if prior.period_end > prior.period_start else window
+            cumulative: dict[tuple[int, str], Decimal] = {}
+            previous = ZERO
+            for i in range(len(bucket_bounds)):
+                window = bucket_usages[i].get(c)
+                if window is not None:
+                    for slot, q in line_quantities(book, window).items():
+                        cumulative[slot] = cumulative.get(slot, ZERO) + q
+                elif i != last:
+                    continue
+                total = rounded_total(book, cumulative, commitments=i == last)
+                bucket_revenue[i] += total - previous
+                previous = total
         risk = Risk(
             bucket_name,
             tuple(Bucket(a, bucket_revenue[i], currency.round(bucket_costs[i])) for i, (a, _) in enumerate(bucket_bounds)),

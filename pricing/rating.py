@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, localcontext
 from hashlib import sha256
 from typing import Literal, NamedTuple
@@ -32,6 +32,7 @@ from pricing.money import EXACT, QUANT, Currency, mul_div, precise
 from pricing.usage import Usage, UsageKey
 
 ZERO = Decimal(0)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # ---------------------------------------------------------------- one function per price type
 
@@ -176,16 +177,31 @@ def match_charge(book: PriceBook, key: UsageKey) -> tuple[int, Charge] | None:
 
 
 def _line_quantities(book: PriceBook, usage: Usage) -> dict[tuple[int, str], Decimal]:
+    return line_quantities(book, usage)
+
+
+def line_quantities(book: PriceBook, usage: Usage) -> dict[tuple[int, str], Decimal]:
+    """The quantity of each line a usage makes under a book: {(charge index, group): quantity}."""
+    compiled = _compiled(book)
     out: dict[tuple[int, str], Decimal] = {}
     for key, quantity in usage.quantities.items():
-        if not quantity:
-            continue
-        matched = match_charge(book, key)
-        if matched is None:
-            continue  # a meter the book does not charge for
-        slot = (matched[0], key.group)
-        out[slot] = out.get(slot, ZERO) + Decimal(quantity)
+        if quantity:
+            slot = compiled.slot(key)
+            if slot is not None:  # else a meter the book does not charge for
+                out[slot] = out.get(slot, ZERO) + quantity
     return out
+
+
+def rounded_total(book: PriceBook, quantities: dict[tuple[int, str], Decimal], *, commitments: bool) -> Decimal:
+    """The total of the lines for these line quantities (each rounded once), with the minimum top-up
+    and credits if `commitments`: what `rate` would total, without building the lines."""
+    compiled = _compiled(book)
+    total = ZERO
+    for (index, _), quantity in quantities.items():
+        total += compiled.pricers[index](quantity).quantize(compiled.minor, ROUND_HALF_UP, EXACT)
+    if commitments and (book.minimum is not None or book.credits):
+        total += sum((line.amount for line in _commitment_lines(book, compiled.currency, "", total, _EPOCH, _EPOCH)), ZERO)
+    return total
 
 
 def _unit_price(charge: Charge) -> Decimal | None:

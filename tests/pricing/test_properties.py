@@ -114,3 +114,16 @@ def test_re_rating_gives_the_same_ids_and_amounts(book, rows):
     assert [(x.line_id, x.amount, x.precise_amount) for x in first.lines] == [
         (x.line_id, x.amount, x.precise_amount) for x in again.lines
     ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(books(), usage_rows, usage_rows)
+def test_rounded_total_of_cumulative_line_quantities_matches_rate(book, first, second):
+    from pricing.rating import line_quantities, rounded_total
+
+    a, b = make(first, T0, T1), make(second, T1, T2)
+    cumulative = dict(line_quantities(book, a))
+    for slot, q in line_quantities(book, b).items():
+        cumulative[slot] = cumulative.get(slot, 0) + q
+    assert rounded_total(book, cumulative, commitments=True) == rate(book, a.then(b)).total
+    assert rounded_total(book, line_quantities(book, a), commitments=False) == rate(book, a).usage_total
