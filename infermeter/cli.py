@@ -390,22 +390,20 @@ def _progress(quiet: bool):
 
 
 def _mount_optional_apps() -> None:
-    """Sub-apps of the other packages (a package still being built is simply not mounted)."""
-    import importlib
-    import importlib.util
+    """The other packages' command groups (imported here, not at module load, to keep start-up light)."""
+    if getattr(_mount_optional_apps, "done", False):
+        return
+    from pricing_service.cli import app as pricing_cli
+    from serving.cli import bench_app, replay_app, serve_app
+    from serving.control_cli import budgets_app, keys_app
 
-    mounts = [
-        ("pricing_service.cli", "app", "pricing"),
-        ("serving.cli", "app", "serve"),
-        ("serving.control_cli", "keys_app", "keys"),
-        ("serving.control_cli", "budgets_app", "budgets"),
-    ]
-    for module_name, attribute, name in mounts:
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        sub_app = getattr(importlib.import_module(module_name), attribute, None)
-        if sub_app is not None:
-            app.add_typer(sub_app, name=name)
+    app.add_typer(pricing_cli, name="pricing")
+    app.add_typer(serve_app, name="serve")
+    app.add_typer(replay_app, name="replay")
+    app.add_typer(bench_app, name="bench")
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(budgets_app, name="budgets")
+    _mount_optional_apps.done = True
 
 
 def main() -> None:
