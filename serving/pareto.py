@@ -4,8 +4,8 @@
 endpoint. At each level it keeps that many streaming completions in flight for a while and
 measures:
 - aggregate output tokens/s (all requests together: what the GPU-hour produces);
-- per-request output tokens/s (median over requests of output tokens / time after the first
-  token: what one user sees), plus median time to first token;
+- per-request output tokens/s (median over requests of output tokens / request time, first
+  byte to last: what one user sees), plus median time to first token;
 - $ per 1M output tokens implied by INFERMETER_GPU_HOUR_PRICE x gpu_count at that throughput:
   price_per_hour * gpus / (aggregate tok/s * 3600) * 1e6 (Decimal arithmetic).
 Raising concurrency trades per-request speed for aggregate throughput; the points that no other
@@ -150,7 +150,10 @@ def sweep(
             (r[1] for r in results), default=0.0
         )
         aggregate = output / wall if results and wall > 0 else 0.0
-        speeds = [(r[0] - 1) / (r[3] - r[2]) for r in results if r[0] > 1 and r[3] > r[2]]
+        # Per request: output tokens over the whole request time (what one user waits for). The
+        # time after the first token alone is not usable: under load vLLM flushes several tokens
+        # per SSE chunk, so first-to-last chunk can be ~0 s.
+        speeds = [r[0] / (r[3] - r[1]) for r in results if r[0] > 0 and r[3] > r[1]]
         point = OperatingPoint(
             concurrency=concurrency,
             requests=len(results),
