@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pricing.book import Amount, QuantityValue, _ExactLoader, _path, _reason
 from pricing.money import EXACT, Currency
-from pricing.records import Dataset, RequestRecord, TaskRecord
+from pricing.records import Dataset, TaskRecord
 
 ZERO = Decimal(0)
 POOL = ""  # customer id of the shared pool
@@ -148,22 +148,20 @@ class Attribution:
             return self.cost_by(customer=customer, model=model) / n if n else ZERO
 
 
-def _weighted(model: CostModel, r: RequestRecord, uncached_models: frozenset[str]) -> Decimal:
-    uncached = r.input_tokens if r.model in uncached_models else r.uncached_input_tokens
-    return model.weight(uncached, r.output_tokens)
-
-
 def attribute(dataset: Dataset, model: CostModel, *, caching_off_for: Iterable[str] = ()) -> Attribution:
     """Attribute every deployment-hour's GPU time (and cost) to what it served; see the module doc."""
     off = frozenset(caching_off_for)
     served: dict[tuple[str, datetime], dict[tuple[str, str], list[Decimal]]] = defaultdict(dict)
     out = Attribution()
+    pw, dw = model.prefill_weight, model.decode_weight
     for r in dataset.requests:
-        slot = served[(r.deployment_id, r.hour)].setdefault((r.customer_id, r.model), [ZERO, ZERO])
-        slot[0] += model.weight(r.uncached_input_tokens, r.output_tokens)
-        slot[1] += _weighted(model, r, off)
         key = (r.customer_id, r.model)
-        out.weighted_tokens[key] = out.weighted_tokens.get(key, ZERO) + _weighted(model, r, off)
+        slot = served[(r.deployment_id, r.hour)].setdefault(key, [ZERO, ZERO])
+        actual = pw * (r.input_tokens - r.cached_input_tokens) + dw * r.output_tokens
+        scenario = pw * r.input_tokens + dw * r.output_tokens if r.model in off else actual
+        slot[0] += actual
+        slot[1] += scenario
+        out.weighted_tokens[key] = out.weighted_tokens.get(key, ZERO) + scenario
         out.requests[key] = out.requests.get(key, 0) + r.requests
     gpu: dict[tuple[str, datetime], dict[tuple[str, str], Decimal]] = defaultdict(dict)
     for g in dataset.gpu:

@@ -45,40 +45,52 @@ def customer_usages(
     their dedicated deployments plus their attributed share of the shared pool, tasks by the time of
     their outcome, usage meters by hour."""
     off = frozenset(caching_off_for)
-    rows: dict[str, list[tuple[UsageKey, Decimal | int]]] = defaultdict(list)
+    out: dict[str, dict[UsageKey, Decimal | int]] = {}
+    keys: dict[tuple[str, str], tuple[UsageKey, UsageKey, UsageKey, UsageKey]] = {}
+
+    def add(customer: str, key: UsageKey, quantity: Decimal | int) -> None:
+        quantities = out.get(customer)
+        if quantities is None:
+            quantities = out[customer] = {}
+        quantities[key] = quantities.get(key, 0) + quantity
+
     for r in dataset.requests:
         if not (start <= r.hour < end):
             continue
+        k = keys.get((r.model, r.deployment_id))
+        if k is None:
+            k = keys[(r.model, r.deployment_id)] = tuple(
+                UsageKey(m, r.model, r.deployment_id) for m in REQUEST_METERS_FROM_RECORD
+            )
         cached = 0 if r.model in off else r.cached_input_tokens
-        rows[r.customer_id] += [
-            (UsageKey("uncached_input_tokens", r.model, r.deployment_id), r.input_tokens - cached),
-            (UsageKey("cached_input_tokens", r.model, r.deployment_id), cached),
-            (UsageKey("output_tokens", r.model, r.deployment_id), r.output_tokens),
-            (UsageKey("requests", r.model, r.deployment_id), r.requests),
-        ]
+        quantities = out.get(r.customer_id)
+        if quantities is None:
+            quantities = out[r.customer_id] = {}
+        for key, q in ((k[0], r.input_tokens - cached), (k[1], cached), (k[2], r.output_tokens), (k[3], r.requests)):
+            quantities[key] = quantities.get(key, 0) + q
+    gpu: dict[str, dict[UsageKey, Decimal]] = {}
     for k, seconds in attribution.gpu_seconds.items():
         if k.customer_id and start <= k.hour < end:
-            rows[k.customer_id].append((UsageKey("gpu_seconds", "", k.deployment_id, k.gpu_type), seconds))
+            key = UsageKey("gpu_seconds", "", k.deployment_id, k.gpu_type)
+            per = gpu.setdefault(k.customer_id, {})
+            per[key] = per.get(key, ZERO) + seconds
+    for customer, per in gpu.items():
+        for key, seconds in per.items():
+            # attributed GPU-seconds are exact fractions: keep them at the project scale (12 places)
+            add(customer, key, precise(seconds))
     for t in dataset.tasks:
         if not (start <= t.finished_at < end):
             continue
         if t.outcome == "succeeded":
-            rows[t.customer_id].append((UsageKey("successful_tasks"), 1))
+            add(t.customer_id, UsageKey("successful_tasks"), 1)
         elif t.outcome == "failed":
-            rows[t.customer_id].append((UsageKey("failed_tasks"), 1))
-        rows[t.customer_id].append((UsageKey("task_attempts"), len(t.attempts)))
+            add(t.customer_id, UsageKey("failed_tasks"), 1)
+        add(t.customer_id, UsageKey("task_attempts"), len(t.attempts))
     for m in dataset.meters:
         if start <= m.hour < end:
-            rows[m.customer_id].append((UsageKey("usage:" + m.meter), m.quantity))
-    out = {}
-    for c, r in rows.items():
-        usage = Usage.build(c, start, end, r)
-        if any(k.meter == "gpu_seconds" for k in usage.quantities):
-            # attributed GPU-seconds are exact fractions: keep them at the project scale (12 places)
-            usage = Usage(c, start, end, {k: precise(q) if k.meter == "gpu_seconds" else q
-                                          for k, q in usage.quantities.items()})
-        out[c] = usage
-    return out
+            add(m.customer_id, UsageKey("usage:" + m.meter), m.quantity)
+    # zero quantities dropped as Usage.build does; every quantity here is a non-negative int or Decimal
+    return {c: Usage.trusted(c, start, end, {k: v for k, v in q.items() if v}) for c, q in out.items()}
 
 
 def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attribution,
