@@ -1088,9 +1088,14 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     """The gateway with its real collaborators: key store and admission on the database, the
     emitter (spool + Kafka). Used by `infermeter serve gateway`."""
     from infermeter.db import get_engine
-    from infermeter.stack import resolve_database_url
+    from infermeter.stack import resolve_database_url, running_stack
 
     settings = settings or get_settings()
+    bootstrap = settings.kafka_bootstrap or (running_stack(settings) or {}).get("kafka_bootstrap")
+    if not bootstrap:
+        raise RuntimeError(
+            "no Kafka to publish usage events to: set KAFKA_BOOTSTRAP or run `infermeter up` first"
+        )
     engine = get_engine(resolve_database_url(settings))
     authenticator: Authenticator = StaticAuthenticator(settings)
     admission = None
@@ -1104,9 +1109,7 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
         admission = AdmissionController(engine, settings=settings)
     from serving.emitter import Emitter, default_spool_dir
 
-    emitter = Emitter(
-        default_spool_dir(settings), settings.kafka_bootstrap, settings, name=settings.gateway_id
-    )
+    emitter = Emitter(default_spool_dir(settings), bootstrap, settings, name=settings.gateway_id)
 
     async def start() -> None:
         emitter.start()
