@@ -56,6 +56,7 @@ def vllm(tmp_path_factory, vllm_python: str, tiny_model: Path) -> VllmServer:
         state_dir=tmp_path_factory.mktemp("vllm"),
         max_model_len=2048,
         access_log=True,
+        dev_mode=True,  # /reset_prefix_cache for the routing comparison
     )
     try:
         server.wait_ready()
