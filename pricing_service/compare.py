@@ -190,6 +190,11 @@ def render_console(report: ComparisonReport, console: Console) -> None:
         f"[bold]Pricing comparison[/bold] {_iso(c.start)} .. {_iso(c.end)} ({cur}); "
         f"baseline: [bold]{c.books[0].book.id}[/bold]"
     )
+    if not c.books[0].customers:
+        console.print(
+            "[yellow]No metered usage in this window[/yellow] (request, task, usage or GPU rollups): "
+            "check --from/--to against `infermeter usage`."
+        )
     t = Table(title="Revenue, cost and gross margin per book")
     for col in ("book", "revenue", "cost", "margin", "margin %", "pay more", "pay less", f"{c.books[0].risk.bucket}ly margin sd", "loss-making customers"):
         t.add_column(col, justify="right" if col != "book" else "left")
