@@ -19,11 +19,12 @@ from decimal import Decimal
 import psycopg
 
 from infermeter.stack import to_libpq_url
+from metering.queries import QueryError, parse_time  # noqa: F401 - the one time parser, re-exported
 from pricing.records import AttemptRecord, Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord
 
 
-class WindowError(ValueError):
-    pass
+class WindowError(QueryError):
+    """A pricing window that is not whole hours, aware, and non-empty."""
 
 
 def check_window(start: datetime, end: datetime) -> tuple[datetime, datetime]:
@@ -40,18 +41,6 @@ def check_window(start: datetime, end: datetime) -> tuple[datetime, datetime]:
     if end <= start:
         raise WindowError("--to must be after --from: windows are half-open [from, to)")
     return start, end
-
-
-def parse_time(text: str, name: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise WindowError(f"{name}: {text!r} is not an ISO 8601 time (e.g. 2026-11-02T00:00:00Z)") from None
-    if value.tzinfo is None:
-        if len(text.strip()) == 10:
-            return value.replace(tzinfo=UTC)
-        raise WindowError(f"{name}: {text!r} has no time zone; add Z or an offset")
-    return value.astimezone(UTC)
 
 
 def connect(database_url: str) -> psycopg.Connection:
