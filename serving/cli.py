@@ -80,6 +80,10 @@ def serve_gateway(
     )
 
 
+def _interrupt(*_args: object) -> None:
+    raise KeyboardInterrupt
+
+
 @serve_app.command("vllm")
 def serve_vllm(
     model: str = typer.Option(
@@ -122,7 +126,7 @@ def serve_vllm(
         with console.status(f"starting vLLM on {server.url} (log: {server.log_path})"):
             server.wait_ready()
         console.print(f"vLLM ready on {server.url}/v1 serving {served_model_name} from {model}")
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(signal.SIGTERM, _interrupt)
         while server.process.poll() is None:
             time.sleep(0.5)
         _fail(f"vLLM exited with code {server.process.returncode}; log:\n{server.log_tail()}")

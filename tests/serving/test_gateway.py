@@ -167,8 +167,10 @@ def test_client_disconnect_mid_stream_meters_the_tokens_generated(gateway, custo
     # vLLM aborted the request: nothing runs and its generation counter stopped far below max_tokens
     _wait_for(lambda: vllm_counter(vllm, "vllm:num_requests_running") == 0)
     generated = vllm_counter(vllm, "vllm:generation_tokens_total") - generated_before
+    # The event counts what vLLM had streamed to the gateway when the client left. The engine may
+    # run ahead of its own HTTP stream before it sees the abort (a few tokens when idle, hundreds
+    # on a loaded machine); those never reached anyone and are not billed.
     assert data["output_tokens"] <= generated < 1900
-    assert generated - data["output_tokens"] <= 8  # at most a few tokens were in flight when it stopped
     pipeline.settle()
     assert len(pipeline.request_events(customer.customer_id, 1)) == 1  # exactly one event
 
@@ -282,6 +284,8 @@ def test_tasks_are_tagged_and_outcomes_reported_only_by_their_customer(
         ].replace("no-such-task", "X")
         bad = http.post("/v1/tasks/task-42/outcome", json={"outcome": "great"}, headers=_auth(customer))
         assert bad.status_code == 400
+        # another gateway process never saw the task: ownership then comes from metering's task_attempts
+        gateway.state.recent_tasks.clear()
         ok = http.post("/v1/tasks/task-42/outcome", json={"outcome": "succeeded"}, headers=_auth(customer))
         assert ok.status_code == 202, ok.text
 
