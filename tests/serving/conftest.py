@@ -47,22 +47,40 @@ def tiny_model(tmp_path_factory, vllm_python: str) -> Path:
     return ensure_tiny_model(tmp_path_factory.mktemp("models"), vllm_python)
 
 
-@pytest.fixture(scope="session")
-def vllm(tmp_path_factory, vllm_python: str, tiny_model: Path) -> VllmServer:
-    server = start_vllm(
+def _start(vllm_python: str, tiny_model: Path, state_dir: Path) -> VllmServer:
+    return start_vllm(
         vllm_python,
         str(tiny_model),
         served_model_name=SERVED_NAME,
-        state_dir=tmp_path_factory.mktemp("vllm"),
+        state_dir=state_dir,
         max_model_len=2048,
         access_log=True,
         dev_mode=True,  # /reset_prefix_cache for the routing comparison
     )
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(request, tmp_path_factory, vllm_python: str, tiny_model: Path) -> list[VllmServer]:
+    """One replica, or two booting in parallel when a collected test needs `second_vllm`."""
+    wanted = 2 if any("second_vllm" in item.fixturenames for item in request.session.items) else 1
+    servers = [_start(vllm_python, tiny_model, tmp_path_factory.mktemp(f"vllm{n}")) for n in range(wanted)]
     try:
-        server.wait_ready()
-        yield server
+        for server in servers:
+            server.wait_ready()
+        yield servers
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_servers: list[VllmServer]) -> VllmServer:
+    return vllm_servers[0]
+
+
+@pytest.fixture(scope="session")
+def second_vllm(vllm_servers: list[VllmServer]) -> VllmServer:
+    return vllm_servers[1]
 
 
 def vllm_access_count(server: VllmServer) -> int:

@@ -6,28 +6,13 @@ from __future__ import annotations
 import uuid
 
 import httpx
-import pytest
 
 from serving.replay import block_text, reset_prefix_caches
 from serving.tinymodel import SERVED_NAME
 from serving.upstreams import parse_upstreams
-from serving.vllm_server import start_vllm
 
 CONVERSATIONS = 7  # odd, so that round robin does not send every turn of one conversation to one replica
 TURNS = 4
-
-
-@pytest.fixture(scope="module")
-def second_vllm(tmp_path_factory, vllm_python, tiny_model, vllm):
-    server = start_vllm(
-        vllm_python, str(tiny_model), served_model_name=SERVED_NAME, state_dir=tmp_path_factory.mktemp("vllm2"),
-        dev_mode=True,
-    )  # fmt: skip
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
 
 
 def _conversation_prompt(conversation: int, turn: int) -> str:
