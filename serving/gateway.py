@@ -330,6 +330,39 @@ class GatewayState:
 # --- the app ---------------------------------------------------------------------------------
 
 
+class GatewayApp:
+    """The ASGI app: the two proxy routes are dispatched here directly (no middleware stack, no
+    router scan, no dependency solving: they are the hot path); everything else, lifespan
+    included, goes to the FastAPI app. `.state` and `.fastapi` expose the FastAPI side."""
+
+    _HOT = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+    def __init__(self, fastapi_app: FastAPI, state: GatewayState) -> None:
+        self.fastapi = fastapi_app
+        self.gateway = state
+
+    @property
+    def state(self):
+        return self.fastapi.state
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = self._HOT.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if kind is None or scope["method"] != "POST":
+            await self.fastapi(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await _proxy(self.gateway, request, kind)
+        except ApiError as exc:
+            response = exc.response()
+        except Exception:  # before the request had a usage record (auth store down, ...)
+            log.exception("request failed before admission")
+            response = error_response(
+                500, "the gateway failed to serve this request", "api_error", "gateway_error"
+            )
+        await response(scope, receive, send)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -340,7 +373,7 @@ def create_app(
     engine: Any = None,
     on_startup: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
-) -> FastAPI:
+) -> GatewayApp:
     """The gateway app. Every collaborator can be given; `build_gateway` wires the real ones."""
     settings = settings or get_settings()
     state = GatewayState(
@@ -391,15 +424,17 @@ def create_app(
     async def _validation_error(_request: Request, exc: RequestValidationError) -> Response:
         return error_response(422, str(exc.errors()), "invalid_request_error", code="invalid_request")
 
-    async def chat_completions(request: Request) -> Response:
-        return await _proxy(state, request, "chat")
+    async def proxy_method_not_allowed(request: Request) -> Response:  # GET etc. on the proxy paths
+        return error_response(
+            405, f"use POST for {request.url.path}", "invalid_request_error", "method_not_allowed"
+        )
 
-    async def completions(request: Request) -> Response:
-        return await _proxy(state, request, "completion")
-
-    # Plain Starlette routes on the hot path: no FastAPI dependency solving per request.
-    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.router.add_route("/v1/completions", completions, methods=["POST"])
+    app.router.add_route(
+        "/v1/chat/completions", proxy_method_not_allowed, methods=["GET", "PUT", "DELETE", "PATCH"]
+    )
+    app.router.add_route(
+        "/v1/completions", proxy_method_not_allowed, methods=["GET", "PUT", "DELETE", "PATCH"]
+    )
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
@@ -432,7 +467,7 @@ def create_app(
     async def health() -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    return app
+    return GatewayApp(app, state)
 
 
 # --- auth ------------------------------------------------------------------------------------
@@ -1084,7 +1119,7 @@ async def _usage_event(state: GatewayState, request: Request) -> Response:
 # --- wiring the real collaborators -------------------------------------------------------------
 
 
-def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig | None = None) -> FastAPI:
+def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig | None = None) -> GatewayApp:
     """The gateway with its real collaborators: key store and admission on the database, the
     emitter (spool + Kafka). Used by `infermeter serve gateway`."""
     from infermeter.db import get_engine
