@@ -64,6 +64,7 @@ class MeteringConsumer:
         self.stop_event = threading.Event()
         self.publish_dead_letters = publish_dead_letters
         self._consumer: Consumer | None = None
+        self._last_error: BaseException | None = None
         self._dlq: Producer | None = None
 
     # --- assignment: seek to the offsets stored in Postgres ------------------------------------
@@ -96,13 +97,48 @@ class MeteringConsumer:
         )
 
     def write_with_retry(self, messages) -> WriteResult | None:
+        """Write a batch, waiting out Postgres outages; None if stopped meanwhile."""
         attempt = 0
         while True:
             try:
                 return self.writer.write(messages)
-            except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
+            except psycopg.OperationalError as exc:
                 self.writer.close()
                 self._sleep_backoff(attempt, str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
+                attempt += 1
+                if self.stop_event.is_set():
+                    return None
+            except psycopg.DatabaseError as exc:
+                # Postgres refused the data itself (an event the contract let through but the
+                # database cannot store): find it by halves, dead-letter it, write the rest.
+                log.error("batch refused by Postgres (%s); isolating the event", exc)
+                return self._isolate(messages if isinstance(messages, Prepared) else self.writer.prepare(messages))
+
+    def _isolate(self, prepared: Prepared) -> WriteResult | None:
+        messages = prepared.messages
+        if len(messages) == 1:
+            return self._retry_operational(lambda: self.writer.write_refused(messages[0], self._last_error))
+        total = WriteResult()
+        middle = len(messages) // 2
+        for half in (messages[:middle], messages[middle:]):  # in order: offsets only move forward
+            try:
+                result = self._retry_operational(lambda half=half: self.writer.write(half))
+            except psycopg.DatabaseError as exc:
+                self._last_error = exc
+                result = self._isolate(self.writer.prepare(half))
+            if result is None:
+                return None
+            total.merge(result)
+        return total
+
+    def _retry_operational(self, write):
+        attempt = 0
+        while True:
+            try:
+                return write()
+            except psycopg.OperationalError as exc:
+                self.writer.close()
+                self._sleep_backoff(attempt, str(exc).strip().splitlines()[0])
                 attempt += 1
                 if self.stop_event.is_set():
                     return None

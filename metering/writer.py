@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from metering.kafka import Message, TopicPartition
-from metering.processor import ProcessedBatch, process
+from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
 STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload")
 GPU_STAGE_COLUMNS = (
@@ -181,6 +181,10 @@ class WriteResult:
     rejected: int = 0
     skipped: int = 0  # messages below the stored offset: written before
 
+    def merge(self, other: WriteResult) -> None:
+        for name in ("written", "accepted", "duplicates", "rejected", "skipped"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 def month_start(moment: datetime) -> datetime:
     return datetime(moment.year, moment.month, 1, tzinfo=UTC)
@@ -297,6 +301,30 @@ class BatchWriter:
         conn.commit()
         result.written = len(todo)
         return result
+
+    def write_refused(self, message: Message, error: BaseException | None) -> WriteResult:
+        """Dead-letter one event Postgres refused to store (reason `storage_error`), with its offset."""
+        conn = self.connection()
+        tp = TopicPartition(message.topic, message.partition)
+        try:
+            with conn.cursor() as cur:
+                stored = self._fence(cur, {tp: message.offset + 1})
+                if message.offset < stored.get(tp, 0):
+                    conn.rollback()
+                    return WriteResult(skipped=1)
+                detail = str(error).strip().splitlines()[0] if error else "refused by the database"
+                ingest_id = message.headers.get(INGEST_ID_HEADER)
+                cur.execute(SAVE_DEAD_LETTER, (message.topic, message.partition, message.offset, "storage_error",
+                                               detail, None, None, None, message.value or b""))
+                if ingest_id is not None:
+                    cur.execute(SAVE_RECEIPT, (ingest_id.decode("utf-8", "replace"), 0, 0, 1))
+                cur.execute(SAVE_OFFSET, (message.offset + 1, self.group_id, tp.topic, tp.partition))
+            conn.commit()
+        except BaseException:
+            if not conn.closed:
+                conn.rollback()
+            raise
+        return WriteResult(written=1, rejected=1)
 
     def _fence(self, cur: psycopg.Cursor, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         stored: dict[TopicPartition, int] = {}

@@ -67,3 +67,20 @@ def test_each_kind_of_bad_event_is_dead_lettered_and_the_rest_of_the_batch_lands
             break
     consumer.close()
     assert sorted(m.headers["infermeter-dead-letter-reason"].decode() for m in seen) == sorted(reasons)
+
+
+def test_an_event_postgres_refuses_is_isolated_and_dead_lettered(settings):
+    """Two maximal quantities on one rollup row overflow NUMERIC(38, 12): the second event is found
+    by halving the batch and dead-lettered as storage_error; everything else lands."""
+    from tests.metering.conftest import usage_event
+
+    huge = "9" * 26 + "." + "9" * 12
+    lines = [request_event(i, at=BASE + timedelta(seconds=i)) for i in range(6)]
+    lines[2:2] = [usage_event(1, "cust-a", "tool_calls", huge, BASE), usage_event(2, "cust-a", "tool_calls", huge, BASE)]
+    counts = meter(settings, lines)
+    assert (counts.accepted, counts.duplicates, counts.rejected) == (7, 0, 1)
+    with psycopg.connect(dsn(settings)) as conn:
+        assert conn.execute("SELECT sum(requests) FROM request_rollup_hourly").fetchone()[0] == 6
+        assert str(conn.execute("SELECT quantity FROM usage_rollup_hourly").fetchone()[0]) == huge
+        reason, detail = conn.execute("SELECT reason, detail FROM dead_letters").fetchone()
+    assert reason == "storage_error" and "overflow" in detail
