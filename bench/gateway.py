@@ -265,9 +265,9 @@ def _wait_http(url: str, timeout_s: float = 120.0, headers: dict | None = None, 
 @contextlib.contextmanager
 def process(argv: list[str], env: dict | None = None, log: Path | None = None):
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(
-        argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    merged = {**os.environ, **(env or {})}
+    merged = {key: value for key, value in merged.items() if value is not None}  # None = unset it
+    proc = subprocess.Popen(argv, env=merged, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc
     finally:
@@ -357,8 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"bench{os.getpid()}"
     settings = Settings(INFERMETER_HOME=work / "home", INFERMETER_TOPIC_PREFIX=prefix)
     python = sys.executable
-    results: list[Result] = []
-    report: dict = {"stub": [], "vllm": []}
+    report: dict = {"stub": [], "litellm": [], "vllm": []}
     with open_stack(settings) as stack:
         key_store = KeyStore(get_engine(stack.database_url), settings)
         _key_id, token = key_store.create("bench-customer")
@@ -372,20 +371,40 @@ def main(argv: list[str] | None = None) -> int:
                 process([python, "-m", "bench.gateway", "--stub", str(stub_port)], log=work / "stub.log")
             )
             _wait_http(stub_url + "/v1/models", process=stub)
-            gw = stack_of_processes.enter_context(
-                process(
-                    [python, "-m", "serving.cli", "gateway", "--upstream", stub_url, "--model", STUB_MODEL, "--port", str(gw_port)],
-                    env=env, log=work / "gateway.log",
-                )
-            )  # fmt: skip
-            _wait_http(gw_url + "/health", process=gw)
-            targets = [
-                ("direct", stub_url + "/v1/chat/completions", {}),
-                ("infermeter", gw_url + "/v1/chat/completions", customer_headers),
-            ]
-            litellm_python = REPO / ".venv-litellm/bin/python"
+            direct = ("direct", stub_url + "/v1/chat/completions", {})
+
+            def phase(proxy: tuple[str, str, dict]) -> list[Result]:
+                """Direct and one proxy under the same loads; the other proxy is not running."""
+                out: list[Result] = []
+                for concurrency in levels:
+                    for name, url, headers in (direct, proxy):
+                        out.append(
+                            measure(
+                                name, url, headers, body, concurrency=concurrency, duration_s=args.duration
+                            )
+                        )
+                        print(f"  {name} c={concurrency}: {out[-1].rps:.0f} req/s", file=sys.stderr)
+                for name, url, headers in (direct, proxy):
+                    out.append(measure(name, url, headers, body, rate=args.rate, duration_s=args.duration))
+                    print(f"  {name} rate={args.rate:g}: p50 {out[-1].p50_ms:.2f} ms", file=sys.stderr)
+                return out
+
+            with process(
+                [python, "-m", "serving.cli", "gateway", "--upstream", stub_url, "--model", STUB_MODEL, "--port", str(gw_port)],
+                env=env, log=work / "gateway.log",
+            ) as gw:  # fmt: skip
+                _wait_http(gw_url + "/health", process=gw)
+                results = phase(("infermeter", gw_url + "/v1/chat/completions", customer_headers))
+                with contextlib.suppress(Exception):
+                    report["gateway_events_emitted"] = _gateway_metric(
+                        gw_url, "infermeter_emitter_events_emitted_total"
+                    )
+            report["stub"] = print_table(
+                "stub upstream: infermeter gateway (LiteLLM not running)", results, "direct"
+            )
             if not args.no_litellm:
-                if not litellm_python.exists():
+                litellm_bin = REPO / ".venv-litellm/bin/litellm"
+                if not litellm_bin.exists():
                     print(
                         "no .venv-litellm: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install 'litellm[proxy]'",
                         file=sys.stderr,
@@ -396,34 +415,25 @@ def main(argv: list[str] | None = None) -> int:
                     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                     "LITELLM_MASTER_KEY": "sk-bench-master",
                     "LITELLM_LOG": "ERROR",
-                    "DATABASE_URL": "",
+                    "DATABASE_URL": None,  # no database: LiteLLM's documented lightest setup
                     "DISABLE_SCHEMA_UPDATE": "True",
                 }
-                ll = stack_of_processes.enter_context(
-                    process(
-                        [str(REPO / ".venv-litellm/bin/litellm"), "--config", str(config), "--host", "127.0.0.1",
-                         "--port", str(ll_port), "--num_workers", "1"],
-                        env=ll_env, log=work / "litellm.log",
+                with process(
+                    [str(litellm_bin), "--config", str(config), "--host", "127.0.0.1", "--port", str(ll_port),
+                     "--num_workers", "1"],
+                    env=ll_env, log=work / "litellm.log",
+                ) as ll:  # fmt: skip
+                    _wait_http(f"http://127.0.0.1:{ll_port}/health/liveliness", timeout_s=180, process=ll)
+                    ll_results = phase(
+                        (
+                            "litellm",
+                            f"http://127.0.0.1:{ll_port}/v1/chat/completions",
+                            {"Authorization": "Bearer sk-bench-master"},
+                        )
                     )
-                )  # fmt: skip
-                _wait_http(f"http://127.0.0.1:{ll_port}/health/liveliness", timeout_s=180, process=ll)
-                targets.append(
-                    (
-                        "litellm",
-                        f"http://127.0.0.1:{ll_port}/v1/chat/completions",
-                        {"Authorization": "Bearer sk-bench-master"},
-                    )
+                report["litellm"] = print_table(
+                    "stub upstream: LiteLLM proxy (infermeter not running)", ll_results, "direct"
                 )
-            for concurrency in levels:
-                for name, url, headers in targets:
-                    results.append(
-                        measure(name, url, headers, body, concurrency=concurrency, duration_s=args.duration)
-                    )
-                    print(f"  {name} c={concurrency}: {results[-1].rps:.0f} req/s", file=sys.stderr)
-            for name, url, headers in targets:
-                results.append(measure(name, url, headers, body, rate=args.rate, duration_s=args.duration))
-                print(f"  {name} rate={args.rate:g}: p50 {results[-1].p50_ms:.2f} ms", file=sys.stderr)
-            report["stub"] = print_table("stub upstream (the gateway's own cost)", results, "direct")
             with contextlib.suppress(Exception):
                 report["gateway_events_spooled_or_published"] = _gateway_metric(
                     gw_url, "infermeter_emitter_events_emitted_total"
