@@ -30,8 +30,10 @@ per-chunk usage). When the client disconnects mid-stream, the upstream connectio
 (vLLM aborts the request) and the event says `cancelled` with the output tokens generated up to
 then. Task tags: `X-Infermeter-Task-Id` and `X-Infermeter-Attempt` request headers.
 
-Hot path notes: one shared `aiohttp.ClientSession` (httpx is ~7x slower here, NOTES.md), raw
-bodies parsed with orjson, no Pydantic models and no BaseHTTPMiddleware on the proxy routes.
+Hot path notes: the two proxy routes are dispatched straight from the ASGI entry (`GatewayApp`:
+no middleware stack, router scan or dependency solving); one shared `aiohttp.ClientSession`
+(httpx is ~7x slower here, NOTES.md); raw bodies parsed with orjson; no Pydantic models.
+Numbers: docs/benchmarks.md, "Gateway overhead".
 """
 
 from __future__ import annotations
