@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     upstream_timeout_s: float = Field(
         default=600.0,
         validation_alias="INFERMETER_UPSTREAM_TIMEOUT_S",
-        description="Longest the gateway waits for an upstream response (whole request).",
+        description="Longest the gateway waits for upstream data: the response, or the next streamed chunk.",
     )
     upstream_connect_timeout_s: float = Field(
         default=5.0,

@@ -393,8 +393,11 @@ def create_app(
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300)
         state.session = aiohttp.ClientSession(
             connector=connector,
+            # No total limit (a long stream is fine); a silent upstream fails after upstream_timeout_s.
             timeout=aiohttp.ClientTimeout(
-                total=settings.upstream_timeout_s, sock_connect=settings.upstream_connect_timeout_s
+                total=None,
+                sock_read=settings.upstream_timeout_s,
+                sock_connect=settings.upstream_connect_timeout_s,
             ),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
