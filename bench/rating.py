@@ -26,9 +26,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infermeter.db import upgrade
 from infermeter.stack import start_embedded_postgres, to_libpq_url
-from pricing.rating import rate
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
-from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
+from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters, rate_usages
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 END = datetime(2026, 12, 1, tzinfo=UTC)
@@ -107,12 +106,15 @@ def main() -> None:
                 usages = load_period_usages(conn, START, END, by_deployment=needs_deployment(book),
                                             meters=priced_meters(book))
                 loaded = time.perf_counter()
-                revenue = sum((rate(book, u).total for u in usages.values()), Decimal(0))
+                rated = rate_usages(book, usages)  # what rate_period returns: every customer's lines
                 ratings.append(time.perf_counter() - t)
+                revenue = sum((r.total for r in rated.values()), Decimal(0))
+                lines = sum(len(r.lines) for r in rated.values())
+                del rated
                 sql_parts.append(loaded - t)
         scan, rating = min(scans), min(ratings)
         console.print(f"rows scanned: {rows:,}; tokens: input {totals[1]:,}, output {totals[3]:,}")
-        console.print(f"customers rated: {len(usages):,}; revenue under {book.id}: {revenue} {book.currency}")
+        console.print(f"customers rated: {len(usages):,}; lines: {lines:,}; revenue under {book.id}: {revenue} {book.currency}")
         console.print(f"plain SQL SUM scan: {scan:.3f} s (best of {args.repeat})")
         console.print(
             f"rating: {rating:.3f} s (best of {args.repeat}; SQL sums per customer x model {min(sql_parts):.3f} s, "

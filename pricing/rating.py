@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, localcontext
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, Inexact, localcontext
 from hashlib import sha256
 from typing import Literal, NamedTuple
 
@@ -32,6 +32,7 @@ from pricing.money import EXACT, QUANT, Currency, mul_div, precise
 from pricing.usage import Usage, UsageKey
 
 ZERO = Decimal(0)
+_UNMATCHED = object()  # a usage key not matched to a charge yet
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # ---------------------------------------------------------------- one function per price type
@@ -121,6 +122,9 @@ class Line(NamedTuple):
             "precise_amount": str(self.precise_amount),
             "amount": str(self.amount),
         }
+
+
+_new_line = tuple.__new__  # Line built from a full tuple of its fields, without the keyword-handling __new__
 
 
 @dataclass(frozen=True)
@@ -234,20 +238,48 @@ def _commitment_lines(
     return lines
 
 
+# Multiplies exactly or raises Inexact: quantity x (amount / per) when that product fits 80 digits.
+_EXACT_OR_RAISE = EXACT.copy()
+_EXACT_OR_RAISE.traps[Inexact] = True
+
+
+def _exact_unit(charge: Charge) -> Decimal | None:
+    """amount / per of a unit price without a free allowance, when it is a finite decimal (per a
+    power of ten, say): then quantity x unit is exactly quantity x amount / per, one product instead
+    of a product and a division. None otherwise (3.50 per 3600)."""
+    price = charge.price
+    if not isinstance(price, UnitPrice) or charge.free:
+        return None
+    try:
+        return _EXACT_OR_RAISE.divide(price.amount, price.per)
+    except Inexact:
+        return None
+
+
 def _pricer(charge: Charge) -> Callable[[Decimal | int], Decimal]:
     """quantity -> precise amount for one charge (its free allowance included)."""
     price = charge.price
     if isinstance(price, UnitPrice) and not charge.free:
         amount, per = price.amount, price.per
+        unit = _exact_unit(charge)
+        if unit is not None:
+
+            def unit_price(q: Decimal | int) -> Decimal:
+                try:
+                    return _EXACT_OR_RAISE.multiply(q, unit)
+                except Inexact:  # a product wider than 80 digits: the general path, as exact as ever
+                    return EXACT.divide(EXACT.multiply(q, amount), per)
+
+            return unit_price
         return lambda q: EXACT.divide(EXACT.multiply(q, amount), per)
     return lambda q: price_quantity(charge, q)
 
 
 class _CompiledBook:
-    """What rating needs of a book, worked out once: charge keys, unit prices, and which charge (and
-    line group) prices each usage key."""
+    """What rating needs of a book, worked out once: charge keys, unit prices, which charge (and
+    line group) prices each usage key, and for each line slot the fields its lines share."""
 
-    __slots__ = ("book", "currency", "minor", "keys", "unit_prices", "pricers", "matches")
+    __slots__ = ("book", "currency", "minor", "keys", "unit_prices", "pricers", "units", "matches", "lines", "periods")
 
     def __init__(self, book: PriceBook):
         self.book = book
@@ -256,7 +288,12 @@ class _CompiledBook:
         self.keys = [c.stable_key for c in book.charges]
         self.unit_prices = [_unit_price(c) for c in book.charges]
         self.pricers = [_pricer(c) for c in book.charges]
+        self.units = [_exact_unit(c) for c in book.charges]
         self.matches: dict[UsageKey, tuple[int, str] | None] = {}
+        # (charge index, group) -> (charge key, meter, unit price, exact unit or None, pricer)
+        self.lines: dict[tuple[int, str], tuple[str, str, Decimal | None, Decimal | None, Callable]] = {}
+        # (period start, end) -> {(charge index, group): the line-id text after "book|customer|"}
+        self.periods: dict[tuple[datetime, datetime], dict[tuple[int, str], bytes]] = {}
 
     def slot(self, key: UsageKey) -> tuple[int, str] | None:
         try:
@@ -264,8 +301,19 @@ class _CompiledBook:
         except KeyError:
             matched = match_charge(self.book, key)
             slot = None if matched is None else (matched[0], key.group)
+            if slot is not None:
+                i = slot[0]
+                self.lines[slot] = (self.keys[i], self.book.charges[i].meter, self.unit_prices[i], self.units[i], self.pricers[i])
             self.matches[key] = slot
             return slot
+
+    def line_id_tails(self, start: datetime, end: datetime) -> dict[tuple[int, str], bytes]:
+        found = self.periods.get((start, end))
+        if found is None:
+            if len(self.periods) >= 64:
+                self.periods.clear()
+            found = self.periods[(start, end)] = {}
+        return found
 
 
 _COMPILED: dict[int, _CompiledBook] = {}
@@ -284,32 +332,48 @@ def _compiled(book: PriceBook) -> _CompiledBook:
 def rate(book: PriceBook, usage: Usage) -> Rating:
     """Rate one customer's usage of one period under a book."""
     compiled = _compiled(book)
-    currency = compiled.currency
+    matches = compiled.matches
     quantities: dict[tuple[int, str], Decimal | int] = {}
     for key, quantity in usage.quantities.items():
         if quantity:
-            slot = compiled.slot(key)
+            slot = matches.get(key, _UNMATCHED)
+            if slot is _UNMATCHED:
+                slot = compiled.slot(key)
             if slot is not None:  # else a meter the book does not charge for
-                quantities[slot] = quantities.get(slot, 0) + quantity
+                quantities[slot] = quantities[slot] + quantity if slot in quantities else quantity
     customer = usage.customer_id
-    head = f"{book.id}|{customer}|"
-    tail = f"|{usage.period_start.isoformat()}|{usage.period_end.isoformat()}"
+    start, end = usage.period_start, usage.period_end
+    # line id = sha256("book|customer|charge key|group|start|end")[:24]: the customer's prefix is
+    # hashed once and copied per line; the rest of the text is kept per line slot and period
+    prefix = sha256(f"{book.id}|{customer}|".encode())
+    tails = compiled.line_id_tails(start, end)
+    infos, minor = compiled.lines, compiled.minor
     lines: list[Line] = []
     usage_total = ZERO
-    charges, keys, pricers, unit_prices, minor = book.charges, compiled.keys, compiled.pricers, compiled.unit_prices, compiled.minor
-    for (index, group), quantity in sorted(quantities.items()):
-        charge_key = keys[index]
-        exact = pricers[index](quantity)
+    for slot in sorted(quantities):
+        quantity = quantities[slot]
+        charge_key, meter, unit_price, unit, pricer = infos[slot]
+        if unit is not None:
+            try:
+                exact = _EXACT_OR_RAISE.multiply(quantity, unit)
+            except Inexact:
+                exact = pricer(quantity)
+        else:
+            exact = pricer(quantity)
         amount = exact.quantize(minor, ROUND_HALF_UP, EXACT)  # the one rounding, half-up, per line
         usage_total += amount
-        ident = sha256(f"{head}{charge_key}|{group}{tail}".encode()).hexdigest()[:24]
+        tail = tails.get(slot)
+        if tail is None:
+            tail = tails[slot] = f"{charge_key}|{slot[1]}|{start.isoformat()}|{end.isoformat()}".encode()
+        ident = prefix.copy()
+        ident.update(tail)
         lines.append(
-            Line(ident, "usage", customer, charge_key, charges[index].meter, group, Decimal(quantity),
-                 unit_prices[index], exact.quantize(QUANT, ROUND_HALF_UP, EXACT), amount)
+            _new_line(Line, (ident.hexdigest()[:24], "usage", customer, charge_key, meter, slot[1], Decimal(quantity),
+                             unit_price, exact.quantize(QUANT, ROUND_HALF_UP, EXACT), amount))
         )
     if book.minimum is not None or book.credits:
-        lines += _commitment_lines(book, currency, customer, usage_total, usage.period_start, usage.period_end)
-    return Rating(book.id, book.currency, customer, usage.period_start, usage.period_end, tuple(lines))
+        lines += _commitment_lines(book, compiled.currency, customer, usage_total, start, end)
+    return Rating(book.id, book.currency, customer, start, end, tuple(lines))
 
 
 def rate_progressive(book: PriceBook, prior: Usage, window: Usage, *, final: bool) -> Rating:

@@ -127,3 +127,36 @@ def test_rounded_total_of_cumulative_line_quantities_matches_rate(book, first, s
         cumulative[slot] = cumulative.get(slot, 0) + q
     assert rounded_total(book, cumulative, commitments=True) == rate(book, a.then(b)).total
     assert rounded_total(book, line_quantities(book, a), commitments=False) == rate(book, a).usage_total
+
+
+def _reference_lines(book, usage):
+    """The usage lines of `rate`, worked out the plain way: match, sum, price (amount x quantity / per),
+    round once, hash the id from the whole text. `rate`'s shortcuts (one product by an exact unit price,
+    copied id prefixes, cached matches) must give exactly these."""
+    from pricing.money import precise
+    from pricing.rating import line_id, match_charge, price_quantity
+
+    sums: dict[tuple[int, str], Decimal] = {}
+    for k, q in usage.quantities.items():
+        matched = match_charge(book, k)
+        if q and matched is not None:
+            sums[(matched[0], k.group)] = sums.get((matched[0], k.group), Decimal(0)) + q
+    out = []
+    for (index, group), q in sorted(sums.items()):
+        charge = book.charges[index]
+        exact = price_quantity(charge, q)
+        out.append((line_id(book, usage.customer_id, charge.stable_key, group, usage.period_start, usage.period_end),
+                    str(q), str(precise(exact)), str(book.money.round(exact))))
+    return out
+
+
+huge = st.integers(0, 10**38 - 1)  # up to NUMERIC(38, 12)'s integer digits: products past 80 digits
+
+
+@settings(max_examples=150, deadline=None)
+@given(books(), st.lists(st.tuples(st.sampled_from(METERS), st.sampled_from(MODELS), st.one_of(st.integers(0, 5 * 10**7), huge)), max_size=8))
+def test_rate_matches_the_plain_reference(book, rows):
+    u = make(rows, T0, T2)
+    got = [(x.line_id, str(x.quantity), str(x.precise_amount), str(x.amount)) for x in rate(book, u).lines if x.kind == "usage"]
+    assert got == _reference_lines(book, u)
+    assert got == [(x.line_id, str(x.quantity), str(x.precise_amount), str(x.amount)) for x in rate(book, u).lines if x.kind == "usage"]

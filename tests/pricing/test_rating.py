@@ -118,3 +118,15 @@ def test_usage_meter_charge():
         "u.yaml",
     )
     assert rate(book, usage([(("usage:tool_calls",), 250)])).total == Decimal("2.50")
+
+
+def test_unit_price_products_wider_than_80_digits_fall_back_to_the_exact_division():
+    from pricing.money import EXACT, precise
+
+    per = 2**100  # amount / per is a finite decimal of ~70 digits: a product past 80 digits is inexact
+    book = parse_price_book(f'id: w\ncurrency: USD\ncharges:\n  - meter: requests\n    price: {{type: unit, amount: "7", per: {per}}}\n', "w.yaml")
+    quantity = Decimal(10**37 + 12345)
+    line = rate(book, usage([(("requests", "m"), quantity)])).lines[0]
+    expected = EXACT.divide(EXACT.multiply(quantity, Decimal(7)), Decimal(per))
+    assert line.precise_amount == precise(expected)
+    assert line.amount == book.money.round(expected)
