@@ -387,6 +387,11 @@ def replay_pipeline(
         settings = settings.model_copy(
             update={"database_url": stack.database_url, "kafka_bootstrap": stack.kafka_bootstrap}
         )
+        # The metering consumer first: its group join happens while the replicas boot.
+        consumer = MeteringConsumer(settings, stack.database_url, stack.kafka_bootstrap)
+        thread = run_in_thread(consumer)
+        cleanup.callback(thread.join, 30)
+        cleanup.callback(consumer.stop)
         urls = list(upstreams or [])
         if not urls:
             python = resolve_python(settings.vllm_python)
@@ -409,10 +414,6 @@ def replay_pipeline(
             for server in servers:
                 server.wait_ready()
             urls = [server.url for server in servers]
-        consumer = MeteringConsumer(settings, stack.database_url, stack.kafka_bootstrap)
-        thread = run_in_thread(consumer)
-        cleanup.callback(thread.join, 30)
-        cleanup.callback(consumer.stop)
         customer = f"replay-{int(time.time())}"
         _key_id, token = KeyStore(get_engine(stack.database_url), settings).create(customer)
         for routing in routings:
