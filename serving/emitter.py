@@ -75,6 +75,7 @@ class Emitter:
         self.name = name
         self.topic = topic or self.settings.events_topic
         self.bootstrap = bootstrap or self.settings.kafka_bootstrap
+        self._topic_ready = False
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync)
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
@@ -198,6 +199,7 @@ class Emitter:
                     continue
                 if producer is None:
                     try:
+                        self._ensure_topic()
                         producer = self._producer_factory()
                     except Exception as exc:  # noqa: BLE001 - any client failure means: retry later
                         self._note_failure(f"cannot create producer: {exc}", len(batch))
@@ -221,6 +223,16 @@ class Emitter:
         finally:
             if producer is not None:
                 _close_quietly(producer, 2.0)
+
+    def _ensure_topic(self) -> None:
+        """Create the events topic before the first send: a producer that first sees the topic
+        missing can keep stale metadata for a long while after someone else creates it."""
+        if self._topic_ready or self.topic != self.settings.events_topic or not self.bootstrap:
+            return
+        from metering.kafka import ensure_topics
+
+        ensure_topics(self.bootstrap, self.settings)
+        self._topic_ready = True
 
     def _note_failure(self, message: str, count: int) -> None:
         self.last_error = message
