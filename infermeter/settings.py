@@ -146,6 +146,11 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_EMITTER_BATCH_MAX_EVENTS",
         description="Most spooled events the emitter publishes to Kafka per round.",
     )
+    emitter_linger_ms: int = Field(
+        default=20,
+        validation_alias="INFERMETER_EMITTER_LINGER_MS",
+        description="How long the emitter lets events gather before a publish round (adds to publish lag, not to request latency).",
+    )
     emitter_stall_timeout_ms: int = Field(
         default=20000,
         validation_alias="INFERMETER_EMITTER_STALL_TIMEOUT_MS",

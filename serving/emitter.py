@@ -76,6 +76,7 @@ class Emitter:
         self.topic = topic or self.settings.events_topic
         self.bootstrap = bootstrap or self.settings.kafka_bootstrap
         self._topic_ready = False
+        self._linger_s = self.settings.emitter_linger_ms / 1000
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync)
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
@@ -197,6 +198,12 @@ class Emitter:
                     self._wakeup.wait(self._idle_wait_s)
                     self._wakeup.clear()
                     continue
+                if len(batch) < self.batch_max_events and self._linger_s > 0:
+                    # One publish round for a burst, not one per event: far less work per event on
+                    # the gateway's cores. The events are already durable in the spool meanwhile.
+                    self._stopping.wait(self._linger_s)
+                    self._wakeup.clear()
+                    batch = self.spool.peek(self.batch_max_events)
                 if producer is None:
                     try:
                         self._ensure_topic()
