@@ -6,11 +6,8 @@ scan of the same rows in the same run (target: rating <= 3x the scan).
 Rows: each customer x model is active in --active-hours hours of November 2026 (72 of 720 = 10%),
 so the defaults give 10,000 x 5 x 72 = 3.6M request_rollup_hourly rows, written with COPY into a
 real PostgreSQL (DATABASE_URL, else a fresh embedded one in a temporary folder). Rating = what an
-invoice run does (`pricing_service.rate_period`) under the example per-token book: every customer's
-lines. The generated rows are in customer order (ANALYZE correlation 1), so rate_period streams the
-sums in primary-key order and rates each customer as its rows arrive; the hash-aggregate path (sums
-first, then the pure rating: what a heap in time order gets) is timed too. The scan = `SELECT sum(...)`
-over the same rows.
+invoice run does: SQL sums per customer x model x deployment, then pure `pricing.rating.rate` of every
+customer under the example per-token book. The scan = `SELECT sum(...)` over the same rows.
 """
 
 from __future__ import annotations
@@ -31,14 +28,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from infermeter.db import upgrade
 from infermeter.stack import start_embedded_postgres, stop_embedded_postgres, to_libpq_url
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
-from pricing_service.rate_period import (
-    load_period_usages,
-    needs_deployment,
-    priced_meters,
-    rate_period,
-    rate_usages,
-    rollups_in_customer_order,
-)
+from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters, rate_usages
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 END = datetime(2026, 12, 1, tzinfo=UTC)
@@ -106,43 +96,32 @@ def main() -> None:
         rows = generate(url, args.customers, args.models, args.active_hours, console)
         console.print(f"generated {rows:,} hourly rollup rows in {time.perf_counter() - t0:.1f} s")
         book = read_price_book(EXAMPLE_BOOKS_DIR / "per-token.yaml")
-        scans, ratings, hashed, sql_parts = [], [], [], []
+        scans, ratings, sql_parts = [], [], []
         with psycopg.connect(to_libpq_url(url)) as conn:
             conn.execute("SET TIME ZONE 'UTC'")
             conn.execute(SCAN_SQL, (START, END)).fetchone()  # warm the cache for both sides
-            ordered = rollups_in_customer_order(conn)
             for _ in range(args.repeat):
                 t = time.perf_counter()
                 totals = conn.execute(SCAN_SQL, (START, END)).fetchone()
                 scans.append(time.perf_counter() - t)
 
-                # what an invoice run does: every customer's lines (streamed when the heap is in customer order)
-                t = time.perf_counter()
-                rated = rate_period(conn, book, START, END)
-                ratings.append(time.perf_counter() - t)
-                revenue = sum((r.total for r in rated.values()), Decimal(0))
-                lines = sum(len(r.lines) for r in rated.values())
-                del rated
-
-                # the path for a heap in time order: hash-aggregated sums first, then the pure rating
                 t = time.perf_counter()
                 usages = load_period_usages(conn, START, END, by_deployment=needs_deployment(book),
                                             meters=priced_meters(book))
                 loaded = time.perf_counter()
-                rated = rate_usages(book, usages)
-                hashed.append(time.perf_counter() - t)
-                sql_parts.append(loaded - t)
-                assert sum((r.total for r in rated.values()), Decimal(0)) == revenue
+                rated = rate_usages(book, usages)  # what rate_period returns: every customer's lines
+                ratings.append(time.perf_counter() - t)
+                revenue = sum((r.total for r in rated.values()), Decimal(0))
+                lines = sum(len(r.lines) for r in rated.values())
                 del rated
-        scan, rating, hash_path = min(scans), min(ratings), min(hashed)
+                sql_parts.append(loaded - t)
+        scan, rating = min(scans), min(ratings)
         console.print(f"rows scanned: {rows:,}; tokens: input {totals[1]:,}, output {totals[3]:,}")
         console.print(f"customers rated: {len(usages):,}; lines: {lines:,}; revenue under {book.id}: {revenue} {book.currency}")
         console.print(f"plain SQL SUM scan: {scan:.3f} s (best of {args.repeat})")
-        how = "streamed in customer order (heap in customer order)" if ordered else "hash-aggregated sums, then pure rating"
-        console.print(f"rating (rate_period: {how}): {rating:.3f} s (best of {args.repeat})")
         console.print(
-            f"rating by the hash-aggregate path: {hash_path:.3f} s = {hash_path / scan:.2f}x (best of {args.repeat}; "
-            f"SQL sums per customer x model {min(sql_parts):.3f} s, pure rating {hash_path - min(sql_parts):.3f} s)"
+            f"rating: {rating:.3f} s (best of {args.repeat}; SQL sums per customer x model {min(sql_parts):.3f} s, "
+            f"pure rating {rating - min(sql_parts):.3f} s)"
         )
         ratio = rating / scan
         verdict = "[green]within[/]" if ratio <= 3 else "[red]over[/]"
@@ -151,6 +130,7 @@ def main() -> None:
         if folder is not None:
             stop_embedded_postgres(folder / "pg")
             shutil.rmtree(folder, ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

@@ -39,10 +39,6 @@ UNCACHED_FROM_SUMS = "(sum(input_tokens) - sum(cached_input_tokens))::bigint"
 # Memory for the grouping query's hash table (SET LOCAL, that query only): at the default 4MB x
 # hash_mem_multiplier a parallel worker holding a larger share of the groups can spill to disk.
 GROUPING_WORK_MEM = "64MB"
-# Streamed rating (`stream_rate_period`): a heap at least this correlated with customer_id is read in
-# primary-key order; rows are fetched from the server in chunks of this many.
-ORDERED_MIN_CORRELATION = 0.9
-STREAM_ROWS = 256
 REQUEST_TOTALS_SQL = """
 SELECT customer_id, model, {deployment}, {sums}
 FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
@@ -119,11 +115,22 @@ def load_period_usages(
             quantities = out[customer] = {}
         quantities[key] = quantities.get(key, 0) + q
 
+    sums = {m: REQUEST_METER_SUMS[m] for m in request_meters}
+    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
+        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
     with conn.cursor() as cur, _gc_paused():
         if request_meters:
             with conn.transaction():
                 cur.execute("SELECT set_config('work_mem', %s, true)", (GROUPING_WORK_MEM,))
-                cur.execute(_request_totals_sql(request_meters, by_deployment, only), params)
+                cur.execute(
+                    REQUEST_TOTALS_SQL.format(
+                        deployment="deployment_id" if by_deployment else "''",
+                        sums=", ".join(sums.values()),
+                        group_deployment=", deployment_id" if by_deployment else "",
+                        only=only,
+                    ),
+                    params,
+                )
                 rows = cur.fetchall()
             keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
             for row in rows:
@@ -151,81 +158,6 @@ def load_period_usages(
             for customer, deployment, gpu_type, seconds in gpu_seconds(conn, start, end, cost_model, customer_id):
                 add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
     return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
-
-
-def _request_totals_sql(request_meters: list[str], by_deployment: bool, only: str = "", ordered: bool = False) -> str:
-    sums = {m: REQUEST_METER_SUMS[m] for m in request_meters}
-    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
-        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
-    sql = REQUEST_TOTALS_SQL.format(
-        deployment="deployment_id" if by_deployment else "''",
-        sums=", ".join(sums.values()),
-        group_deployment=", deployment_id" if by_deployment else "",
-        only=only,
-    )
-    return sql + ("ORDER BY customer_id, model" + (", deployment_id" if by_deployment else "") if ordered else "")
-
-
-def rollups_in_customer_order(conn: psycopg.Connection) -> bool:
-    """Whether request_rollup_hourly's heap is stored in primary-key (customer) order, by the planner's
-    statistics (correlation of customer_id, kept by ANALYZE): true after CLUSTER or a bulk load in key
-    order (the rating benchmark's COPY); false for rollups upserted hour by hour as events arrive."""
-    row = conn.execute(
-        "SELECT correlation FROM pg_stats WHERE schemaname = current_schema() "
-        "AND tablename = 'request_rollup_hourly' AND attname = 'customer_id'"
-    ).fetchone()
-    return row is not None and row[0] is not None and row[0] >= ORDERED_MIN_CORRELATION
-
-
-def stream_rate_period(
-    conn: psycopg.Connection, book: PriceBook, start: datetime, end: datetime, cost_model: CostModel | None = None
-) -> dict[str, Rating]:
-    """`rate_period` overlapping PostgreSQL and Python: the request sums arrive in customer order from
-    the primary key (a parallel index scan with group aggregates, forced for this one query), and each
-    customer is rated as soon as its last row arrives while the server sums the next customers. Only
-    worth it when the heap is in customer order (`rollups_in_customer_order`): on a heap in time order
-    the index scan reads pages at random and the hash aggregate of `load_period_usages` is far cheaper.
-    Same usage, so the same lines as `rate_period`."""
-    start, end = check_window(start, end)
-    wanted = priced_meters(book)
-    by_deployment = needs_deployment(book)
-    request_meters = [m for m in REQUEST_METER_SUMS if m in wanted]
-    others = wanted - set(request_meters)
-    # tasks, usage meters and GPU time: small per-customer sums, read first
-    rest = load_period_usages(conn, start, end, cost_model, by_deployment=by_deployment, meters=others) if others else {}
-    out: dict[str, Rating] = {}
-    with conn.cursor() as cur, _gc_paused():
-        if request_meters:
-            keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
-            customer: str | None = None
-            quantities: dict[UsageKey, object] = {}
-
-            def done(customer: str, quantities: dict[UsageKey, object]) -> None:
-                extra = rest.pop(customer, None)
-                if extra is not None:
-                    for key, q in extra.quantities.items():
-                        quantities[key] = quantities.get(key, 0) + q
-                out[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
-
-            with conn.transaction():
-                for setting, value in (("work_mem", GROUPING_WORK_MEM), ("enable_hashagg", "off"), ("enable_sort", "off")):
-                    cur.execute("SELECT set_config(%s, %s, true)", (setting, value))
-                sql = _request_totals_sql(request_meters, by_deployment, ordered=True)
-                for row in cur.stream(sql, {"start": start, "end": end}, size=STREAM_ROWS):
-                    if row[0] != customer:
-                        if customer is not None:
-                            done(customer, quantities)
-                        customer, quantities = row[0], {}
-                    k = keys.get((row[1], row[2]))
-                    if k is None:
-                        k = keys[(row[1], row[2])] = tuple(UsageKey(m, row[1], row[2]) for m in request_meters)
-                    for key, q in zip(k, row[3:], strict=True):
-                        quantities[key] = q
-                if customer is not None:
-                    done(customer, quantities)
-        for customer, usage in rest.items():  # customers with no request usage
-            out[customer] = rate(book, usage)
-    return out
 
 
 def gpu_seconds(
@@ -262,10 +194,7 @@ def needs_deployment(*books: PriceBook) -> bool:
 def rate_period(
     conn: psycopg.Connection, book: PriceBook, start: datetime, end: datetime, cost_model: CostModel | None = None
 ) -> dict[str, Rating]:
-    """Every customer's rating of [start, end) under a book: streamed in customer order when the
-    rollups are stored in that order (`stream_rate_period`), else sums first, then the pure rating."""
-    if priced_meters(book) & set(REQUEST_METER_SUMS) and rollups_in_customer_order(conn):
-        return stream_rate_period(conn, book, start, end, cost_model)
+    """Every customer's rating of [start, end) under a book."""
     usages = load_period_usages(conn, start, end, cost_model, by_deployment=needs_deployment(book),
                                 meters=priced_meters(book))
     return rate_usages(book, usages)

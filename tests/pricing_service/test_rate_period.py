@@ -9,14 +9,7 @@ from pricing.experiments import customer_usages
 from pricing.money import precise
 from pricing.rating import rate
 from pricing_service.books import read_cost_model, read_price_book
-from pricing_service.rate_period import (
-    load_period_usages,
-    needs_deployment,
-    priced_meters,
-    rate_period,
-    rollups_in_customer_order,
-    stream_rate_period,
-)
+from pricing_service.rate_period import load_period_usages, rate_period
 from pricing_service.source import connect, load_dataset
 from tests.pricing_service.conftest import H0, H2
 
@@ -48,26 +41,3 @@ def test_sql_attribution_and_rating_match_the_pure_path(synthetic_db):
                 assert (got.total if got else 0) == expected.total, (name, customer)
                 if got:
                     assert [(x.line_id, x.amount) for x in got.lines] == [(x.line_id, x.amount) for x in expected.lines]
-
-
-def test_streamed_rating_in_customer_order_gives_the_same_lines(synthetic_db):
-    """The streamed path (rows in primary-key order, each customer rated as its rows arrive) rates
-    exactly like the hash-aggregate path, tasks and GPU time included; rate_period picks it only when
-    ANALYZE says the heap is in customer order."""
-    cost_model = read_cost_model(BOOKS / "cost-model.yaml")
-    with connect(synthetic_db) as conn:
-        conn.execute("ANALYZE request_rollup_hourly")
-        ordered = rollups_in_customer_order(conn)
-        correlation = conn.execute(
-            "SELECT correlation FROM pg_stats WHERE tablename = 'request_rollup_hourly' AND attname = 'customer_id'"
-        ).fetchone()[0]
-        assert ordered == (correlation >= 0.9)
-        for name in ("per-token.yaml", "gpu-hour.yaml", "per-task.yaml"):
-            book = read_price_book(BOOKS / name)
-            usages = load_period_usages(conn, H0, H2, cost_model, by_deployment=needs_deployment(book),
-                                        meters=priced_meters(book))
-            hashed = {c: rate(book, u) for c, u in usages.items()}
-            streamed = stream_rate_period(conn, book, H0, H2, cost_model)
-            assert streamed == hashed, name
-            assert any(r.lines for r in streamed.values())
-            assert rate_period(conn, book, H0, H2, cost_model) == streamed  # whichever path it takes
