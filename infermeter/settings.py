@@ -60,6 +60,11 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_BATCH_MAX_WAIT_MS",
         description="Longest the metering consumer waits to fill a batch before writing it.",
     )
+    writer_connections: int = Field(
+        default=2,
+        validation_alias="INFERMETER_WRITER_CONNECTIONS",
+        description="Postgres connections (writer threads) per metering consumer; partition p is written by writer p mod N.",
+    )
     max_event_bytes: int = Field(
         default=65536,
         validation_alias="INFERMETER_MAX_EVENT_BYTES",

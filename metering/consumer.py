@@ -53,14 +53,22 @@ class MeteringConsumer:
         self.settings = settings
         self.bootstrap = bootstrap
         self.backend = backend or settings.kafka_backend
-        self.writer = BatchWriter(
-            to_libpq_url(database_url),
-            group_id=settings.consumer_group,
-            max_bytes=settings.max_event_bytes,
-            future_tolerance_s=settings.future_tolerance_s,
-            clock=clock,
-        )
+        # One writer (one Postgres connection, one thread) per share of the partitions: partition p
+        # goes to writer p % N, so each partition's batches commit in order, and since events are
+        # keyed by customer, writers touch disjoint rollup rows.
+        self.writers = [
+            BatchWriter(
+                to_libpq_url(database_url),
+                group_id=settings.consumer_group,
+                max_bytes=settings.max_event_bytes,
+                future_tolerance_s=settings.future_tolerance_s,
+                clock=clock,
+            )
+            for _ in range(max(1, settings.writer_connections))
+        ]
+        self.writer = self.writers[0]  # offsets on assignment, dead-letter copies
         self.stats = ConsumerStats()
+        self._stats_lock = threading.Lock()
         self.stop_event = threading.Event()
         self.publish_dead_letters = publish_dead_letters
         self._consumer: Consumer | None = None
@@ -96,55 +104,52 @@ class MeteringConsumer:
             on_assign=self._on_assign,
         )
 
-    def write_with_retry(self, messages) -> WriteResult | None:
+    def write_with_retry(self, messages, writer: BatchWriter | None = None) -> WriteResult | None:
         """Write a batch, waiting out Postgres outages; None if stopped meanwhile."""
-        attempt = 0
-        while True:
-            try:
-                return self.writer.write(messages)
-            except psycopg.OperationalError as exc:
-                self.writer.close()
-                self._sleep_backoff(attempt, str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
-                attempt += 1
-                if self.stop_event.is_set():
-                    return None
-            except psycopg.DatabaseError as exc:
-                # Postgres refused the data itself (an event the contract let through but the
-                # database cannot store): find it by halves, dead-letter it, write the rest.
-                log.error("batch refused by Postgres (%s); isolating the event", exc)
-                return self._isolate(messages if isinstance(messages, Prepared) else self.writer.prepare(messages))
+        writer = writer or self.writer
+        try:
+            return self._retry_operational(writer, lambda: writer.write(messages))
+        except psycopg.DatabaseError as exc:
+            # Postgres refused the data itself (an event the contract let through but the
+            # database cannot store): find it by halves, dead-letter it, write the rest.
+            log.error("batch refused by Postgres (%s); isolating the event", exc)
+            self._last_error = exc
+            return self._isolate(writer, messages if isinstance(messages, Prepared) else writer.prepare(messages))
 
-    def _isolate(self, prepared: Prepared) -> WriteResult | None:
+    def _isolate(self, writer: BatchWriter, prepared: Prepared) -> WriteResult | None:
         messages = prepared.messages
         if len(messages) == 1:
-            return self._retry_operational(lambda: self.writer.write_refused(messages[0], self._last_error))
+            return self._retry_operational(writer, lambda: writer.write_refused(messages[0], self._last_error))
         total = WriteResult()
         middle = len(messages) // 2
         for half in (messages[:middle], messages[middle:]):  # in order: offsets only move forward
             try:
-                result = self._retry_operational(lambda half=half: self.writer.write(half))
+                result = self._retry_operational(writer, lambda half=half: writer.write(half))
             except psycopg.DatabaseError as exc:
                 self._last_error = exc
-                result = self._isolate(self.writer.prepare(half))
+                result = self._isolate(writer, writer.prepare(half))
             if result is None:
                 return None
             total.merge(result)
         return total
 
-    def _retry_operational(self, write):
+    def _retry_operational(self, writer: BatchWriter, write):
+        """Run `write`, retrying with back-off while Postgres is unreachable (or a deadlock or
+        serialization failure aborted the transaction); None if stopped meanwhile."""
         attempt = 0
         while True:
             try:
                 return write()
             except psycopg.OperationalError as exc:
-                self.writer.close()
-                self._sleep_backoff(attempt, str(exc).strip().splitlines()[0])
+                writer.close()
+                self._sleep_backoff(attempt, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
                 attempt += 1
                 if self.stop_event.is_set():
                     return None
 
     def _record(self, prepared: Prepared, result: WriteResult) -> None:
-        self.stats.add(result)
+        with self._stats_lock:
+            self.stats.add(result)
         if result.rejected and self.publish_dead_letters:
             self._publish_dead_letters(prepared.messages)
 
@@ -174,18 +179,19 @@ class MeteringConsumer:
     def run(self, until: Callable[[ConsumerStats], bool] | None = None, idle_timeout_s: float | None = None) -> ConsumerStats:
         """Consume until stop() is called, `until(stats)` is true, or nothing arrived for idle_timeout_s.
 
-        Two stages overlap: this thread polls Kafka and decodes the next batch while a writer
-        thread commits the previous one (Postgres works in its own process meanwhile). At most
-        two decoded batches wait, so a slow database slows the polling instead of filling memory."""
+        Stages overlap: this thread polls Kafka and decodes the next batch while writer threads
+        (INFERMETER_WRITER_CONNECTIONS, each with its own connection and share of the partitions)
+        commit earlier ones; Postgres works in its own processes meanwhile. At most two decoded
+        batches wait per writer, so a slow database slows the polling instead of filling memory."""
         if self._consumer is None:
             self.start()
-        pending: queue.Queue[Prepared | None] = queue.Queue(maxsize=2)
+        lanes = [(writer, queue.Queue(maxsize=2)) for writer in self.writers]
         failures: list[BaseException] = []
 
-        def write_loop() -> None:
+        def write_loop(writer: BatchWriter, pending: queue.Queue) -> None:
             try:
                 while (prepared := pending.get()) is not None:
-                    result = self.write_with_retry(prepared)
+                    result = self.write_with_retry(prepared, writer)
                     if result is None:  # stopped while Postgres was away: the batch stays unwritten
                         return
                     self._record(prepared, result)
@@ -193,34 +199,49 @@ class MeteringConsumer:
                 failures.append(exc)
                 self.stop_event.set()
 
-        writer = threading.Thread(target=write_loop, name="metering-writer", daemon=True)
-        writer.start()
+        threads = [threading.Thread(target=write_loop, args=lane, name=f"metering-writer-{i}", daemon=True)
+                   for i, lane in enumerate(lanes)]
+        for thread in threads:
+            thread.start()
+
+        def hand_over(pending: queue.Queue, item) -> None:
+            while not self.stop_event.is_set():
+                try:
+                    pending.put(item, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+
         last_activity = time.monotonic()
         try:
             while not self.stop_event.is_set():
                 messages = self._consumer.poll_batch(self.settings.batch_max_events,
                                                      self.settings.batch_max_wait_ms / 1000)
                 if messages:
-                    prepared = self.writer.prepare(messages)
-                    while not self.stop_event.is_set():
-                        try:
-                            pending.put(prepared, timeout=0.2)
-                            break
-                        except queue.Full:
-                            continue
+                    if len(lanes) == 1:
+                        shares = [messages]
+                    else:
+                        shares = [[] for _ in lanes]
+                        for message in messages:
+                            shares[message.partition % len(lanes)].append(message)
+                    for (writer, pending), share in zip(lanes, shares, strict=True):
+                        if share:
+                            hand_over(pending, writer.prepare(share))
                     last_activity = time.monotonic()
                 if until is not None and until(self.stats):
                     break
                 if idle_timeout_s is not None and time.monotonic() - last_activity > idle_timeout_s:
                     break
         finally:
-            while writer.is_alive():
-                try:
-                    pending.put(None, timeout=0.2)
-                    break
-                except queue.Full:
-                    continue
-            writer.join()
+            for (_writer, pending), thread in zip(lanes, threads, strict=True):
+                while thread.is_alive():
+                    try:
+                        pending.put(None, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+            for thread in threads:
+                thread.join()
             self.close()
         if failures:
             raise failures[0]
@@ -239,7 +260,8 @@ class MeteringConsumer:
             self._dlq.flush(5)
             self._dlq.close()
             self._dlq = None
-        self.writer.close()
+        for writer in self.writers:
+            writer.close()
 
 
 def run_in_thread(consumer: MeteringConsumer) -> threading.Thread:

@@ -47,11 +47,13 @@ _REQUEST_COUNTS = (
 )
 _GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals")
 
-# One statement: claim identities, then every table fed from the fresh events only.
+# One statement: claim identities, then every table fed from the fresh events only. Every upsert
+# visits its rows in key order, so concurrent writers lock shared rows in one order (no deadlock).
 WRITE_BATCH = f"""
 WITH fresh_keys AS (
     INSERT INTO event_keys (source, event_id, occurred_at)
     SELECT source, event_id, occurred_at FROM stage
+    ORDER BY source, event_id
     ON CONFLICT DO NOTHING
     RETURNING source, event_id
 ), fresh AS MATERIALIZED (
@@ -93,6 +95,7 @@ WITH fresh_keys AS (
            coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)
     FROM req
     GROUP BY customer_id, model, deployment_id, hour
+    ORDER BY customer_id, model, deployment_id, hour
     ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
 ), attempts AS (
     INSERT INTO task_attempts AS a (customer_id, task_id, attempt, requests, input_tokens,
@@ -101,6 +104,7 @@ WITH fresh_keys AS (
            sum(output_tokens), min(occurred_at), max(occurred_at)
     FROM req WHERE task_id IS NOT NULL
     GROUP BY customer_id, task_id, attempt
+    ORDER BY customer_id, task_id, attempt
     ON CONFLICT (customer_id, task_id, attempt) DO UPDATE SET
         {_ADD("a", ("requests", "input_tokens", "cached_input_tokens", "output_tokens"))},
         first_request_at = least(a.first_request_at, EXCLUDED.first_request_at),
@@ -119,12 +123,14 @@ WITH fresh_keys AS (
     SELECT customer_id, meter, hour, sum(quantity), count(*)
     FROM used
     GROUP BY customer_id, meter, hour
+    ORDER BY customer_id, meter, hour
     ON CONFLICT (customer_id, meter, hour) DO UPDATE SET {_ADD("u", ("quantity", "events"))}
 ), task_usage AS (
     INSERT INTO task_usage AS t (customer_id, task_id, meter, quantity)
     SELECT customer_id, task_id, meter, sum(quantity)
     FROM used WHERE task_id IS NOT NULL
     GROUP BY customer_id, task_id, meter
+    ORDER BY customer_id, task_id, meter
     ON CONFLICT (customer_id, task_id, meter) DO UPDATE SET quantity = t.quantity + EXCLUDED.quantity
 ), gpu AS (
     INSERT INTO gpu_ledger_hourly AS g (customer_id, deployment_id, replica_id, gpu_type, hour, {", ".join(_GPU_COUNTS)})
@@ -132,6 +138,7 @@ WITH fresh_keys AS (
            sum(g.gpu_ms), sum(g.busy_ms), sum(g.prompt_tokens), sum(g.generation_tokens), count(*)
     FROM stage_gpu g JOIN fresh f USING (seq)
     GROUP BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
+    ORDER BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ON CONFLICT (customer_id, deployment_id, replica_id, gpu_type, hour) DO UPDATE SET {_ADD("g", _GPU_COUNTS)}
 )
 SELECT seq FROM fresh
@@ -377,4 +384,4 @@ class BatchWriter:
             duplicates = staged[ingest_id] - accepted[ingest_id] + batch.batch_duplicates[ingest_id]
             rows.append((ingest_id, accepted[ingest_id], duplicates, rejected[ingest_id]))
         if rows:
-            cur.executemany(SAVE_RECEIPT, rows)
+            cur.executemany(SAVE_RECEIPT, sorted(rows))  # one lock order for concurrent writers
