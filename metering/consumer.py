@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 
@@ -36,7 +36,6 @@ class ConsumerStats:
     rejected: int = 0
     skipped: int = 0
     db_retries: int = 0
-    started_at: float = field(default_factory=time.monotonic)
 
     def add(self, result: WriteResult) -> None:
         self.batches += 1

@@ -16,9 +16,6 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from metering.contract import (
     REPLICA_V1,
-    REQUEST_V1,
-    TASK_V1,
-    USAGE_V1,
     Event,
     InvalidEvent,
     ReplicaData,
@@ -166,5 +163,4 @@ def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, futur
     return batch
 
 
-__all__ = ["process", "split_interval", "DeadLetter", "ProcessedBatch", "GpuSlice", "INGEST_ID_HEADER",
-           "REQUEST_V1", "TASK_V1", "USAGE_V1", "REPLICA_V1"]
+__all__ = ["process", "split_interval", "DeadLetter", "ProcessedBatch", "GpuSlice", "INGEST_ID_HEADER"]
