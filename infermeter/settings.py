@@ -13,7 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+    # Only the documented variable names (validation_alias) are read: with populate_by_name the
+    # field `home` would also read $HOME.
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore")
 
     home: Path = Field(
         default=Path(".infermeter"),
