@@ -166,7 +166,7 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
                 rejected.append({"index": index, "id": event.id, "reason": "forbidden",
                                  "detail": "these credentials may only send events for their own customer"})
                 continue
-            good.append((routing_key(raw, item), raw))
+            good.append((routing_key(item), raw))
         if good:
             from starlette.concurrency import run_in_threadpool
 

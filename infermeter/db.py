@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import MetaData, Numeric, Text, create_engine
+from sqlalchemy import Column, DateTime, MetaData, Numeric, Text, create_engine
 from sqlalchemy.engine import Engine
 
 # One NUMERIC scale project-wide: 12 decimal places (per-token prices need them), 38 digits in all.
@@ -14,6 +14,11 @@ Quantity = Numeric(38, QUANTITY_SCALE)
 # Identifiers (customer, model, source, event id, ...): byte-order collation, so keys compare with
 # memcmp whatever the database's locale (several times faster in the ingest upserts).
 Key = Text(collation="C")
+
+
+def timestamp_column(name: str, **kwargs) -> Column:
+    """A timestamptz column (aware UTC datetimes everywhere)."""
+    return Column(name, DateTime(timezone=True), **kwargs)
 
 metadata = MetaData(
     naming_convention={

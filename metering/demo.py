@@ -32,7 +32,7 @@ import json
 import random
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -69,7 +69,6 @@ class DemoTotals:
     tasks: int = 0
     replica_intervals: int = 0
     tool_calls: int = 0
-    by_customer: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0]))
 
 
 def load_trace(limit: int | None) -> list[dict]:
@@ -179,11 +178,6 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
         totals.input_tokens += input_tokens
         totals.cached_input_tokens += cached
         totals.output_tokens += output
-        per = totals.by_customer[customer]
-        per[0] += 1
-        per[1] += input_tokens
-        per[2] += cached
-        per[3] += output
     for customer, task in open_task.items():
         close_task(customer, task)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Column,
-    DateTime,
     Index,
     Integer,
     LargeBinary,
@@ -23,22 +22,21 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from infermeter.db import Key, Quantity, metadata
+from infermeter.db import Key, Quantity, metadata, timestamp_column
 
 _counts = lambda *names: [Column(n, BigInteger, nullable=False, server_default="0") for n in names]  # noqa: E731
-_ts = lambda name, **kw: Column(name, DateTime(timezone=True), **kw)  # noqa: E731
 
 # Every accepted event, whole, partitioned by month of its event time (raw_events_YYYY_MM).
 # No unique key here: the (source, id) identity is enforced by event_keys in the same statement.
 raw_events = Table(
     "raw_events",
     metadata,
-    _ts("occurred_at", nullable=False),
+    timestamp_column("occurred_at", nullable=False),
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
     Column("type", Text, nullable=False),
     Column("customer_id", Key, nullable=False),
-    _ts("received_at", nullable=False, server_default=func.now()),
+    timestamp_column("received_at", nullable=False, server_default=func.now()),
     Column("payload", JSONB, nullable=False),
     postgresql_partition_by="RANGE (occurred_at)",
 )
@@ -51,7 +49,7 @@ event_keys = Table(
     metadata,
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
-    _ts("occurred_at", nullable=False),
+    timestamp_column("occurred_at", nullable=False),
     PrimaryKeyConstraint("source", "event_id", name="event_keys_pkey"),
 )
 
@@ -62,7 +60,7 @@ request_rollup_hourly = Table(
     Column("customer_id", Key, nullable=False),
     Column("model", Key, nullable=False),
     Column("deployment_id", Key, nullable=False),
-    _ts("hour", nullable=False),
+    timestamp_column("hour", nullable=False),
     *_counts(
         "requests",
         "requests_ok",
@@ -89,8 +87,8 @@ task_attempts = Table(
     Column("task_id", Key, nullable=False),
     Column("attempt", Integer, nullable=False),
     *_counts("requests", "input_tokens", "cached_input_tokens", "output_tokens"),
-    _ts("first_request_at", nullable=False),
-    _ts("last_request_at", nullable=False),
+    timestamp_column("first_request_at", nullable=False),
+    timestamp_column("last_request_at", nullable=False),
     PrimaryKeyConstraint("customer_id", "task_id", "attempt", name="task_attempts_pkey"),
 )
 
@@ -101,7 +99,7 @@ task_outcomes = Table(
     Column("customer_id", Key, nullable=False),
     Column("task_id", Key, nullable=False),
     Column("outcome", Text, nullable=False),
-    _ts("finished_at", nullable=False),
+    timestamp_column("finished_at", nullable=False),
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
     PrimaryKeyConstraint("customer_id", "task_id", name="task_outcomes_pkey"),
@@ -125,7 +123,7 @@ usage_rollup_hourly = Table(
     metadata,
     Column("customer_id", Key, nullable=False),
     Column("meter", Key, nullable=False),
-    _ts("hour", nullable=False),
+    timestamp_column("hour", nullable=False),
     Column("quantity", Quantity, nullable=False, server_default="0"),
     *_counts("events"),
     PrimaryKeyConstraint("customer_id", "meter", "hour", name="usage_rollup_hourly_pkey"),
@@ -140,7 +138,7 @@ gpu_ledger_hourly = Table(
     Column("deployment_id", Key, nullable=False),
     Column("replica_id", Key, nullable=False),
     Column("gpu_type", Key, nullable=False),
-    _ts("hour", nullable=False),
+    timestamp_column("hour", nullable=False),
     *_counts("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals"),
     PrimaryKeyConstraint(
         "customer_id", "deployment_id", "replica_id", "gpu_type", "hour", name="gpu_ledger_hourly_pkey"
@@ -155,7 +153,7 @@ consumer_offsets = Table(
     Column("topic", Key, nullable=False),
     Column("partition", Integer, nullable=False),
     Column("next_offset", BigInteger, nullable=False),
-    _ts("updated_at", nullable=False, server_default=func.now()),
+    timestamp_column("updated_at", nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("group_id", "topic", "partition", name="consumer_offsets_pkey"),
 )
 
@@ -164,7 +162,7 @@ dead_letters = Table(
     "dead_letters",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    _ts("received_at", nullable=False, server_default=func.now()),
+    timestamp_column("received_at", nullable=False, server_default=func.now()),
     Column("topic", Text),
     Column("partition", Integer),
     Column("offset", BigInteger),
@@ -184,7 +182,7 @@ ingest_receipts = Table(
     metadata,
     Column("ingest_id", Key, primary_key=True),
     *_counts("accepted", "duplicates", "rejected"),
-    _ts("updated_at", nullable=False, server_default=func.now()),
+    timestamp_column("updated_at", nullable=False, server_default=func.now()),
 )
 
 __all__ = [name for name, value in globals().items() if isinstance(value, Table)] + ["MetaData", "text"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Column,
-    DateTime,
     Index,
     Integer,
     LargeBinary,
@@ -31,9 +30,7 @@ from sqlalchemy import (
     func,
 )
 
-from infermeter.db import Quantity, metadata
-
-_ts = lambda name, **kw: Column(name, DateTime(timezone=True), **kw)  # noqa: E731
+from infermeter.db import Quantity, metadata, timestamp_column
 
 api_keys = Table(
     "api_keys",
@@ -43,8 +40,8 @@ api_keys = Table(
     Column("project_id", Text, nullable=True),
     Column("secret_sha256", LargeBinary, nullable=False),
     Column("display_prefix", Text, nullable=False),
-    _ts("created_at", nullable=False, server_default=func.now()),
-    _ts("revoked_at", nullable=True),
+    timestamp_column("created_at", nullable=False, server_default=func.now()),
+    timestamp_column("revoked_at", nullable=True),
 )
 Index("api_keys_customer", api_keys.c.customer_id)
 
@@ -56,7 +53,7 @@ customer_budgets = Table(
     Column("mode", Text, nullable=False, server_default="hard"),
     Column("rpm", Integer, nullable=True),
     Column("tpm", BigInteger, nullable=True),
-    _ts("updated_at", nullable=False, server_default=func.now()),
+    timestamp_column("updated_at", nullable=False, server_default=func.now()),
 )
 
 budget_reservations = Table(
@@ -69,12 +66,12 @@ budget_reservations = Table(
     Column("amount", Quantity, nullable=False),
     Column("worst_case", Quantity, nullable=False),
     Column("worst_tokens", BigInteger, nullable=False),
-    _ts("window_start", nullable=False),
+    timestamp_column("window_start", nullable=False),
     Column("event_source", Text, nullable=True),
     Column("event_id", Text, nullable=True),
-    _ts("created_at", nullable=False),
-    _ts("expires_at", nullable=False),
-    _ts("settled_at", nullable=True),
+    timestamp_column("created_at", nullable=False),
+    timestamp_column("expires_at", nullable=False),
+    timestamp_column("settled_at", nullable=True),
 )
 Index("budget_reservations_customer", budget_reservations.c.customer_id, budget_reservations.c.state)
 
@@ -82,7 +79,7 @@ rate_windows = Table(
     "rate_windows",
     metadata,
     Column("customer_id", Text, nullable=False),
-    _ts("window_start", nullable=False),
+    timestamp_column("window_start", nullable=False),
     Column("requests", BigInteger, nullable=False, server_default="0"),
     Column("tokens", BigInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("customer_id", "window_start", name="rate_windows_pkey"),

@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-import pytest
 
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
@@ -152,8 +151,3 @@ def safe_receipt(settings: Settings, ingest_id: str) -> IngestCounts:
         return receipt(dsn(settings), ingest_id)
     except psycopg.OperationalError:
         return IngestCounts()
-
-
-@pytest.fixture
-def clock_now():
-    return datetime.now(UTC)
