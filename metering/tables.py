@@ -75,7 +75,11 @@ request_rollup_hourly = Table(
         "retry_cached_input_tokens",
         "retry_output_tokens",
     ),
-    PrimaryKeyConstraint("customer_id", "model", "deployment_id", "hour", name="request_rollup_hourly_pkey"),
+    # the sums a rating reads ride in the key's index (migration 0005: index-only sums in customer order)
+    PrimaryKeyConstraint(
+        "customer_id", "model", "deployment_id", "hour", name="request_rollup_hourly_pkey",
+        postgresql_include=["requests", "input_tokens", "cached_input_tokens", "output_tokens"],
+    ),
 )
 Index("request_rollup_hourly_hour", request_rollup_hourly.c.hour)
 

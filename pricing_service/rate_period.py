@@ -12,6 +12,8 @@ scale (tests/pricing_service/test_rate_period.py).
 from __future__ import annotations
 
 import gc
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -36,14 +38,23 @@ REQUEST_METER_SUMS = {
 # With cached input summed anyway, uncached input is the difference of two sums (PostgreSQL computes
 # the shared sum(cached_input_tokens) once): one subtraction per group instead of one per row.
 UNCACHED_FROM_SUMS = "(sum(input_tokens) - sum(cached_input_tokens))::bigint"
-# Memory for the grouping query's hash table (SET LOCAL, that query only): at the default 4MB x
-# hash_mem_multiplier a parallel worker holding a larger share of the groups can spill to disk.
-GROUPING_WORK_MEM = "64MB"
+# The sums come in customer order, read from the primary key's index alone (it carries the summed
+# columns, migration 0005): no hash table over every group, and a customer's sums are complete as
+# soon as the next customer's rows start, so `rate_period` rates one customer while PostgreSQL sums
+# the next. Settings for that query only (SET LOCAL): random_page_cost 1.1 because the rollups of a
+# period being rated are in memory (at the default 4 the planner prefers a hash aggregate that emits
+# nothing until it has read every row); no parallel workers, the other core rates; work_mem for the
+# plans PostgreSQL falls back to when the index cannot be read alone (pages not yet vacuumed).
+REQUEST_SUMS_SETTINGS = (("random_page_cost", "1.1"), ("max_parallel_workers_per_gather", "0"), ("work_mem", "64MB"))
 REQUEST_TOTALS_SQL = """
 SELECT customer_id, model, {deployment}, {sums}
 FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
 GROUP BY customer_id, model{group_deployment}
+ORDER BY customer_id, model{group_deployment}
 """
+# Rows per chunk handed from the reading thread to the caller, and chunks it may read ahead.
+STREAM_CHUNK_ROWS = 1000
+STREAM_CHUNKS_AHEAD = 64
 TASK_TOTALS_SQL = """
 SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), count(*) FILTER (WHERE o.outcome = 'failed'),
        coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id)), 0)
@@ -104,10 +115,116 @@ def load_period_usages(
     needs the cost model (its weights attribute the shared pool)."""
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
+    with _gc_paused():
+        out = dict(request_sums(conn, start, end, by_deployment=by_deployment, meters=wanted, customer_id=customer_id))
+        _add_other_meters(conn, out, start, end, cost_model, wanted, customer_id)
+    return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
+
+
+def request_sums(
+    conn: psycopg.Connection,
+    start: datetime,
+    end: datetime,
+    *,
+    by_deployment: bool = True,
+    meters: set[str] | None = None,
+    customer_id: str | None = None,
+) -> Iterator[tuple[str, dict[UsageKey, int]]]:
+    """(customer, its request-meter quantities) for each customer served in [start, end), in customer
+    order, each customer once and complete. A thread reads the rows, so PostgreSQL keeps summing the
+    next customers while the caller works on this one; `conn` is the thread's until the iterator ends."""
+    request_meters = [m for m in REQUEST_METER_SUMS if meters is None or m in meters]
+    if not request_meters:
+        return
+    sums = {m: REQUEST_METER_SUMS[m] for m in request_meters}
+    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
+        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
+    sql = REQUEST_TOTALS_SQL.format(
+        deployment="deployment_id" if by_deployment else "''",
+        sums=", ".join(sums.values()),
+        group_deployment=", deployment_id" if by_deployment else "",
+        only="" if customer_id is None else "AND customer_id = %(customer)s",
+    )
+    keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
+    current: str | None = None
+    quantities: dict[UsageKey, int] = {}
+    for chunk in _read_ahead(conn, sql, {"start": start, "end": end, "customer": customer_id}):
+        for row in chunk:
+            customer, model, deployment = row[0], row[1], row[2]
+            if customer != current:
+                if current is not None:
+                    yield current, quantities
+                current, quantities = customer, {}
+            k = keys.get((model, deployment))
+            if k is None:
+                k = keys[(model, deployment)] = tuple(UsageKey(m, model, deployment) for m in request_meters)
+            # (customer, model[, deployment]) is the GROUP BY key: each key arrives once
+            for key, q in zip(k, row[3:], strict=True):
+                quantities[key] = q
+    if current is not None:
+        yield current, quantities
+
+
+_END = object()
+
+
+def _read_ahead(conn: psycopg.Connection, sql: str, params: Mapping[str, object]) -> Iterator[list[tuple]]:
+    """The rows of `sql`, in chunks read by a thread (up to STREAM_CHUNKS_AHEAD ahead of the caller)."""
+    chunks: queue.Queue = queue.Queue(maxsize=STREAM_CHUNKS_AHEAD)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                # SET LOCAL would outlive a savepoint in the caller's transaction: put them back after
+                before = [(name, cur.execute("SELECT current_setting(%s)", (name,)).fetchone()[0])
+                          for name, _ in REQUEST_SUMS_SETTINGS]
+                for name, value in REQUEST_SUMS_SETTINGS:
+                    cur.execute("SELECT set_config(%s, %s, true)", (name, value))
+                chunk: list[tuple] = []
+                for row in cur.stream(sql, params, size=STREAM_CHUNK_ROWS):
+                    chunk.append(row)
+                    if len(chunk) == STREAM_CHUNK_ROWS:
+                        chunks.put(chunk)
+                        chunk = []
+                        if stop.is_set():
+                            return
+                for name, value in before:
+                    cur.execute("SELECT set_config(%s, %s, true)", (name, value))
+                chunks.put(chunk)
+            chunks.put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            chunks.put(exc)
+
+    reader = threading.Thread(target=read, name="request-sums", daemon=True)
+    reader.start()
+    try:
+        while (item := chunks.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                chunks.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        reader.join()
+
+
+def _add_other_meters(
+    conn: psycopg.Connection,
+    out: dict[str, dict[UsageKey, object]],
+    start: datetime,
+    end: datetime,
+    cost_model: CostModel | None,
+    wanted: set[str] | None,
+    customer_id: str | None,
+) -> None:
+    """Add the task, usage-meter and GPU quantities of [start, end) to `out` (customer -> quantities)."""
     params: dict[str, object] = {"start": start, "end": end, "customer": customer_id}
     only = "" if customer_id is None else "AND customer_id = %(customer)s"
-    request_meters = [m for m in REQUEST_METER_SUMS if wanted is None or m in wanted]
-    out: dict[str, dict[UsageKey, object]] = {}
 
     def add(customer: str, key: UsageKey, q) -> None:
         quantities = out.get(customer)
@@ -115,35 +232,7 @@ def load_period_usages(
             quantities = out[customer] = {}
         quantities[key] = quantities.get(key, 0) + q
 
-    sums = {m: REQUEST_METER_SUMS[m] for m in request_meters}
-    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
-        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
-    with conn.cursor() as cur, _gc_paused():
-        if request_meters:
-            with conn.transaction():
-                cur.execute("SELECT set_config('work_mem', %s, true)", (GROUPING_WORK_MEM,))
-                cur.execute(
-                    REQUEST_TOTALS_SQL.format(
-                        deployment="deployment_id" if by_deployment else "''",
-                        sums=", ".join(sums.values()),
-                        group_deployment=", deployment_id" if by_deployment else "",
-                        only=only,
-                    ),
-                    params,
-                )
-                rows = cur.fetchall()
-            keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
-            for row in rows:
-                customer, model, deployment = row[0], row[1], row[2]
-                k = keys.get((model, deployment))
-                if k is None:
-                    k = keys[(model, deployment)] = tuple(UsageKey(m, model, deployment) for m in request_meters)
-                quantities = out.get(customer)
-                if quantities is None:
-                    quantities = out[customer] = {}
-                # (customer, model[, deployment]) is the GROUP BY key: each key arrives once
-                for key, q in zip(k, row[3:], strict=True):
-                    quantities[key] = q
+    with conn.cursor() as cur:
         if wanted is None or wanted & {"successful_tasks", "failed_tasks", "task_attempts"}:
             cur.execute(TASK_TOTALS_SQL.format(only=only.replace("customer_id", "o.customer_id")), params)
             for customer, ok, failed, attempts in cur:
@@ -157,7 +246,6 @@ def load_period_usages(
         if wanted is None or GPU_METER in wanted:
             for customer, deployment, gpu_type, seconds in gpu_seconds(conn, start, end, cost_model, customer_id):
                 add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
-    return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
 
 
 def gpu_seconds(
@@ -194,10 +282,23 @@ def needs_deployment(*books: PriceBook) -> bool:
 def rate_period(
     conn: psycopg.Connection, book: PriceBook, start: datetime, end: datetime, cost_model: CostModel | None = None
 ) -> dict[str, Rating]:
-    """Every customer's rating of [start, end) under a book."""
-    usages = load_period_usages(conn, start, end, cost_model, by_deployment=needs_deployment(book),
-                                meters=priced_meters(book))
-    return rate_usages(book, usages)
+    """Every customer's rating of [start, end) under a book. The task, meter and GPU quantities are
+    read first; then the request sums stream in customer order and each customer is rated as soon
+    as its sums are complete, while PostgreSQL sums the next customers."""
+    start, end = check_window(start, end)
+    meters = priced_meters(book)
+    others: dict[str, dict[UsageKey, object]] = {}
+    ratings: dict[str, Rating] = {}
+    with _gc_paused():
+        _add_other_meters(conn, others, start, end, cost_model, meters - REQUEST_METER_SUMS.keys(), None)
+        for customer, quantities in request_sums(conn, start, end, by_deployment=needs_deployment(book), meters=meters):
+            more = others.pop(customer, None)
+            if more:
+                quantities.update(more)  # other meters: keys disjoint from the request meters
+            ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
+        for customer, quantities in others.items():
+            ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
+    return ratings
 
 
 def rate_usages(book: PriceBook, usages: Mapping[str, Usage]) -> dict[str, Rating]:

@@ -1,0 +1,35 @@
+"""request rollups: the primary key carries the rated sums (index-only period sums in customer order)
+
+Revision ID: 0005
+Revises: 0004
+
+Rating a period sums each customer x model over the period's hours. With the sums in the primary-key
+index (INCLUDE), PostgreSQL reads them in customer order from the index alone, without a hash table
+over every group, and the rating of one customer can start while the next one is summed
+(pricing_service/rate_period.py). Rollup upserts already rewrite the index entry of the row they
+change (the heap is full, so they are not HOT updates), so the wider entries cost little on writes.
+"""
+
+from alembic import op
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+KEY = "customer_id, model, deployment_id, hour"
+SUMS = "requests, input_tokens, cached_input_tokens, output_tokens"
+
+
+def upgrade() -> None:
+    op.execute(
+        "ALTER TABLE request_rollup_hourly DROP CONSTRAINT request_rollup_hourly_pkey, "
+        f"ADD CONSTRAINT request_rollup_hourly_pkey PRIMARY KEY ({KEY}) INCLUDE ({SUMS})"
+    )
+
+
+def downgrade() -> None:
+    op.execute(
+        "ALTER TABLE request_rollup_hourly DROP CONSTRAINT request_rollup_hourly_pkey, "
+        f"ADD CONSTRAINT request_rollup_hourly_pkey PRIMARY KEY ({KEY})"
+    )
