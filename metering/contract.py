@@ -213,6 +213,15 @@ def _check_rules(envelope: Envelope, data: Any, who: dict) -> None:
             )
         if data.finished_at < data.started_at:
             raise InvalidEvent("bad_interval", "finished_at is before started_at", **who)
+    elif isinstance(data, TaskData):
+        # a task outcome counts in the period it finished: the envelope time is that instant
+        if data.finished_at != envelope.time:
+            raise InvalidEvent(
+                "time_mismatch",
+                f"time {envelope.time.isoformat()} must equal data.finished_at {data.finished_at.isoformat()}: "
+                "a task outcome counts in the period the task finished",
+                **who,
+            )
     elif isinstance(data, ReplicaData):
         if data.interval_end <= data.interval_start:
             raise InvalidEvent("bad_interval", "interval_end must be after interval_start", **who)

@@ -87,10 +87,11 @@ def test_nul_characters_are_rejected_before_they_reach_postgres():
 
 def test_future_tolerance_is_five_minutes():
     def at(seconds_ahead):
+        finished = datetime.fromtimestamp(NOW.timestamp() + seconds_ahead, UTC)
         return encode_event(make_event(
             "infermeter.task.v1", source="//t", subject="c",
-            data={"task_id": "t", "customer_id": "c", "outcome": "failed", "finished_at": NOW},
-            time=datetime.fromtimestamp(NOW.timestamp() + seconds_ahead, UTC),
+            data={"task_id": "t", "customer_id": "c", "outcome": "failed", "finished_at": finished},
+            time=finished,
         ))
     assert decode_event(at(299), now=NOW).id
     with pytest.raises(InvalidEvent):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from metering.kafka import TopicPartition, make_assigned_consumer
-from tests.metering.conftest import dsn, meter, request_event
+from tests.metering.conftest import dsn, meter, request_event, task_event
 
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
@@ -23,6 +23,14 @@ def _bad(**changes) -> bytes:
     return json.dumps(event).encode()
 
 
+def _task_finished_elsewhere() -> bytes:
+    """A task outcome whose envelope time (an hour later) is not when the task finished."""
+    event = json.loads(task_event("task-x", "cust-1", "succeeded", BASE))
+    event["id"] = "mismatch"
+    event["time"] = (BASE + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    return json.dumps(event).encode()
+
+
 def test_each_kind_of_bad_event_is_dead_lettered_and_the_rest_of_the_batch_lands(settings):
     future = datetime.now(UTC) + timedelta(hours=1)
     not_json = b'{"specversion": "1.0", "id": "x", '
@@ -34,6 +42,7 @@ def test_each_kind_of_bad_event_is_dead_lettered_and_the_rest_of_the_batch_lands
         "invalid_envelope": _bad(id=None),
         "future_time": _bad(id="future", time=future.isoformat().replace("+00:00", "Z")),
         "too_large": _bad(id="huge", data={"tags": {"pad": "x" * 1_000_000}}),
+        "time_mismatch": _task_finished_elsewhere(),
     }
     good = [request_event(i, at=BASE + timedelta(seconds=i)) for i in range(30)]
     lines = good[:10] + list(bad.values()) + good[10:]
@@ -54,6 +63,7 @@ def test_each_kind_of_bad_event_is_dead_lettered_and_the_rest_of_the_batch_lands
     assert "101 > input_tokens 100" in by_id["cached"][1]
     assert "infermeter.request.v7" in by_id["unknown"][1]
     assert "more than 300 s" in by_id["future"][1]
+    assert "must equal data.finished_at" in by_id["mismatch"][1]
     assert "limit is 65536" in by_id["huge"][1] and by_id["huge"][3] > 1_000_000  # raw payload kept whole
     missing_id = [r for r in rows if r[0] == "invalid_envelope"][0]
     assert "`id`" in missing_id[1]
