@@ -182,16 +182,19 @@ def _read_ahead(conn: psycopg.Connection, sql: str, params: Mapping[str, object]
                 for name, value in REQUEST_SUMS_SETTINGS:
                     cur.execute("SELECT set_config(%s, %s, true)", (name, value))
                 chunk: list[tuple] = []
-                for row in cur.stream(sql, params, size=STREAM_CHUNK_ROWS):
+                rows = cur.stream(sql, params, size=STREAM_CHUNK_ROWS)
+                for row in rows:
                     chunk.append(row)
                     if len(chunk) == STREAM_CHUNK_ROWS:
                         chunks.put(chunk)
                         chunk = []
-                        if stop.is_set():
-                            return
+                        if stop.is_set():  # the caller stopped reading: end the query
+                            break
+                rows.close()
                 for name, value in before:
                     cur.execute("SELECT set_config(%s, %s, true)", (name, value))
-                chunks.put(chunk)
+                if not stop.is_set():
+                    chunks.put(chunk)
             chunks.put(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
             chunks.put(exc)

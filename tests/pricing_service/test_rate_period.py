@@ -63,7 +63,7 @@ def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found
         stream = request_sums(conn, H0, H2)
         assert next(stream)[0] == customers[0]
         stream.close()
-        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert conn.execute(settings).fetchone() == before
         assert [c for c, _ in request_sums(conn, H0, H2)] == customers
 
         # an error in the reading thread is raised in the caller's
