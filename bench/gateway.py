@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -348,12 +349,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from infermeter.db import get_engine
     from infermeter.settings import Settings
-    from infermeter.stack import open_stack
+    from infermeter.stack import open_stack, remove_scratch
     from serving.keys import KeyStore
 
     levels = [int(c) for c in args.concurrency.split(",")]
     body = dict(CHAT_BODY, stream=True) if args.stream else CHAT_BODY
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    atexit.register(remove_scratch, work)  # after the servers' own exit handlers (registered later)
     prefix = f"bench{os.getpid()}"
     settings = Settings(INFERMETER_HOME=work / "home", INFERMETER_TOPIC_PREFIX=prefix)
     python = sys.executable

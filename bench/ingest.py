@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -31,7 +30,7 @@ from rich.console import Console
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings
-from infermeter.stack import start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.stack import scratch_folder, start_embedded_postgres, start_tansu, to_libpq_url
 from metering.contract import REQUEST_V1, encode_event, make_event
 from metering.kafka import (
     create_topic,
@@ -156,8 +155,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args(argv)
 
+    with scratch_folder("infermeter-bench-") as workdir:
+        return _run(args, workdir)
+
+
+def _run(args: argparse.Namespace, workdir: Path) -> dict:
     owned = []
-    workdir = Path(tempfile.mkdtemp(prefix="infermeter-bench-"))
     server_url = os.environ.get("DATABASE_URL") or start_embedded_postgres(workdir / "pg")
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if not bootstrap:

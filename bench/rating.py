@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infermeter.db import upgrade
-from infermeter.stack import start_embedded_postgres, stop_embedded_postgres, to_libpq_url
+from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
 from pricing_service.rate_period import needs_deployment, priced_meters, rate_period, request_sums
 
@@ -138,8 +137,7 @@ def main() -> None:
         console.print(f"ratio rating / scan: [bold]{ratio:.2f}x[/] ({verdict} the 3x target)")
     finally:
         if folder is not None:
-            stop_embedded_postgres(folder / "pg")
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_scratch(folder)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from sqlalchemy import create_engine, text
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings
-from infermeter.stack import start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.stack import scratch_folder, start_embedded_postgres, start_tansu, to_libpq_url
 from metering.contract import REQUEST_V1, make_event
 from metering.kafka import ensure_topics
 
@@ -171,7 +170,11 @@ def main() -> None:
     parser.add_argument("--admissions", type=int, default=2000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-serving-control-"))
+    with scratch_folder("bench-serving-control-") as tmp:
+        _run(args, tmp)
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> None:
     server = start_embedded_postgres(tmp / "pg")
     with psycopg.connect(to_libpq_url(server), autocommit=True) as conn:
         conn.execute("CREATE DATABASE bench_control")

@@ -16,16 +16,14 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psycopg
 
 from bench.ingest import generate, new_database
-from infermeter.stack import start_embedded_postgres, to_libpq_url
+from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
 from metering.kafka import Message
 from metering.processor import process
 from metering.writer import BatchWriter
@@ -38,8 +36,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--events", type=int, default=60_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    server = os.environ.get("DATABASE_URL") or start_embedded_postgres(
-        Path(tempfile.mkdtemp(prefix="infermeter-bench-")) / "pg")
+    with scratch_folder("infermeter-bench-") as folder:
+        return _run(args, os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg"))
+
+
+def _run(args: argparse.Namespace, server: str) -> dict:
     messages = [Message("events", i % 8, i // 8, key, value, {}, None)
                 for i, (key, value) in enumerate(generate(args.events, seed=3))]
     batches = [messages[i:i + BATCH] for i in range(0, len(messages), BATCH)]

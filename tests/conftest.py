@@ -10,6 +10,7 @@ Missing infrastructure fails the run: nothing here skips.
 
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
 import uuid
@@ -20,7 +21,7 @@ import pytest
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings
-from infermeter.stack import start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.stack import remove_scratch, start_embedded_postgres, start_tansu, to_libpq_url
 
 TEMPLATE_DB = "infermeter_template"
 
@@ -29,6 +30,18 @@ def _with_database(url: str, name: str) -> str:
     head, _, query = url.partition("?")
     base = head.rsplit("/", 1)[0]
     return f"{base}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch_root() -> Path:
+    """Every `tempfile.mkdtemp` of the session (embedded PostgreSQL data dirs, CLI homes) lands in
+    one short folder that is removed when the session's process exits — after the embedded servers'
+    own exit handlers, registered later, have stopped them — so a test run leaves nothing behind."""
+    root = Path(tempfile.mkdtemp(prefix="infermeter-tests-"))
+    root.chmod(0o755)  # run as root, the embedded server runs as its own user and must get through
+    tempfile.tempdir = str(root)
+    atexit.register(remove_scratch, root)  # atexit runs last-registered first: this one runs last
+    return root
 
 
 @pytest.fixture(scope="session")
