@@ -8,6 +8,11 @@ index (INCLUDE), PostgreSQL reads them in customer order from the index alone, w
 over every group, and the rating of one customer can start while the next one is summed
 (pricing_service/rate_period.py). Rollup upserts already rewrite the index entry of the row they
 change (the heap is full, so they are not HOT updates), so the wider entries cost little on writes.
+
+Operators: this rebuilds the key index while holding the table's exclusive lock (metering writes to
+the table wait; `lock_timeout` is 20 s for taking the lock, not for the build). On a large live
+table, build the index first with `CREATE UNIQUE INDEX CONCURRENTLY ... INCLUDE (...)` and swap it
+in with `ADD CONSTRAINT ... PRIMARY KEY USING INDEX`, then `alembic stamp 0005`.
 """
 
 from alembic import op
