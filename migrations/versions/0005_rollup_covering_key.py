@@ -11,10 +11,17 @@ change (the heap is full, so they are not HOT updates), so the wider entries cos
 
 Operators: this rebuilds the key index while holding the table's exclusive lock (metering writes to
 the table wait; `lock_timeout` is 20 s for taking the lock, not for the build). On a large live
-table, build the index first with `CREATE UNIQUE INDEX CONCURRENTLY ... INCLUDE (...)` and swap it
-in with `ADD CONSTRAINT ... PRIMARY KEY USING INDEX`, then `alembic stamp 0005`.
+table, build the index beforehand without blocking writes and swap it in:
+
+    CREATE UNIQUE INDEX CONCURRENTLY request_rollup_hourly_key_sums ON request_rollup_hourly
+        (customer_id, model, deployment_id, hour) INCLUDE (requests, input_tokens, cached_input_tokens, output_tokens);
+    ALTER TABLE request_rollup_hourly DROP CONSTRAINT request_rollup_hourly_pkey,
+        ADD CONSTRAINT request_rollup_hourly_pkey PRIMARY KEY USING INDEX request_rollup_hourly_key_sums;
+
+then `infermeter db upgrade` finds the key already covering and only records the revision.
 """
 
+import sqlalchemy as sa
 from alembic import op
 
 revision = "0005"
@@ -27,6 +34,8 @@ SUMS = "requests, input_tokens, cached_input_tokens, output_tokens"
 
 
 def upgrade() -> None:
+    if _key_is_covering():  # swapped in by an operator beforehand (see above)
+        return
     op.execute(
         "ALTER TABLE request_rollup_hourly DROP CONSTRAINT request_rollup_hourly_pkey, "
         f"ADD CONSTRAINT request_rollup_hourly_pkey PRIMARY KEY ({KEY}) INCLUDE ({SUMS})"
@@ -38,3 +47,10 @@ def downgrade() -> None:
         "ALTER TABLE request_rollup_hourly DROP CONSTRAINT request_rollup_hourly_pkey, "
         f"ADD CONSTRAINT request_rollup_hourly_pkey PRIMARY KEY ({KEY})"
     )
+
+
+def _key_is_covering() -> bool:
+    return bool(op.get_bind().execute(sa.text(
+        "SELECT i.indnatts > i.indnkeyatts FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE c.relname = 'request_rollup_hourly_pkey'"
+    )).scalar())
