@@ -1,7 +1,7 @@
 """Gateway overhead: the same load straight at the upstream, through the infermeter gateway, and
 through LiteLLM's proxy, in one run.
 
-    python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm] [--no-litellm]
+    python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm] [--no-litellm] [--floor]
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 - a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage), which isolates the
@@ -10,7 +10,9 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
   PostgreSQL), real emitter (spool + Tansu broker), one usage event per request;
 - LiteLLM's proxy from its own venv (`.venv-litellm`, `pip install 'litellm[proxy]'`), no database,
   master key set, `LITELLM_LOCAL_MODEL_COST_MAP=True`, pointing at the same stub;
-- with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway.
+- with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway;
+- with `--floor`: a minimal aiohttp pass-through (forward the body, return the answer; nothing
+  else), the least any Python proxy adds on this machine.
 
 Load: closed loop at each concurrency (latency percentiles and the RPS reached = max RPS at that
 concurrency), then open loop at a fixed rate (default 200 req/s, the target's operating point).
@@ -121,6 +123,37 @@ def run_stub(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def run_passthrough(port: int, upstream: str) -> None:
+    """The floor of any Python proxy here: an aiohttp server forwarding each body to the upstream
+    through one pooled aiohttp client session and returning the answer. No auth, no parsing, no
+    metering (non-streamed requests only)."""
+    import aiohttp
+    import uvloop
+    from aiohttp import web
+
+    async def start(app: web.Application) -> None:
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def stop(app: web.Application) -> None:
+        await app["session"].close()
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.read()
+        async with request.app["session"].post(
+            upstream + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as answer:
+            data = await answer.read()
+        return web.Response(body=data, status=answer.status, content_type="application/json")
+
+    app = web.Application()
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", lambda _request: web.Response(text="ok"))
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
@@ -341,11 +374,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--stream", action="store_true", help="streamed requests instead of plain ones")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument(
+        "--floor", action="store_true",
+        help="also measure a minimal aiohttp pass-through proxy (the floor for any Python proxy here)",
+    )
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stub:
         run_stub(args.stub)
         return 0
+    if args.passthrough:
+        run_passthrough(int(args.passthrough[0]), args.passthrough[1])
+        return 0
+    if args.floor and args.stream:
+        parser.error("--floor measures non-streamed requests only")
 
     from infermeter.db import get_engine
     from infermeter.settings import Settings
@@ -404,6 +447,19 @@ def main(argv: list[str] | None = None) -> int:
             report["stub"] = print_table(
                 "stub upstream: infermeter gateway (LiteLLM not running)", results, "direct"
             )
+            if args.floor:
+                floor_port = _free_port()
+                floor_url = f"http://127.0.0.1:{floor_port}"
+                with process(
+                    [python, "-m", "bench.gateway", "--passthrough", str(floor_port), stub_url],
+                    log=work / "passthrough.log",
+                ) as floor:
+                    _wait_http(floor_url + "/health", process=floor)
+                    floor_results = phase(("passthrough", floor_url + "/v1/chat/completions", {}))
+                report["passthrough"] = print_table(
+                    "stub upstream: minimal aiohttp pass-through, the floor (nothing else running)",
+                    floor_results, "direct",
+                )
             if not args.no_litellm:
                 litellm_bin = REPO / ".venv-litellm/bin/litellm"
                 if not litellm_bin.exists():
