@@ -304,12 +304,6 @@ def rate_period(
     return ratings
 
 
-def rate_usages(book: PriceBook, usages: Mapping[str, Usage]) -> dict[str, Rating]:
-    """Each customer's rating under a book (the pure `rate`, with the cyclic garbage collector paused)."""
-    with _gc_paused():
-        return {c: rate(book, u) for c, u in usages.items()}
-
-
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """Building 10^5 acyclic lines and usage dicts triggers many full-heap cyclic collections that find
