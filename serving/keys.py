@@ -89,6 +89,17 @@ def parse_token(token: str) -> tuple[str, str]:
     return key_id, secret
 
 
+# The columns of an ApiKey, in its field order.
+_KEY_COLUMNS = (
+    api_keys.c.key_id,
+    api_keys.c.customer_id,
+    api_keys.c.project_id,
+    api_keys.c.display_prefix,
+    api_keys.c.created_at,
+    api_keys.c.revoked_at,
+)
+
+
 class KeyStore:
     def __init__(
         self,
@@ -131,14 +142,7 @@ class KeyStore:
         return key_id, token
 
     def list(self, customer_id: str, *, include_revoked: bool = True) -> list[ApiKey]:
-        query = select(
-            api_keys.c.key_id,
-            api_keys.c.customer_id,
-            api_keys.c.project_id,
-            api_keys.c.display_prefix,
-            api_keys.c.created_at,
-            api_keys.c.revoked_at,
-        ).where(api_keys.c.customer_id == customer_id)
+        query = select(*_KEY_COLUMNS).where(api_keys.c.customer_id == customer_id)
         if not include_revoked:
             query = query.where(api_keys.c.revoked_at.is_(None))
         with self.engine.connect() as conn:
@@ -147,16 +151,7 @@ class KeyStore:
 
     def get(self, key_id: str) -> ApiKey | None:
         with self.engine.connect() as conn:
-            row = conn.execute(
-                select(
-                    api_keys.c.key_id,
-                    api_keys.c.customer_id,
-                    api_keys.c.project_id,
-                    api_keys.c.display_prefix,
-                    api_keys.c.created_at,
-                    api_keys.c.revoked_at,
-                ).where(api_keys.c.key_id == key_id)
-            ).first()
+            row = conn.execute(select(*_KEY_COLUMNS).where(api_keys.c.key_id == key_id)).first()
         return ApiKey(*row) if row else None
 
     def revoke(self, key_id: str, *, now: datetime | None = None) -> bool:

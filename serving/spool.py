@@ -88,14 +88,7 @@ class Spool:
     def append_many(self, items: Iterable[tuple[bytes | None, bytes]]) -> int:
         now = time.time()
         rows = [(k, v, now) for k, v in items]
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.executemany("INSERT INTO spooled_events (key, value, enqueued_at) VALUES (?, ?, ?)", rows)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        self._write_many("INSERT INTO spooled_events (key, value, enqueued_at) VALUES (?, ?, ?)", rows)
         return len(rows)
 
     def peek(self, limit: int, after_seq: int = 0) -> list[SpooledEvent]:
@@ -120,15 +113,19 @@ class Spool:
                 ranges.append((first, last))
                 first = last = seq
         ranges.append((first, last))
+        self._write_many("DELETE FROM spooled_events WHERE seq BETWEEN ? AND ?", ranges)
+        return len(ordered)
+
+    def _write_many(self, sql: str, rows: list[tuple]) -> None:
+        """`sql` for every row in one immediate transaction (the writer connection, under its lock)."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.executemany("DELETE FROM spooled_events WHERE seq BETWEEN ? AND ?", ranges)
+                self._conn.executemany(sql, rows)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-        return len(ordered)
 
     def depth(self) -> int:
         with self._read_lock:
