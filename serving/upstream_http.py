@@ -325,7 +325,8 @@ class UpstreamPool:
                 raise UpstreamConnectError(f"not an http(s) URL: {url}")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = ((parts.scheme, parts.hostname, port), parts.netloc, target)
+            host_header = parts.netloc.rpartition("@")[2]  # never send URL credentials as the Host
+            known = ((parts.scheme, parts.hostname, port), host_header, target)
             if len(self._targets) < 10_000:  # a few replicas x a few paths in practice
                 self._targets[url] = known
         return known
