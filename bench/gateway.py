@@ -11,12 +11,13 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 - LiteLLM's proxy from its own venv (`.venv-litellm`, `pip install 'litellm[proxy]'`), no database,
   master key set, `LITELLM_LOCAL_MODEL_COST_MAP=True`, pointing at the same stub;
 - with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway;
-- with `--floor`: a minimal aiohttp pass-through (forward the body, return the answer; nothing
-  else), the least any Python proxy adds on this machine.
+- with `--floor`: a minimal aiohttp pass-through (aiohttp server, body forwarded through one
+  pooled aiohttp client, nothing else): what a proxy on the usual Python libraries adds here.
 
 Load: closed loop at each concurrency (latency percentiles and the RPS reached = max RPS at that
-concurrency), then open loop at a fixed rate (default 200 req/s, the target's operating point).
-Added latency = p50/p99 through a proxy minus p50/p99 direct, under the same load. The load
+concurrency), then open loop at a fixed rate (default 200 req/s, the target's operating point) in
+alternating 1 s blocks, direct and proxy, for `--duration` s each (both see the same minutes of
+this shared machine). Added latency = p50/p99 through a proxy minus p50/p99 direct, under the same load. The load
 generator shares the 2 cores with everything else, so absolute numbers are this machine's.
 """
 
@@ -128,7 +129,7 @@ def run_stub(port: int) -> None:
 
 
 def run_passthrough(port: int, upstream: str) -> None:
-    """The floor of any Python proxy here: an aiohttp server forwarding each body to the upstream
+    """A minimal proxy on the usual libraries: an aiohttp server forwarding each body to the upstream
     through one pooled aiohttp client session and returning the answer. No auth, no parsing, no
     metering (non-streamed requests only)."""
     import aiohttp
@@ -223,45 +224,48 @@ async def closed_loop(
     return latencies, errors, seconds
 
 
-async def open_loop(url: str, headers: dict, body: dict, rate: float, duration_s: float):
+async def open_loop(
+    targets: list[tuple[str, str, dict]], body: dict, rate: float, duration_s: float, block_s: float = 1.0
+) -> dict[str, tuple[list[float], list[int], float]]:
+    """Open loop at `rate` req/s, `duration_s` per target, in alternating `block_s` blocks
+    (A B B A A B ...): every target sees the same minutes of this shared machine, so a slow
+    stretch lands on all of them instead of on whichever ran then. Per target: (latencies,
+    errors, seconds under load)."""
     import aiohttp
 
     payload = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", **headers}
-    latencies: list[float] = []
-    errors: list[int] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for _ in range(int(rate * 0.3)):  # warm the connection pool
-            await _one(session, url, headers, payload, [], [])
-        tasks = []
-        started = time.perf_counter()
-        total = int(rate * duration_s)
-        for n in range(total):
-            delay = started + n / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(_one(session, url, headers, payload, latencies, errors)))
-        await asyncio.gather(*tasks)
-        seconds = time.perf_counter() - started
-    return latencies, errors, seconds
+    out: dict[str, tuple[list[float], list[int], float]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = {}
+        for name, url, headers in targets:
+            session = await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            )
+            headers = {"Content-Type": "application/json", **headers}
+            sessions[name] = (session, url, headers)
+            out[name] = ([], [], 0.0)
+            for _ in range(int(rate * 0.3)):  # warm the connection pool
+                await _one(session, url, headers, payload, [], [])
+        blocks = max(1, round(duration_s / block_s))
+        for block in range(blocks):
+            for name, _url, _headers in targets if block % 2 == 0 else targets[::-1]:
+                session, url, headers = sessions[name]
+                latencies, errors, seconds = out[name]
+                tasks = []
+                started = time.perf_counter()
+                for n in range(int(rate * duration_s / blocks)):
+                    delay = started + n / rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(
+                        asyncio.ensure_future(_one(session, url, headers, payload, latencies, errors))
+                    )
+                await asyncio.gather(*tasks)
+                out[name] = (latencies, errors, seconds + time.perf_counter() - started)
+    return out
 
 
-def measure(
-    target: str,
-    url: str,
-    headers: dict,
-    body: dict,
-    *,
-    concurrency: int | None = None,
-    rate: float | None = None,
-    duration_s: float,
-) -> Result:
-    if concurrency is not None:
-        latencies, errors, seconds = asyncio.run(closed_loop(url, headers, body, concurrency, duration_s))
-        mode = f"c={concurrency}"
-    else:
-        latencies, errors, seconds = asyncio.run(open_loop(url, headers, body, rate, duration_s))
-        mode = f"rate={rate:g}"
+def _result(target: str, mode: str, latencies: list[float], errors: list[int], seconds: float) -> Result:
     return Result(
         target,
         mode,
@@ -271,6 +275,22 @@ def measure(
         _percentile(latencies, 0.5),
         _percentile(latencies, 0.99),
     )
+
+
+def measure(
+    target: str, url: str, headers: dict, body: dict, *, concurrency: int, duration_s: float
+) -> Result:
+    """Closed loop: `concurrency` clients back to back for `duration_s`."""
+    latencies, errors, seconds = asyncio.run(closed_loop(url, headers, body, concurrency, duration_s))
+    return _result(target, f"c={concurrency}", latencies, errors, seconds)
+
+
+def measure_open(
+    targets: list[tuple[str, str, dict]], body: dict, *, rate: float, duration_s: float
+) -> list[Result]:
+    """Open loop at `rate` req/s, the targets' blocks interleaved (see `open_loop`)."""
+    runs = asyncio.run(open_loop(targets, body, rate, duration_s))
+    return [_result(name, f"rate={rate:g}", *runs[name]) for name, _url, _headers in targets]
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -375,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="streamed requests instead of plain ones")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument(
-        "--floor", action="store_true",
-        help="also measure a minimal aiohttp pass-through proxy (the floor for any Python proxy here)",
+        "--floor",
+        action="store_true",
+        help="also measure a minimal aiohttp pass-through proxy (what the usual Python libraries add)",
     )
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
@@ -429,9 +450,11 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         )
                         print(f"  {name} c={concurrency}: {out[-1].rps:.0f} req/s", file=sys.stderr)
-                for name, url, headers in (direct, proxy):
-                    out.append(measure(name, url, headers, body, rate=args.rate, duration_s=args.duration))
-                    print(f"  {name} rate={args.rate:g}: p50 {out[-1].p50_ms:.2f} ms", file=sys.stderr)
+                for result in measure_open([direct, proxy], body, rate=args.rate, duration_s=args.duration):
+                    out.append(result)
+                    print(
+                        f"  {result.target} rate={args.rate:g}: p50 {result.p50_ms:.2f} ms", file=sys.stderr
+                    )
                 return out
 
             with process(
@@ -457,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                     _wait_http(floor_url + "/health", process=floor)
                     floor_results = phase(("passthrough", floor_url + "/v1/chat/completions", {}))
                 report["passthrough"] = print_table(
-                    "stub upstream: minimal aiohttp pass-through, the floor (nothing else running)",
-                    floor_results, "direct",
+                    "stub upstream: minimal aiohttp pass-through (nothing else running)",
+                    floor_results,
+                    "direct",
                 )
             if not args.no_litellm:
                 litellm_bin = REPO / ".venv-litellm/bin/litellm"
