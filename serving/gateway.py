@@ -46,6 +46,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import threading
 import time
@@ -410,6 +411,10 @@ def create_app(
         )
         if on_startup is not None:
             await on_startup()
+        # Everything alive now (~110k objects: modules, FastAPI, SQLAlchemy, the Kafka client)
+        # lives as long as the process: keep it out of the cyclic GC's full collections, which
+        # otherwise stop the event loop ~50 ms each, every few minutes at load (~2 ms frozen).
+        gc.freeze()
         try:
             yield
         finally:
