@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -70,6 +71,7 @@ class UpstreamResponse:
         self._buffer = bytearray()
         self._waiter: asyncio.Future | None = None
         self._paused = False
+        self._whole = False  # read(): the body is wanted in one piece, never pause the replica
         self.status = 0
         self.headers_done = False
         self.complete = False
@@ -87,6 +89,10 @@ class UpstreamResponse:
     # --- reading (the caller's side) -----------------------------------------------------------
 
     async def read(self) -> bytes:
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self._connection.resume_reading()
         while not self.complete:
             await self._wait()
         data = bytes(self._buffer)
@@ -149,7 +155,7 @@ class UpstreamResponse:
 
     def _feed(self, data: bytes) -> None:
         self._buffer += data
-        if not self._paused and len(self._buffer) > _HIGH_WATER:
+        if not self._paused and not self._whole and len(self._buffer) > _HIGH_WATER:
             self._paused = True
             self._connection.pause_reading()
         self._wake()
@@ -368,6 +374,10 @@ class UpstreamPool:
 
     def _forget(self, connection: _Connection) -> None:
         self._all.discard(connection)
+        idle = self._idle.get(connection.key)
+        if idle:
+            with contextlib.suppress(ValueError):
+                idle.remove(connection)
 
     def idle_connections(self) -> int:
         return sum(1 for queue in self._idle.values() for c in queue if not c.closed)

@@ -162,6 +162,27 @@ def test_a_large_stream_read_slowly_arrives_whole():
     run(scenario())
 
 
+def test_a_large_body_read_whole_is_not_paused():
+    async def scenario():
+        body = b"y" * (3 * 1024 * 1024)
+
+        async def handler(_r, writer, _c, _n):
+            replica.answer(writer, body)
+            await writer.drain()
+            return True
+
+        async with Replica(handler) as replica:
+            client = pool(read_timeout_s=5.0)
+            response = await client.request("POST", replica.url + "/v1/x", b"{}")
+            await asyncio.sleep(0.2)  # the body piles up unread first
+            assert await response.read() == body
+            response.release()
+            assert client.idle_connections() == 1
+            await client.close()
+
+    run(scenario())
+
+
 def test_a_connection_the_replica_closed_while_idle_is_not_used():
     async def scenario():
         async def handler(_r, writer, _c, _n):
