@@ -73,6 +73,7 @@ class MeteringConsumer:
         self._consumer: Consumer | None = None
         self._last_error: BaseException | None = None
         self._dlq: Producer | None = None
+        self._dlq_lock = threading.Lock()  # writer threads copy dead letters concurrently
 
     # --- assignment: seek to the offsets stored in Postgres ------------------------------------
     def _on_assign(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -155,8 +156,10 @@ class MeteringConsumer:
     def _publish_dead_letters(self, messages) -> None:
         """Best effort copy to the dead-letter topic; the dead_letters table is the record."""
         try:
-            if self._dlq is None:
-                self._dlq = make_producer(self.bootstrap, self.backend, client_id="infermeter-dead-letter")
+            with self._dlq_lock:  # one producer: a second one would replace the first and drop its queue
+                if self._dlq is None:
+                    self._dlq = make_producer(self.bootstrap, self.backend, client_id="infermeter-dead-letter")
+                dlq = self._dlq
             positions = {(m.topic, m.partition, m.offset): m for m in messages}
             with psycopg.connect(self.writer.dsn) as conn:
                 rows = conn.execute(
@@ -169,9 +172,8 @@ class MeteringConsumer:
                 headers = dict(message.headers)
                 headers["infermeter-dead-letter-reason"] = reason.encode()
                 headers["infermeter-origin"] = f"{topic}/{partition}/{offset}".encode()
-                self._dlq.produce(self.settings.dead_letter_topic, message.value or b"", key=message.key,
-                                  headers=headers)
-            self._dlq.poll(0)
+                dlq.produce(self.settings.dead_letter_topic, message.value or b"", key=message.key, headers=headers)
+            dlq.poll(0)
         except Exception as exc:  # noqa: BLE001 - never let the copy stop metering
             log.warning("could not copy dead letters to %s: %s", self.settings.dead_letter_topic, exc)
 

@@ -94,3 +94,39 @@ def test_an_event_postgres_refuses_is_isolated_and_dead_lettered(settings):
         assert str(conn.execute("SELECT quantity FROM usage_rollup_hourly").fetchone()[0]) == huge
         reason, detail = conn.execute("SELECT reason, detail FROM dead_letters").fetchone()
     assert reason == "storage_error" and "overflow" in detail
+
+
+def test_writer_threads_copying_dead_letters_at_once_share_one_producer(settings, monkeypatch):
+    """Each writer thread copies its batch's dead letters; two creating the producer at once used to
+    leave one producer unreferenced, and its queued copies were dropped with it (seen in CI)."""
+    import threading
+    import time
+
+    from metering import consumer as consumer_module
+
+    made = []
+    real_make_producer = consumer_module.make_producer
+
+    def slow_make_producer(*args, **kwargs):
+        time.sleep(0.05)  # a real client takes a moment to build: the window the race needs
+        made.append(real_make_producer(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(consumer_module, "make_producer", slow_make_producer)
+    metering = consumer_module.MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    start = threading.Barrier(4)
+
+    def copy() -> None:
+        start.wait()
+        metering._publish_dead_letters([])
+
+    threads = [threading.Thread(target=copy) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    try:
+        assert len(made) == 1
+        assert metering._dlq is made[0]
+    finally:
+        metering.close()
