@@ -73,7 +73,6 @@ class UpstreamResponse:
         self._paused = False
         self._whole = False  # read(): the body is wanted in one piece, never pause the replica
         self.status = 0
-        self.headers_done = False
         self.complete = False
         self.received_any = False
         self.error: UpstreamError | None = None
@@ -228,7 +227,6 @@ class _Connection(asyncio.Protocol):
         response = self.response
         response.status = self.parser.get_status_code()
         response.keep_alive = self.parser.should_keep_alive()
-        response.headers_done = True
         if self.headers_ready is not None and not self.headers_ready.done():
             self.headers_ready.set_result(None)
 
