@@ -20,8 +20,9 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 Load: closed loop at each concurrency (latency percentiles and the RPS reached = max RPS at that
 concurrency), then open loop at a fixed rate (default 200 req/s, the target's operating point) in
 alternating 1 s blocks, direct and proxy, for `--duration` s each (both see the same minutes of
-this shared machine). Added latency = p50/p99 through a proxy minus p50/p99 direct, under the same load. The load
-generator shares the 2 cores with everything else, so absolute numbers are this machine's.
+this shared machine). Added latency = p50/p99 through a proxy minus p50/p99 direct, under the
+same load. The load generator shares the 2 cores with everything else, so absolute numbers are
+this machine's.
 """
 
 from __future__ import annotations
