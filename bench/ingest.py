@@ -118,7 +118,7 @@ def metering_rate(bootstrap: str, backend: str, topic_prefix: str, database_url:
     dsn = to_libpq_url(database_url)
     started = time.perf_counter()
     workers = [
-        subprocess.Popen([sys.executable, "-m", "infermeter.cli", "metering", "run", "--quiet"], env=env)
+        subprocess.Popen([sys.executable, "-m", "app.cli", "metering", "run", "--quiet"], env=env)
         for _ in range(processes)
     ]
     try:

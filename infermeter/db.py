@@ -31,19 +31,6 @@ metadata = MetaData(
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
-# Every module that defines tables; a package that adds tables adds its module here.
-TABLE_MODULES = ("metering.tables", "serving.tables", "pricing_service.tables")
-
-
-def load_all_tables() -> MetaData:
-    """Import every package's tables so that `metadata` knows them all (Alembic, tests)."""
-    import importlib
-
-    for module in TABLE_MODULES:
-        importlib.import_module(module)
-    return metadata
-
-
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
@@ -71,8 +58,9 @@ def upgrade(url: str, revision: str = "heads") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def drift(url: str) -> list:
-    """What autogenerate would change: [] when models and migrations agree."""
+def drift(url: str, target: MetaData) -> list:
+    """What autogenerate would change for `target` (migrations.models.target_metadata()): [] when
+    models and migrations agree."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
@@ -82,6 +70,6 @@ def drift(url: str) -> list:
             context = MigrationContext.configure(
                 conn, opts={"include_object": include_object, "compare_type": True}
             )
-            return compare_metadata(context, load_all_tables())
+            return compare_metadata(context, target)
     finally:
         engine.dispose()

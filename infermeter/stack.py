@@ -242,9 +242,6 @@ def open_stack(settings: Settings | None = None, *, broker: bool = True, migrate
                 # A memory-only broker starts with empty logs: offsets stored for an earlier
                 # broker mean nothing here, so its consumers form a group of their own.
                 stack.consumer_group = f"{settings.consumer_group}-{uuid.uuid4().hex[:8]}"
-            from metering.kafka import ensure_topics
-
-            ensure_topics(stack.kafka_bootstrap, settings)
         yield stack
     finally:
         stack.close()

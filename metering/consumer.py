@@ -19,7 +19,7 @@ import psycopg
 
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
-from metering.kafka import Consumer, Producer, TopicPartition, make_consumer, make_producer
+from metering.kafka import Consumer, Producer, TopicPartition, ensure_topics, make_consumer, make_producer
 from metering.writer import BatchWriter, Prepared, WriteResult
 
 log = logging.getLogger("infermeter.metering")
@@ -96,6 +96,7 @@ class MeteringConsumer:
         self.stop_event.wait(delay)
 
     def start(self) -> None:
+        ensure_topics(self.bootstrap, self.settings)  # metering owns its topics: created if missing
         self._consumer = make_consumer(
             self.bootstrap,
             backend=self.backend,

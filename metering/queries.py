@@ -206,3 +206,25 @@ def dead_letters(conn: psycopg.Connection, *, limit: int = 100, reason: str | No
     for row in rows:
         row["received_at"] = row["received_at"].astimezone(UTC).isoformat().replace("+00:00", "Z")
     return rows
+
+
+def request_event_totals(conn: psycopg.Connection, request_ids: Sequence[str]) -> dict[str, int]:
+    """What metering recorded for these request events (by event id): how many, and their tokens.
+
+    Replay checks call it to compare metered tokens with the engine's own counters."""
+    count, input_tokens, cached, output_tokens = conn.execute(
+        "SELECT count(*), coalesce(sum((payload->'data'->>'input_tokens')::bigint), 0),"
+        " coalesce(sum((payload->'data'->>'cached_input_tokens')::bigint), 0),"
+        " coalesce(sum((payload->'data'->>'output_tokens')::bigint), 0)"
+        " FROM raw_events WHERE type = 'infermeter.request.v1' AND event_id = ANY(%s)",
+        (list(request_ids),),
+    ).fetchone()
+    return {"events": int(count), "input_tokens": int(input_tokens),
+            "cached_input_tokens": int(cached), "output_tokens": int(output_tokens)}
+
+
+def task_exists(conn: psycopg.Connection, customer_id: str, task_id: str) -> bool:
+    """Has metering recorded any attempt of this task for this customer?"""
+    return conn.execute(
+        "SELECT 1 FROM task_attempts WHERE customer_id = %s AND task_id = %s LIMIT 1", (customer_id, task_id)
+    ).fetchone() is not None

@@ -6,10 +6,11 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from infermeter.db import include_object, load_all_tables
+from infermeter.db import include_object
+from migrations.models import target_metadata as all_tables
 
 config = context.config
-target_metadata = load_all_tables()
+target_metadata = all_tables()
 
 MIGRATION_LOCK_ID = 0x1AFE_4E7E  # pg_advisory_lock key of infermeter migrations
 

@@ -2,7 +2,7 @@
 
 Mount with `app.include_router(pricing_service.api.router)`. Reads `request.app.state.settings`
 (INFERMETER_PRICING_BOOKS, INFERMETER_PRICING_COST_MODEL) and `request.app.state.pool` (the psycopg
-ConnectionPool of infermeter.api.create_app).
+ConnectionPool the app puts there, app.api.create_app).
 Admin: every customer, or `?customer_id=`; a customer API key: only itself (asking for another
 customer answers 404).
 """
@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from infermeter.api import PrincipalDep, error, scope
+from infermeter.http import PrincipalDep, error, scope
 from pricing.book import PriceBookError
 from pricing.cost import CostModelError
 from pricing_service.books import book_paths, read_cost_model, read_price_book

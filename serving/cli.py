@@ -2,7 +2,6 @@
 
 - `serve_app` (mounted as `infermeter serve`): `gateway`, `vllm`, and control's `replica-agent`
   (serving/control_cli.py) when it exists.
-- `replay_app` (mounted as `infermeter replay`): trace replay through the gateway (serving/replay.py).
 - `bench_app` (mounted as `infermeter bench`): `pareto` (serving/pareto.py).
 """
 
@@ -24,7 +23,6 @@ serve_app = typer.Typer(
     help="Run the serving tier: the gateway, a vLLM engine, the replica agent.", no_args_is_help=True
 )
 app = serve_app  # the name the lead's CLI imports
-replay_app = typer.Typer(help="Replay a real traffic trace through the gateway.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks of a serving deployment.", no_args_is_help=True)
 
 
@@ -137,112 +135,6 @@ def serve_vllm(
         console.print("stopping vLLM")
     finally:
         server.stop()
-
-
-@replay_app.callback(invoke_without_command=True)
-def replay(
-    trace: str = typer.Option(
-        "mooncake", help="mooncake (bundled) or a path to a Mooncake-format JSONL trace."
-    ),
-    through_gateway: bool = typer.Option(
-        True,
-        "--through-gateway/--direct",
-        help="Send through the metering gateway (default) or straight to vLLM.",
-    ),
-    limit: int = typer.Option(200, help="Requests to replay (from the start of the trace, after --offset)."),
-    offset: int = typer.Option(0, help="Trace lines to skip."),
-    speedup: float = typer.Option(4.0, help="Arrival times are divided by this."),
-    max_blocks: int = typer.Option(48, help="Hash blocks kept per prompt (32 tokens each; context is 2048)."),
-    routing: str = typer.Option("prefix", help="prefix, round_robin, or both (compare from cold caches)."),
-    replicas: int = typer.Option(1, help="vLLM replicas to start (tiny model) when no --upstream is given."),
-    upstream: list[str] = typer.Option(
-        [], help="Existing vLLM replica URL (repeatable) instead of starting some."
-    ),
-    kv_cache_mib: int = typer.Option(
-        64, help="KV cache per started replica, MiB (64 MiB = 32k tokens here)."
-    ),
-) -> None:
-    """Replay a real trace at scaled arrival times and reconcile metered tokens with vLLM's counters."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from rich.table import Table
-
-    from serving.replay import ReplayError, load_trace, replay_pipeline, run_replay, scale_trace, trace_path
-
-    policies = ["prefix", "round_robin"] if routing == "both" else [routing]
-    if any(p not in ("prefix", "round_robin") for p in policies):
-        _fail("--routing must be prefix, round_robin or both")
-    try:
-        requests = scale_trace(
-            load_trace(trace_path(trace), limit=limit, offset=offset), speedup=speedup, max_blocks=max_blocks
-        )
-    except ReplayError as exc:
-        _fail(str(exc))
-    span = requests[-1].send_at_s
-    console.print(f"{len(requests)} requests over {span:.1f} s (speedup {speedup:g}) from {trace}")
-    with Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console,
-    ) as progress:  # fmt: skip
-        task = progress.add_task("replay", total=len(requests) * len(policies))
-
-        def done(_result) -> None:
-            progress.advance(task)
-
-        try:
-            if not through_gateway:
-                if not upstream:
-                    _fail("--direct needs --upstream URL (a running vLLM)")
-                report = run_replay(
-                    requests, base_url=upstream[0], model="tiny-llama", vllm_urls=upstream, on_done=done
-                )
-                totals = report.client_totals()
-                console.print(
-                    f"direct: {len(report.ok)}/{len(requests)} ok, {totals}, vLLM deltas {report.vllm_delta}"
-                )
-                return
-            runs = replay_pipeline(
-                get_settings(), requests, routings=policies, replicas=replicas, upstreams=upstream or None,
-                progress=lambda text: progress.update(task, description=text), on_done=done,
-                kv_cache_bytes=kv_cache_mib * 1024 * 1024,
-            )  # fmt: skip
-        except ReplayError as exc:
-            _fail(str(exc))
-        except Exception as exc:  # noqa: BLE001 - one clear line, no traceback
-            _fail(f"replay failed: {type(exc).__name__}: {exc}")
-    table = Table(title="metered by the pipeline vs counted by vLLM")
-    for column in (
-        "routing",
-        "requests ok",
-        "prompt tokens",
-        "cached tokens",
-        "output tokens",
-        "cached share",
-        "match",
-    ):
-        table.add_column(column, justify="right")
-    mismatch = False
-    for run in runs:
-        pairs = run.pairs
-        same = all(metered == counted for name, (metered, counted) in pairs.items() if name != "requests")
-        mismatch |= not same
-        cell = lambda pair: f"{pair[0]} / {pair[1]}"  # noqa: E731
-        table.add_row(
-            run.routing, f"{len(run.report.ok)}/{len(run.report.results)}", cell(pairs["prompt_tokens"]),
-            cell(pairs["cached_tokens"]), cell(pairs["output_tokens"]), f"{run.cached_share:.1%}",
-            "yes" if same else "NO",
-        )  # fmt: skip
-    Console().print(table)
-    for run in runs:
-        for url, counters in run.per_replica.items():
-            console.print(f"  {run.routing}: {url} {counters}")
-        failed = [r for r in run.report.results if r.status != 200 or r.error]
-        if failed:
-            reasons = sorted({f"{r.status}: {(r.error or '')[:160]}" for r in failed})
-            console.print(
-                f"  {run.routing}: {len(failed)} request(s) failed (metered as errors): {reasons[:3]}"
-            )
-    if mismatch:
-        raise typer.Exit(1)
 
 
 @bench_app.command("pareto")

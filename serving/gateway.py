@@ -1030,17 +1030,14 @@ def _remember_task(state: GatewayState, customer_id: str, task_id: str) -> None:
 
 
 def _task_known_in_metering(engine: Any, customer_id: str, task_id: str) -> bool:
-    from sqlalchemy import select
+    from metering.queries import task_exists
 
-    from metering.tables import task_attempts
-
-    with engine.connect() as conn:
-        row = conn.execute(
-            select(task_attempts.c.task_id)
-            .where(task_attempts.c.customer_id == customer_id, task_attempts.c.task_id == task_id)
-            .limit(1)
-        ).first()
-    return row is not None
+    conn = engine.raw_connection()  # the pool's psycopg connection
+    try:
+        return task_exists(conn.driver_connection, customer_id, task_id)
+    finally:
+        conn.rollback()
+        conn.close()
 
 
 async def _read_json_object(request: Request) -> dict:

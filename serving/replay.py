@@ -38,7 +38,6 @@ TRACE_PATHS = {
     "mooncake": (
         Path("data/traces/mooncake/conversation_trace.jsonl"),
         Path(__file__).resolve().parent.parent / "data/traces/mooncake/conversation_trace.jsonl",
-        Path("/work/shared/traces/mooncake/conversation_trace.jsonl"),
     )
 }
 # Every one of these words is a single token (with its leading space) in the tiny model's vocabulary.
@@ -281,60 +280,19 @@ def run_replay(
     )
 
 
-def metered_totals(database_url: str, request_ids: list[str], timeout_s: float = 60.0) -> dict[str, int]:
-    """What metering stored (raw_events) for these request ids, once all of them have landed."""
-    import psycopg
+def reconcile(report: ReplayReport, metered: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(metered, vLLM) pairs for requests, prompt, cached and generated tokens; fills report.metered.
 
-    from infermeter.stack import to_libpq_url
-
-    query = (
-        "SELECT count(*), coalesce(sum((payload->'data'->>'input_tokens')::bigint), 0),"
-        " coalesce(sum((payload->'data'->>'cached_input_tokens')::bigint), 0),"
-        " coalesce(sum((payload->'data'->>'output_tokens')::bigint), 0)"
-        " FROM raw_events WHERE type = 'infermeter.request.v1' AND event_id = ANY(%s)"
-    )
-    deadline = time.monotonic() + timeout_s
-    with psycopg.connect(to_libpq_url(database_url)) as conn:
-        while True:
-            count, input_tokens, cached, output_tokens = conn.execute(query, (request_ids,)).fetchone()
-            if count >= len(request_ids) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    return {
-        "events": int(count),
-        "input_tokens": int(input_tokens),
-        "cached_input_tokens": int(cached),
-        "output_tokens": int(output_tokens),
-    }
-
-
-def reconcile(report: ReplayReport, database_url: str, timeout_s: float = 60.0) -> dict[str, tuple[int, int]]:
-    """(metered, vLLM) pairs for prompt, cached and generated tokens; fills report.metered."""
-    ids = [r.request_id for r in report.results if r.request_id]
-    report.metered = metered_totals(database_url, ids, timeout_s)
+    `metered` is what metering recorded for the replay's request ids
+    (`metering.queries.request_event_totals`)."""
+    report.metered = metered
     delta = report.vllm_delta
     return {
-        "requests": (report.metered["events"], len(report.results)),
-        "prompt_tokens": (report.metered["input_tokens"], delta["vllm:prompt_tokens_total"]),
-        "cached_tokens": (report.metered["cached_input_tokens"], delta["vllm:prompt_tokens_cached_total"]),
-        "output_tokens": (report.metered["output_tokens"], delta["vllm:generation_tokens_total"]),
+        "requests": (metered["events"], len(report.results)),
+        "prompt_tokens": (metered["input_tokens"], delta["vllm:prompt_tokens_total"]),
+        "cached_tokens": (metered["cached_input_tokens"], delta["vllm:prompt_tokens_cached_total"]),
+        "output_tokens": (metered["output_tokens"], delta["vllm:generation_tokens_total"]),
     }
-
-
-# --- the whole pipeline in one command: `infermeter replay --trace mooncake --through-gateway` ---
-
-
-@dataclass
-class PolicyRun:
-    routing: str
-    report: ReplayReport
-    pairs: dict[str, tuple[int, int]]
-    per_replica: dict[str, dict[str, int]]
-
-    @property
-    def cached_share(self) -> float:
-        prompt = self.pairs["prompt_tokens"][1]
-        return self.pairs["cached_tokens"][1] / prompt if prompt else 0.0
 
 
 def reset_prefix_caches(urls: Iterable[str]) -> None:
@@ -355,99 +313,3 @@ def per_replica_cached(urls: list[str], before: list[dict[str, int]]) -> dict[st
         url: {name.split(":", 1)[1]: a[name] - b[name] for name in VLLM_COUNTERS}
         for url, a, b in zip(urls, after, before, strict=True)
     }
-
-
-def replay_pipeline(
-    settings,
-    requests: list[ReplayRequest],
-    *,
-    routings: list[str],
-    replicas: int = 1,
-    upstreams: list[str] | None = None,
-    progress: Callable[[str], None] = print,
-    on_done: Callable[[ReplayResult], None] | None = None,
-    kv_cache_bytes: int | None = None,
-) -> list[PolicyRun]:
-    """Start what is missing (stack, vLLM replicas, metering consumer, gateway), replay the trace
-    through the gateway once per routing policy from cold caches, and reconcile each run."""
-    import contextlib
-    import tempfile
-
-    from infermeter.db import get_engine
-    from infermeter.stack import open_stack
-    from metering.consumer import MeteringConsumer, run_in_thread
-    from serving.gateway import build_gateway, serve_in_thread
-    from serving.keys import KeyStore
-    from serving.tinymodel import SERVED_NAME, ensure_tiny_model
-    from serving.upstreams import parse_upstreams
-    from serving.vllm_server import resolve_python, start_vllm
-
-    runs: list[PolicyRun] = []
-    with open_stack(settings) as stack, contextlib.ExitStack() as cleanup:
-        settings = settings.model_copy(
-            update={"database_url": stack.database_url, "kafka_bootstrap": stack.kafka_bootstrap}
-        )
-        # The metering consumer first: its group join happens while the replicas boot.
-        consumer = MeteringConsumer(settings, stack.database_url, stack.kafka_bootstrap)
-        thread = run_in_thread(consumer)
-        cleanup.callback(thread.join, 30)
-        cleanup.callback(consumer.stop)
-        urls = list(upstreams or [])
-        if not urls:
-            python = resolve_python(settings.vllm_python)
-            progress("building the tiny model (first use only)")
-            model_dir = ensure_tiny_model(Path(settings.home) / "models", python)
-            servers = []
-            for n in range(replicas):
-                state_dir = Path(tempfile.mkdtemp(prefix=f"replay-vllm-{n}-", dir=Path(settings.home)))
-                server = start_vllm(
-                    python,
-                    str(model_dir),
-                    served_model_name=SERVED_NAME,
-                    state_dir=state_dir,
-                    dev_mode=True,
-                    **({"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}),
-                )
-                cleanup.callback(server.stop)
-                servers.append(server)
-            progress(f"starting {replicas} vLLM replica(s)")
-            for server in servers:
-                server.wait_ready()
-            urls = [server.url for server in servers]
-        customer = f"replay-{int(time.time())}"
-        _key_id, token = KeyStore(get_engine(stack.database_url), settings).create(customer)
-        for routing in routings:
-            if len(routings) > 1 or not upstreams:
-                with contextlib.suppress(OSError):
-                    reset_prefix_caches(urls)
-            config = parse_upstreams(
-                {
-                    "models": [
-                        {
-                            "name": SERVED_NAME,
-                            "deployment_id": "replay",
-                            "routing": routing,
-                            "replicas": [{"id": f"replay-{n}", "url": url} for n, url in enumerate(urls)],
-                        }
-                    ]
-                }
-            )
-            served = serve_in_thread(build_gateway(settings, upstreams=config))
-            try:
-                progress(f"replaying {len(requests)} requests through the gateway ({routing} routing)")
-                before = [vllm_counters([url]) for url in urls]
-                report = run_replay(
-                    requests,
-                    base_url=served.url,
-                    model=SERVED_NAME,
-                    vllm_urls=urls,
-                    api_key=token,
-                    on_done=on_done,
-                )
-                per_replica = per_replica_cached(urls, before)
-                progress("waiting for metering to record every request")
-                pairs = reconcile(report, stack.database_url)
-            finally:
-                served.stop()
-            runs.append(PolicyRun(routing=routing, report=report, pairs=pairs, per_replica=per_replica))
-    return runs

@@ -7,10 +7,11 @@ import psycopg
 
 from infermeter.db import drift, upgrade
 from infermeter.stack import to_libpq_url
+from migrations.models import target_metadata
 
 
 def test_models_and_migrations_agree(db_url):
-    assert drift(db_url) == []
+    assert drift(db_url, target_metadata()) == []
 
 
 def test_the_covering_rollup_key_can_be_built_online_before_0005(pg_server_url):
@@ -37,4 +38,4 @@ def test_the_covering_rollup_key_can_be_built_online_before_0005(pg_server_url):
         key = conn.execute("SELECT pg_get_indexdef('request_rollup_hourly_pkey'::regclass)").fetchone()[0]
         assert conn.execute("SELECT count(*) FROM request_rollup_hourly").fetchone() == (1,)
     assert "INCLUDE (requests, input_tokens, cached_input_tokens, output_tokens)" in key
-    assert drift(url) == []
+    assert drift(url, target_metadata()) == []

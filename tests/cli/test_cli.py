@@ -13,7 +13,7 @@ import pytest
 
 from tests.metering.conftest import request_event, task_event
 
-CLI = [sys.executable, "-m", "infermeter.cli"]
+CLI = [sys.executable, "-m", "app.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def _commands(group, prefix=()):
 def test_every_command_has_help():
     import typer.main
 
-    from infermeter import cli
+    from app import cli
 
     cli._mount_optional_apps()
     root = typer.main.get_command(cli.app)

@@ -22,7 +22,7 @@ def test_up_serves_metering_and_the_api_until_ctrl_c(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP")}
     env.update(INFERMETER_HOME=str(home), INFERMETER_API_PORT=str(port))
-    up = subprocess.Popen([sys.executable, "-m", "infermeter.cli", "up"], env=env,
+    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90

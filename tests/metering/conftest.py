@@ -131,7 +131,7 @@ def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 def start_consumer_process(settings: Settings, **extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "infermeter.cli", "metering", "run", "--quiet"],
+        [sys.executable, "-m", "app.cli", "metering", "run", "--quiet"],
         env=subprocess_env(settings, **extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
-from infermeter.api import create_app
+from app.api import create_app
 from metering.ingest import wait_for_receipt  # noqa: F401 - documents the path the consumer takes
 from serving.keys import KeyStore
 from tests.metering.conftest import meter, request_event, task_event

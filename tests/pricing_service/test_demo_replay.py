@@ -9,10 +9,10 @@ from decimal import Decimal
 import psycopg
 from playwright.sync_api import sync_playwright
 
+from app.demo import generate
 from infermeter.stack import to_libpq_url
 from metering import queries
 from metering.consumer import MeteringConsumer, run_in_thread
-from metering.demo import generate
 from metering.ingest import publish_lines, wait_for_receipt
 from metering.kafka import ensure_topics, make_producer
 from pricing.cost import attribute

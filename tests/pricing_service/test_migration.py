@@ -6,7 +6,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from infermeter.db import include_object, load_all_tables
+from infermeter.db import include_object
+from migrations.models import target_metadata
 
 
 def test_price_book_table_matches_its_migration(db_url):
@@ -14,8 +15,8 @@ def test_price_book_table_matches_its_migration(db_url):
     try:
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": include_object})
-            diff = compare_metadata(context, load_all_tables())
+            diff = compare_metadata(context, target_metadata())
     finally:
         engine.dispose()
     assert [d for d in diff if "price_book_versions" in repr(d)] == []
-    assert "price_book_versions" in load_all_tables().tables
+    assert "price_book_versions" in target_metadata().tables

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 from fastapi.testclient import TestClient
 
-from infermeter.api import create_app
+from app.api import create_app
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from pricing_service.api import router

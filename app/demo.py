@@ -217,7 +217,7 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
     from metering import queries
     from metering.consumer import MeteringConsumer, run_in_thread
     from metering.ingest import publish_lines, wait_for_receipt
-    from metering.kafka import make_producer
+    from metering.kafka import ensure_topics, make_producer
     from metering.reconcile import reconcile
 
     limit = None if full else (limit or DEFAULT_REQUESTS)
@@ -236,6 +236,7 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
         if stack.owns_broker:
             consumer = MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
             thread = run_in_thread(consumer)
+        ensure_topics(stack.kafka_bootstrap, settings)
         producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
         ingest_id = f"demo-{uuid.uuid4().hex[:12]}"
         from rich.progress import Progress

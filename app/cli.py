@@ -79,7 +79,7 @@ def up(
             if api:
                 import uvicorn
 
-                from infermeter.api import create_app
+                from app.api import create_app
 
                 uvicorn.run(
                     create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
@@ -116,7 +116,7 @@ def serve_api(
     """Serve the HTTP API alone (events, usage, tasks, dead letters, pricing shadow)."""
     import uvicorn
 
-    from infermeter.api import create_app
+    from app.api import create_app
 
     settings = get_settings()
     with open_stack(settings) as stack:
@@ -139,10 +139,11 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 def db_check() -> None:
     """Fail if the models and the migrations disagree (autogenerate would produce changes)."""
     from infermeter.db import drift
+    from migrations.models import target_metadata
 
     settings = get_settings()
     with open_stack(settings, broker=False) as stack:
-        changes = drift(stack.database_url)
+        changes = drift(stack.database_url, target_metadata())
     if changes:
         for change in changes:
             err_console.print(f"drift: {change}")
@@ -169,13 +170,14 @@ def events_ingest(
     """
     from metering.consumer import MeteringConsumer, run_in_thread
     from metering.ingest import IngestCounts, publish_lines, read_lines, wait_for_receipt
-    from metering.kafka import make_producer
+    from metering.kafka import ensure_topics, make_producer
 
     if not file.is_file():
         raise CliError(f"{file}: no such file")
     settings = get_settings()
     with open_stack(settings) as stack:
         run_settings = stack.settings_for(settings)
+        ensure_topics(stack.kafka_bootstrap, settings)
         producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
         with _progress(as_json) as progress:
             task = progress.add_task("publishing", total=None)
@@ -359,7 +361,7 @@ def demo(
     out: Annotated[Path | None, typer.Option(help="Folder for the demo's reports (default INFERMETER_HOME/demo).")] = None,
 ) -> None:
     """The main job: replay the bundled Mooncake trace through the full local stack and report."""
-    from metering.demo import run_demo
+    from app.demo import run_demo
 
     settings = get_settings()
     run_demo(settings, full=full, limit=requests, seed=seed, out_dir=out or settings.home / "demo", console=console)
@@ -393,8 +395,9 @@ def _mount_optional_apps() -> None:
     """The other packages' command groups (imported here, not at module load, to keep start-up light)."""
     if getattr(_mount_optional_apps, "done", False):
         return
+    from app.replay import replay_app
     from pricing_service.cli import app as pricing_cli
-    from serving.cli import bench_app, replay_app, serve_app
+    from serving.cli import bench_app, serve_app
     from serving.control_cli import budgets_app, keys_app
 
     app.add_typer(pricing_cli, name="pricing")

@@ -1,0 +1,11 @@
+"""The roof: composition only — the `infermeter` CLI, the HTTP API app that mounts each package's
+router, and the demo and replay orchestration that start the whole local stack.
+
+Layers (enforced by import-linter, see `[tool.importlinter]` in pyproject.toml):
+
+    app                                   roof: imports anything below, imported by nothing
+    dashboards · billing                  domain packages that read the ones below
+    serving · pricing_service             adapters around pricing; the serving tier
+    metering · pricing                    the event contract and ledgers; pure rating
+    infermeter                            ground: settings, database, local stack, time, HTTP auth
+"""

@@ -1,0 +1,53 @@
+"""The HTTP API app: composes each package's router on shared state.
+
+    GET  /healthz
+    metering.api          POST /v1/events, GET /v1/usage, /v1/tasks, /v1/tasks/{id}, /v1/dead-letters
+    pricing_service.api   GET /v1/pricing/shadow
+
+State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
+resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, HTTPException
+from psycopg_pool import ConnectionPool
+
+from infermeter.db import get_engine
+from infermeter.http import error_handler
+from infermeter.settings import Settings
+from infermeter.stack import to_libpq_url
+from metering.api import Publisher
+from metering.api import router as metering_router
+from pricing_service.api import router as pricing_router
+from serving.keys import KeyStore
+
+ROUTERS = (metering_router, pricing_router)
+
+
+def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app_: FastAPI):
+        yield
+        app_.state.pool.close()
+        if app_.state.publisher:
+            app_.state.publisher.close()
+
+    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
+    app.state.keys = KeyStore(get_engine(database_url), settings=settings)
+    app.state.publisher = (
+        Publisher(bootstrap, settings) if bootstrap else None
+    )
+    app.add_exception_handler(HTTPException, error_handler)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

@@ -1,0 +1,175 @@
+"""The metering HTTP API router (FastAPI): event ingestion, usage and task queries, dead letters.
+
+    POST /v1/events          application/cloudevents+json (one) or application/cloudevents-batch+json
+    GET  /v1/usage           ?from=&to=&group_by=model,deployment,day|hour[&customer_id=]
+    GET  /v1/tasks           ?customer_id=   (customers: their own)
+    GET  /v1/tasks/{task_id}
+    GET  /v1/dead-letters    (admin)
+
+Credentials: `Authorization: Bearer <token>` — the admin token, the producer token, or a
+customer API key (`infermeter keys create`). A customer asking for another customer's data gets
+404 (existence is not disclosed); producer credentials cannot read (403).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import APIRouter, Query, Request
+
+from infermeter.auth import Principal
+from infermeter.http import PrincipalDep, error, scope
+from infermeter.settings import Settings
+from metering import queries
+from metering.contract import InvalidEvent, decode_event
+from metering.ingest import routing_key
+from metering.kafka import ensure_topics, make_producer
+
+CLOUDEVENT = "application/cloudevents+json"
+CLOUDEVENT_BATCH = "application/cloudevents-batch+json"
+MAX_BATCH = 10_000
+_json = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+router = APIRouter(tags=["metering"])
+
+
+class Publisher:
+    """One shared producer; each request waits for the broker's ack of its own events."""
+
+    def __init__(self, bootstrap: str, settings: Settings):
+        ensure_topics(bootstrap, settings)
+        self.topic = settings.events_topic
+        backend = settings.kafka_backend
+        self.producer = make_producer(bootstrap, backend, client_id="infermeter-api")
+        self.lock = threading.Lock()
+
+    def publish(self, items: list[tuple[bytes | None, bytes]], timeout_s: float = 30) -> None:
+        done = threading.Event()
+        pending = [len(items)]
+        failures: list[Exception] = []
+
+        def delivered(err, _msg):
+            if err is not None:
+                failures.append(err)
+            pending[0] -= 1
+            if pending[0] == 0:
+                done.set()
+
+        for key, value in items:
+            self.producer.produce(self.topic, value, key=key, on_delivery=delivered)
+        deadline = datetime.now(UTC).timestamp() + timeout_s
+        while not done.is_set():
+            with self.lock:
+                self.producer.poll(0.05)
+            if datetime.now(UTC).timestamp() > deadline:
+                raise error(503, "the event bus did not acknowledge the events in time; retry", "bus_timeout")
+        if failures:
+            raise error(503, f"the event bus refused the events: {failures[0]}; retry", "bus_error")
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.producer.close()
+
+
+@router.post("/v1/events", status_code=202)
+async def post_events(request: Request, principal: PrincipalDep) -> dict[str, Any]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await request.body()
+    try:
+        parsed = _json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise error(400, f"body is not valid JSON: {exc}", "invalid_json") from None
+    if content_type == CLOUDEVENT_BATCH or (content_type == "application/json" and isinstance(parsed, list)):
+        if not isinstance(parsed, list):
+            raise error(400, "a cloudevents batch must be a JSON array", "invalid_batch")
+        events = parsed
+    elif content_type in (CLOUDEVENT, "application/json"):
+        events = [parsed]
+    else:
+        raise error(415, f"content type must be {CLOUDEVENT} or {CLOUDEVENT_BATCH}", "unsupported_media_type")
+    if len(events) > MAX_BATCH:
+        raise error(413, f"at most {MAX_BATCH} events per batch", "batch_too_large")
+    return await _accept(request.app, principal, events)
+
+
+async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
+    if app_.state.publisher is None:
+        raise error(503, "no event bus configured", "bus_unavailable")
+    now = datetime.now(UTC)
+    good: list[tuple[bytes | None, bytes]] = []
+    rejected = []
+    for index, item in enumerate(events):
+        raw = _encode.encode(item)
+        try:
+            event = decode_event(raw, now=now, max_bytes=app_.state.settings.max_event_bytes,
+                                 future_tolerance_s=app_.state.settings.future_tolerance_s)
+        except InvalidEvent as exc:
+            rejected.append({"index": index, "id": exc.event_id, "reason": exc.reason, "detail": exc.detail})
+            continue
+        if not principal.may_act_for(event.subject):
+            rejected.append({"index": index, "id": event.id, "reason": "forbidden",
+                             "detail": "these credentials may only send events for their own customer"})
+            continue
+        good.append((routing_key(item), raw))
+    if good:
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(app_.state.publisher.publish, good)
+    if rejected and not good:
+        raise error(400, f"every event was rejected: {rejected[0]['reason']}: {rejected[0]['detail']}",
+                    "invalid_events")
+    return {"published": len(good), "rejected": rejected}
+
+
+@router.get("/v1/usage")
+def get_usage(
+    request: Request,
+    principal: PrincipalDep,
+    from_: Annotated[str, Query(alias="from")],
+    to: str,
+    group_by: str | None = None,
+    customer_id: str | None = None,
+) -> dict[str, Any]:
+    customer = scope(principal, customer_id)
+    try:
+        window = queries.Window(queries.parse_time(from_, "from"), queries.parse_time(to, "to"))
+        dims = queries.parse_group_by(group_by)
+    except queries.QueryError as exc:
+        raise error(400, str(exc), "invalid_query") from None
+    with request.app.state.pool.connection() as conn:
+        rows = queries.usage(conn, window, customer_id=customer, group_by=dims)
+    return {"from": window.start.isoformat(), "to": window.end.isoformat(), "rows": rows}
+
+
+@router.get("/v1/tasks")
+def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | None = None, limit: int = 1000) -> dict[str, Any]:
+    customer = scope(principal, customer_id)
+    if customer is None:
+        raise error(400, "customer_id is required for admin credentials", "invalid_query")
+    with request.app.state.pool.connection() as conn:
+        return {"tasks": queries.tasks(conn, customer, limit=min(max(limit, 1), 10_000))}
+
+
+@router.get("/v1/tasks/{task_id}")
+def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_id: str | None = None) -> dict[str, Any]:
+    customer = scope(principal, customer_id)
+    if customer is None:
+        raise error(400, "customer_id is required for admin credentials", "invalid_query")
+    with request.app.state.pool.connection() as conn:
+        found = queries.tasks(conn, customer, task_id=task_id)
+    if not found:
+        raise error(404, "not found", "not_found")
+    return found[0]
+
+
+@router.get("/v1/dead-letters")
+def get_dead_letters(request: Request, principal: PrincipalDep, limit: int = 100, reason: str | None = None) -> dict[str, Any]:
+    if not principal.is_admin:
+        raise error(403, "dead letters are for admins", "forbidden")
+    with request.app.state.pool.connection() as conn:
+        return {"dead_letters": queries.dead_letters(conn, limit=min(max(limit, 1), 1000), reason=reason)}
+

@@ -1,0 +1,15 @@
+"""Every table the migrations manage: each package registers its tables by being imported here."""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData
+
+import metering.tables  # noqa: F401
+import pricing_service.tables  # noqa: F401
+import serving.tables  # noqa: F401
+from infermeter.db import metadata
+
+
+def target_metadata() -> MetaData:
+    """The shared MetaData with every package's tables registered (Alembic, drift checks)."""
+    return metadata

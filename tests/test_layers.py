@@ -1,0 +1,58 @@
+"""The layers hold: import-linter's contracts (pyproject.toml) pass, and they do catch a violation."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+# What serving may import of metering; every other metering module must be in the serving contract.
+METERING_PUBLIC = {"metering.contract", "metering.queries", "metering.kafka", "metering.kafka_backends",
+                   "metering.schemas"}
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_every_metering_module_is_public_or_internal():
+    serving = next(c for c in CONFIG["contracts"] if c["id"] == "serving")
+    internal = {m for m in serving["forbidden_modules"] if m.startswith("metering.")}
+    modules = {f"metering.{p.stem}" for p in (ROOT / "metering").iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert modules == METERING_PUBLIC | internal, "classify new metering modules in pyproject.toml"
+
+
+@pytest.mark.parametrize(("path", "line", "verdict"), [
+    ("pricing/violation.py", "import sqlalchemy\n", "pricing is not allowed to import sqlalchemy"),
+    ("infermeter/violation.py", "import metering.contract\n", "infermeter is not allowed to import metering"),
+    ("serving/violation.py", "import metering.writer\n", "serving is not allowed to import metering.writer"),
+    ("metering/violation.py", "from app import cli\n", "metering is not allowed to import app"),
+])
+def test_a_deliberate_violation_breaks_its_contract(tmp_path, path, line, verdict):
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    for name in [*CONFIG["root_packages"], "pyproject.toml"]:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__", "schemas"))
+        else:
+            shutil.copy(source, copy / name)
+    (copy / path).write_text(line)
+    result = lint_imports(copy)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert verdict in result.stdout, result.stdout
