@@ -27,7 +27,6 @@ How the trace becomes usage (seeded; docs/demo.md says the same):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import uuid
@@ -42,10 +41,9 @@ from rich.table import Table
 
 from infermeter.settings import Settings
 from infermeter.stack import open_stack, to_libpq_url
-from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
+from metering.contract import encode_event, replica_event, request_event, task_event, usage_event
+from serving.replay import load_trace, trace_path
 
-REPO = Path(__file__).resolve().parent.parent
-TRACE = REPO / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
 TRACE_START = datetime(2026, 11, 2, tzinfo=UTC)
 BLOCK_TOKENS = 512
 CUSTOMERS = 50
@@ -71,16 +69,6 @@ class DemoTotals:
     tool_calls: int = 0
 
 
-def load_trace(limit: int | None) -> list[dict]:
-    rows = []
-    with TRACE.open() as handle:
-        for line in handle:
-            rows.append(json.loads(line))
-            if limit is not None and len(rows) >= limit:
-                break
-    return rows
-
-
 def zipf_customer(rng: random.Random) -> str:
     weights = [1 / (k ** 1.1) for k in range(1, CUSTOMERS + 1)]
     return f"cust-{rng.choices(range(1, CUSTOMERS + 1), weights)[0]:03d}"
@@ -88,7 +76,7 @@ def zipf_customer(rng: random.Random) -> str:
 
 def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tuple[datetime, datetime]]:
     rng = random.Random(seed)
-    trace = load_trace(limit)
+    trace = load_trace(trace_path("mooncake"), limit=limit)
     owner: dict[int, str] = {}
     model_of = {f"cust-{k:03d}": ("kimi-chat" if random.Random(seed * 1000 + k).random() < 0.7 else "kimi-chat-lite")
                 for k in range(1, CUSTOMERS + 1)}
@@ -106,26 +94,26 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
         roll = rng.random()
         outcome = "succeeded" if roll < 0.85 else "failed" if roll < 0.95 else "abandoned"
         finished = task["last_finished"] + timedelta(seconds=2)
-        events.append(encode_event(make_event(
-            TASK_V1, source="//demo/agents", subject=customer, event_id=f"{task['id']}/outcome", time=finished,
-            data={"task_id": task["id"], "customer_id": customer, "outcome": outcome, "finished_at": finished},
+        events.append(encode_event(task_event(
+            source="//demo/agents", customer_id=customer, task_id=task["id"], outcome=outcome,
+            finished_at=finished, event_id=f"{task['id']}/outcome",
         )))
         calls = rng.randint(1, 5)
-        events.append(encode_event(make_event(
-            USAGE_V1, source="//demo/agents", subject=customer, event_id=f"{task['id']}/tools", time=finished,
-            data={"customer_id": customer, "meter": "tool_calls", "quantity": str(calls), "task_id": task["id"]},
+        events.append(encode_event(usage_event(
+            source="//demo/agents", customer_id=customer, meter="tool_calls", quantity=str(calls),
+            task_id=task["id"], occurred_at=finished, event_id=f"{task['id']}/tools",
         )))
         totals.tasks += 1
         totals.tool_calls += calls
 
     for index, row in enumerate(trace):
-        conversation = row["hash_ids"][1] if len(row["hash_ids"]) > 1 else -1
+        conversation = row.hash_ids[1] if len(row.hash_ids) > 1 else -1
         if conversation not in owner:
             owner[conversation] = zipf_customer(rng)
         customer = owner[conversation]
         model = model_of[customer]
         deployment = "dep-cust-001" if customer == "cust-001" else ("dep-kimi-a" if model == "kimi-chat" else "dep-kimi-b")
-        blocks = row["hash_ids"]
+        blocks = row.hash_ids
         cache = seen_blocks[deployment]
         leading = 0
         for block in blocks:
@@ -133,16 +121,16 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
                 break
             leading += 1
         cache.update(blocks)
-        input_tokens = row["input_length"]
+        input_tokens = row.input_length
         cached = min(leading * BLOCK_TOKENS, max(input_tokens - 1, 0)) // BLOCK_TOKENS * BLOCK_TOKENS
-        output = row["output_length"]
+        output = row.output_length
         roll = rng.random()
         status = "error" if roll < 0.01 else "cancelled" if roll < 0.015 else "ok"
         if status == "error":
             output = 0
         elif status == "cancelled":
             output //= 2
-        started = TRACE_START + timedelta(milliseconds=row["timestamp"])
+        started = TRACE_START + timedelta(milliseconds=row.timestamp_ms)
         busy = input_tokens / 8000 + output / 40
         finished = started + timedelta(seconds=round(busy, 3))
         task_id = attempt = None
@@ -162,16 +150,13 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
             task_id, attempt = task["id"], task["attempt"]
             task["left"] -= 1
             task["last_finished"] = finished
-        data = {
-            "request_id": f"mooncake-{index:05d}", "customer_id": customer, "api_key_id": f"key-{customer}",
-            "model": model, "deployment_id": deployment, "replica_id": None, "status": status,
-            "input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output,
-            "task_id": task_id, "attempt": attempt or 1, "started_at": started,
-            "first_token_at": started + timedelta(seconds=round(input_tokens / 8000, 3)), "finished_at": finished,
-            "tags": {"trace": "mooncake"},
-        }
-        events.append(encode_event(make_event(
-            REQUEST_V1, source="//demo/gateway", subject=customer, event_id=data["request_id"], time=finished, data=data,
+        events.append(encode_event(request_event(
+            source="//demo/gateway", request_id=f"mooncake-{index:05d}", customer_id=customer,
+            api_key_id=f"key-{customer}", model=model, deployment_id=deployment, status=status,
+            input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output,
+            task_id=task_id, attempt=attempt or 1, started_at=started,
+            first_token_at=started + timedelta(seconds=round(input_tokens / 8000, 3)), finished_at=finished,
+            tags={"trace": "mooncake"},
         )))
         served[deployment].append((finished, busy, input_tokens - cached, output))
         totals.requests += 1
@@ -197,13 +182,11 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
                 busy, prompt, generation = buckets.get(slot, [0.0, 0, 0])
                 share_busy = min(busy / replicas, INTERVAL.total_seconds())
                 replica_id = f"{deployment}-{replica}"
-                events.append(encode_event(make_event(
-                    REPLICA_V1, source=f"//demo/replica-agent/{replica_id}", subject=dedicated or "shared-pool",
-                    event_id=f"{replica_id}/{start.isoformat()}", time=start + INTERVAL,
-                    data={"replica_id": replica_id, "deployment_id": deployment, "customer_id": dedicated,
-                          "gpu_type": "H100", "gpu_count": gpus, "interval_start": start,
-                          "interval_end": start + INTERVAL, "busy_seconds": f"{share_busy:.3f}",
-                          "prompt_tokens": prompt // replicas, "generation_tokens": generation // replicas},
+                events.append(encode_event(replica_event(
+                    source=f"//demo/replica-agent/{replica_id}", replica_id=replica_id, deployment_id=deployment,
+                    customer_id=dedicated, gpu_type="H100", gpu_count=gpus, interval_start=start,
+                    interval_end=start + INTERVAL, busy_seconds=f"{share_busy:.3f}",
+                    prompt_tokens=prompt // replicas, generation_tokens=generation // replicas,
                 )))
                 totals.replica_intervals += 1
                 start += INTERVAL
@@ -278,7 +261,7 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
                       f"{'ok' if check.ok else f'{len(check.differences)} differences'} -> {status}")
         summary = {"window": [start.isoformat(), end.isoformat()], "emitted": emitted, "metered": pipeline,
                    "counts": counts.as_dict(), "reconcile_ok": check.ok}
-        if pricing and importlib.util.find_spec("pricing_service.compare") is not None:
+        if pricing:
             summary["pricing"] = _pricing(stack.database_url, start, end, out_dir, console)
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         console.print(f"reports in {out_dir}")

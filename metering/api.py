@@ -24,8 +24,7 @@ from infermeter.auth import Principal
 from infermeter.http import PrincipalDep, error, scope
 from infermeter.settings import Settings
 from metering import queries
-from metering.contract import InvalidEvent, decode_event
-from metering.ingest import routing_key
+from metering.contract import InvalidEvent, decode_event, event_partition_key
 from metering.kafka import ensure_topics, make_producer
 
 CLOUDEVENT = "application/cloudevents+json"
@@ -114,7 +113,7 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
             rejected.append({"index": index, "id": event.id, "reason": "forbidden",
                              "detail": "these credentials may only send events for their own customer"})
             continue
-        good.append((routing_key(item), raw))
+        good.append((event_partition_key(item), raw))
     if good:
         from starlette.concurrency import run_in_threadpool
 

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
@@ -23,6 +23,11 @@ TASK_V1 = "infermeter.task.v1"
 USAGE_V1 = "infermeter.usage.v1"
 REPLICA_V1 = "infermeter.replica.v1"
 EVENT_TYPES = (REQUEST_V1, TASK_V1, USAGE_V1, REPLICA_V1)
+
+RequestStatus = Literal["ok", "error", "cancelled", "rejected"]
+TaskOutcome = Literal["succeeded", "failed", "abandoned"]
+REQUEST_STATUSES: tuple[str, ...] = get_args(RequestStatus)
+TASK_OUTCOMES: tuple[str, ...] = get_args(TaskOutcome)
 
 MAX_TOKENS = 10**12  # per event; keeps every sum far inside bigint
 QUANTITY_DECIMALS = 12  # the project-wide NUMERIC scale (infermeter.db.QUANTITY_SCALE)
@@ -56,7 +61,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     model: Id
     deployment_id: Id
     replica_id: Id | None = None
-    status: Literal["ok", "error", "cancelled", "rejected"]
+    status: RequestStatus
     input_tokens: Tokens
     cached_input_tokens: Tokens
     output_tokens: Tokens
@@ -71,7 +76,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
 class TaskData(msgspec.Struct, frozen=True, kw_only=True):
     task_id: Id
     customer_id: Id
-    outcome: Literal["succeeded", "failed", "abandoned"]
+    outcome: TaskOutcome
     finished_at: When
 
 
@@ -268,3 +273,132 @@ def make_event(
 
 def encode_event(event: dict[str, Any]) -> bytes:
     return _encoder.encode(event)
+
+
+def partition_key(subject: str | None) -> bytes | None:
+    """The Kafka message key of an event: its subject (the customer id), so a customer's events
+    stay on one partition, in order. None (no key) for an event without a subject."""
+    return subject.encode() if subject else None
+
+
+def event_partition_key(event: object) -> bytes | None:
+    """`partition_key` of a parsed (possibly invalid) event dict."""
+    subject = event.get("subject") if isinstance(event, dict) else None
+    return partition_key(subject) if isinstance(subject, str) else None
+
+
+# --- the one builder of each event type (the gateway, the replica agent, the demo, tests) -----------
+
+
+def request_event(
+    *,
+    source: str,
+    request_id: str,
+    customer_id: str,
+    model: str,
+    deployment_id: str,
+    status: str,
+    input_tokens: int,
+    cached_input_tokens: int,
+    output_tokens: int,
+    started_at: datetime,
+    finished_at: datetime,
+    api_key_id: str | None = None,
+    replica_id: str | None = None,
+    first_token_at: datetime | None = None,
+    task_id: str | None = None,
+    attempt: int = 1,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
+    (usage counts in the period in which the request finished)."""
+    if status not in REQUEST_STATUSES:
+        raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
+    data = {
+        "request_id": request_id,
+        "customer_id": customer_id,
+        "api_key_id": api_key_id,
+        "model": model,
+        "deployment_id": deployment_id,
+        "replica_id": replica_id,
+        "status": status,
+        "input_tokens": input_tokens,
+        "cached_input_tokens": cached_input_tokens,
+        "output_tokens": output_tokens,
+        "task_id": task_id,
+        "attempt": attempt,
+        "started_at": started_at,
+        "first_token_at": first_token_at,
+        "finished_at": finished_at,
+        "tags": dict(tags or {}),
+    }
+    return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
+                      time=finished_at)
+
+
+def task_event(
+    *,
+    source: str,
+    customer_id: str,
+    task_id: str,
+    outcome: str,
+    finished_at: datetime,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """An `infermeter.task.v1` event: a task's outcome, at the time it finished."""
+    if outcome not in TASK_OUTCOMES:
+        raise ValueError(f"unknown task outcome {outcome!r} (one of {', '.join(TASK_OUTCOMES)})")
+    data = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "finished_at": finished_at}
+    return make_event(TASK_V1, source=source, subject=customer_id, data=data, event_id=event_id,
+                      time=finished_at)
+
+
+def usage_event(
+    *,
+    source: str,
+    customer_id: str,
+    meter: str,
+    quantity: str,
+    task_id: str | None,
+    occurred_at: datetime,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """An `infermeter.usage.v1` event (tool calls, verification runs, ...)."""
+    data = {"customer_id": customer_id, "meter": meter, "quantity": quantity, "task_id": task_id}
+    return make_event(USAGE_V1, source=source, subject=customer_id, data=data, event_id=event_id,
+                      time=occurred_at)
+
+
+SHARED_POOL_SUBJECT = "shared-pool"  # the subject of a replica interval that serves every customer
+
+
+def replica_event(
+    *,
+    source: str,
+    replica_id: str,
+    deployment_id: str,
+    customer_id: str | None,
+    gpu_type: str,
+    gpu_count: int,
+    interval_start: datetime,
+    interval_end: datetime,
+    busy_seconds: str,
+    prompt_tokens: int,
+    generation_tokens: int,
+) -> dict[str, Any]:
+    """An `infermeter.replica.v1` event: one GPU interval of a replica, at the interval's end; its
+    id is `<replica_id>/<interval_start>` so a re-sent interval is a duplicate."""
+    data = {
+        "replica_id": replica_id,
+        "deployment_id": deployment_id,
+        "customer_id": customer_id,
+        "gpu_type": gpu_type,
+        "gpu_count": gpu_count,
+        "interval_start": interval_start,
+        "interval_end": interval_end,
+        "busy_seconds": busy_seconds,
+        "prompt_tokens": prompt_tokens,
+        "generation_tokens": generation_tokens,
+    }
+    return make_event(REPLICA_V1, source=source, subject=customer_id or SHARED_POOL_SUBJECT, data=data,
+                      event_id=f"{replica_id}/{rfc3339(interval_start)}", time=interval_end)

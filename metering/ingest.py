@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 import psycopg
 
+from metering.contract import event_partition_key
 from metering.kafka import Producer
 from metering.processor import INGEST_ID_HEADER
 
@@ -58,13 +59,6 @@ def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, stripped
 
 
-def routing_key(parsed: object) -> bytes | None:
-    """The customer id (CloudEvents subject) keys the message, so a customer stays on one partition."""
-    if isinstance(parsed, dict) and isinstance(parsed.get("subject"), str):
-        return parsed["subject"].encode()
-    return None
-
-
 def publish_lines(
     producer: Producer,
     topic: str,
@@ -87,7 +81,7 @@ def publish_lines(
         except msgspec.DecodeError as exc:
             publication.bad_lines.append(BadLine(number, f"not valid JSON ({exc})"))
             continue
-        producer.produce(topic, raw, key=routing_key(parsed), headers=headers, on_delivery=delivered)
+        producer.produce(topic, raw, key=event_partition_key(parsed), headers=headers, on_delivery=delivered)
         publication.published += 1
         if publication.published % 10_000 == 0:
             producer.poll(0)

@@ -7,59 +7,19 @@ window edge inside an hour is answered exactly from raw events for that part.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import psycopg
 from psycopg.rows import dict_row
 
-HOUR = timedelta(hours=1)
+from infermeter.times import HOUR, TimeInputError, Window, parse_time, utc_text  # noqa: F401 - re-exported
+
 GROUP_BY_CHOICES = ("model", "deployment", "day", "hour")
 TOKEN_FIELDS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
 
 
-class QueryError(ValueError):
-    """A bad query parameter; the message says which and why."""
-
-
-@dataclass(frozen=True)
-class Window:
-    start: datetime
-    end: datetime
-
-    def __post_init__(self) -> None:
-        if self.start.tzinfo is None or self.end.tzinfo is None:
-            raise QueryError("from/to need a time zone (e.g. 2026-11-02T00:00:00Z)")
-        if self.end <= self.start:
-            raise QueryError("to must be after from: windows are half-open [from, to)")
-
-    @property
-    def whole_hours(self) -> tuple[datetime, datetime] | None:
-        """[first whole hour, end of last whole hour) inside the window, or None."""
-        first = _ceil_hour(self.start)
-        last = _floor_hour(self.end)
-        return (first, last) if first < last else None
-
-
-def _floor_hour(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-
-
-def _ceil_hour(moment: datetime) -> datetime:
-    floor = _floor_hour(moment)
-    return floor if floor == moment else floor + HOUR
-
-
-def parse_time(text: str, name: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise QueryError(f"{name}: {text!r} is not an ISO 8601 time (e.g. 2026-11-02T00:00:00Z)") from None
-    if value.tzinfo is None:
-        if len(text.strip()) == 10:  # a bare date means midnight UTC
-            return value.replace(tzinfo=UTC)
-        raise QueryError(f"{name}: {text!r} has no time zone; add Z or an offset")
-    return value.astimezone(UTC)
+# Bad query parameters and bad times are one kind of error: a person gave a wrong input.
+QueryError = TimeInputError
 
 
 def parse_group_by(text: str | Sequence[str] | None) -> list[str]:
@@ -141,7 +101,7 @@ def usage(
         item = {name: row[name] for name in names}
         for key in ("day", "hour"):
             if key in item and isinstance(item[key], datetime):
-                item[key] = item[key].astimezone(UTC).isoformat().replace("+00:00", "Z")
+                item[key] = utc_text(item[key])
         item.update(
             requests=int(row["requests"]),
             input_tokens=int(row["input_tokens"]),
@@ -189,7 +149,7 @@ def tasks(conn: psycopg.Connection, customer_id: str, *, task_id: str | None = N
         item["outcome"] = item["outcome"] or "pending"
         for key in ("finished_at", "first_request_at", "last_request_at"):
             if item[key] is not None:
-                item[key] = item[key].astimezone(UTC).isoformat().replace("+00:00", "Z")
+                item[key] = utc_text(item[key])
         out.append(item)
     return out
 
@@ -204,7 +164,7 @@ def dead_letters(conn: psycopg.Connection, *, limit: int = 100, reason: str | No
         )
         rows = cur.fetchall()
     for row in rows:
-        row["received_at"] = row["received_at"].astimezone(UTC).isoformat().replace("+00:00", "Z")
+        row["received_at"] = utc_text(row["received_at"])
     return rows
 
 

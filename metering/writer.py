@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from infermeter.times import month_start, next_month
 from metering.kafka import Message, TopicPartition
 from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
@@ -191,14 +192,6 @@ class WriteResult:
     def merge(self, other: WriteResult) -> None:
         for name in ("written", "accepted", "duplicates", "rejected", "skipped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-def month_start(moment: datetime) -> datetime:
-    return datetime(moment.year, moment.month, 1, tzinfo=UTC)
-
-
-def next_month(moment: datetime) -> datetime:
-    return datetime(moment.year + moment.month // 12, moment.month % 12 + 1, 1, tzinfo=UTC)
 
 
 class BatchWriter:

@@ -112,10 +112,9 @@ class Emitter:
 
     @staticmethod
     def _encode(event: dict) -> tuple[bytes | None, bytes]:
-        from metering.contract import encode_event
+        from metering.contract import encode_event, event_partition_key
 
-        subject = event.get("subject")
-        return (subject.encode() if subject else None), encode_event(event)
+        return event_partition_key(event), encode_event(event)
 
     def emit(self, event: dict) -> None:
         """Append one CloudEvent to the spool (durable when this returns) and wake the publisher."""

@@ -65,17 +65,12 @@ from starlette.responses import Response
 
 from infermeter.auth import AuthError, Principal, bearer_token, static_principal
 from infermeter.settings import Settings, get_settings
+from metering.contract import task_event, usage_event
 from serving import metrics
 from serving.routing import pick_replica
 from serving.upstream_http import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 from serving.upstreams import ModelRoute, Replica, UpstreamConfig, load_upstreams
-from serving.usage import (
-    RequestOutcome,
-    build_request_event,
-    build_task_event,
-    build_usage_event,
-    usage_tokens,
-)
+from serving.usage import RequestOutcome, build_request_event, usage_tokens
 
 log = logging.getLogger("serving.gateway")
 
@@ -1083,7 +1078,7 @@ async def _task_outcome(state: GatewayState, task_id: str, request: Request) -> 
     if not known:  # unknown, or another customer's: the same answer, so existence is not disclosed
         raise ApiError(404, f"task '{task_id}' not found", type_="not_found_error", code="task_not_found")
     event_id = body.get("id") if isinstance(body.get("id"), str) and body.get("id") else None
-    event = build_task_event(
+    event = task_event(
         source=state.source,
         customer_id=customer_id,
         task_id=task_id,
@@ -1121,7 +1116,7 @@ async def _usage_event(state: GatewayState, request: Request) -> Response:
         raise _bad("'task_id' must be a string", "task_id")
     event_id = body.get("id") if isinstance(body.get("id"), str) and body.get("id") else None
     try:
-        event = build_usage_event(
+        event = usage_event(
             source=state.source,
             customer_id=customer_id,
             meter=meter,

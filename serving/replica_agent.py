@@ -44,12 +44,11 @@ from urllib.parse import urlparse
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from metering.contract import REPLICA_V1, make_event, rfc3339
+from metering.contract import replica_event
 from serving import metrics
 
 log = logging.getLogger("serving.replica_agent")
 
-SHARED_POOL_SUBJECT = "shared-pool"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
@@ -164,27 +163,21 @@ class ReplicaAgent:
             return None
         length_us = _micros(end - start)
         busy_us = min(self._busy_us, length_us)
-        data = {
-            "replica_id": self.replica_id,
-            "deployment_id": self.deployment_id,
-            "customer_id": self.customer_id,
-            "gpu_type": self.gpu_type,
-            "gpu_count": self.gpu_count,
-            "interval_start": start,
-            "interval_end": end,
-            "busy_seconds": f"{Decimal(busy_us).scaleb(-6):f}",
-            "prompt_tokens": self._prompt,
-            "generation_tokens": self._generation,
-        }
+        prompt_tokens, generation_tokens = self._prompt, self._generation
         self.interval_start = end
         self._busy_us = self._prompt = self._generation = 0
-        return make_event(
-            REPLICA_V1,
+        return replica_event(
             source=f"//replica-agent/{self.replica_id}",
-            subject=self.customer_id or SHARED_POOL_SUBJECT,
-            event_id=f"{self.replica_id}/{rfc3339(start)}",
-            data=data,
-            time=end,
+            replica_id=self.replica_id,
+            deployment_id=self.deployment_id,
+            customer_id=self.customer_id,
+            gpu_type=self.gpu_type,
+            gpu_count=self.gpu_count,
+            interval_start=start,
+            interval_end=end,
+            busy_seconds=f"{Decimal(busy_us).scaleb(-6):f}",
+            prompt_tokens=prompt_tokens,
+            generation_tokens=generation_tokens,
         )
 
     # --- I/O ----------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""THE one place a request's usage record is built: `build_request_event(outcome)`.
+"""A request's usage record: `build_request_event(outcome)`, the token rules applied to what vLLM said.
 
 The gateway collects what happened to a request in a `RequestOutcome` (who, which model and
 replica, the status, the timings, and the usage object vLLM reported) and calls
-`build_request_event` exactly once per request, whatever the outcome; nothing else creates
-`infermeter.request.v1` events.
+`build_request_event` exactly once per request, whatever the outcome. The event itself is shaped
+by `metering.contract.request_event`, the one builder of `infermeter.request.v1` events.
 
 Token rules:
 - `input_tokens` = `usage.prompt_tokens` (all prompt tokens, cached included);
@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from metering.contract import REQUEST_V1, TASK_V1, USAGE_V1, make_event
-
-STATUSES = ("ok", "error", "cancelled", "rejected")
+from metering.contract import request_event
 
 
 @dataclass(slots=True)
@@ -71,69 +69,28 @@ def usage_tokens(outcome: RequestOutcome) -> tuple[int, int, int, str]:
 
 
 def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, Any]:
-    """The `infermeter.request.v1` event of one finished request (the only builder of it)."""
-    if outcome.status not in STATUSES:
-        raise ValueError(f"unknown request status {outcome.status!r}")
+    """The `infermeter.request.v1` event of one finished request: its tokens by the rules above,
+    shaped by the contract's `request_event` (the gateway calls this once per request)."""
     input_tokens, cached, output_tokens, usage_source = usage_tokens(outcome)
     tags = dict(outcome.tags)
     if outcome.status != "rejected":
         tags["usage_source"] = usage_source
-    data = {
-        "request_id": outcome.request_id,
-        "customer_id": outcome.customer_id,
-        "api_key_id": outcome.api_key_id,
-        "model": outcome.model,
-        "deployment_id": outcome.deployment_id,
-        "replica_id": outcome.replica_id,
-        "status": outcome.status,
-        "input_tokens": input_tokens,
-        "cached_input_tokens": cached,
-        "output_tokens": output_tokens,
-        "task_id": outcome.task_id,
-        "attempt": outcome.attempt,
-        "started_at": outcome.started_at,
-        "first_token_at": outcome.first_token_at,
-        "finished_at": outcome.finished_at,
-        "tags": tags,
-    }
-    return make_event(
-        REQUEST_V1,
+    return request_event(
         source=source,
-        subject=outcome.customer_id,
-        data=data,
-        event_id=outcome.request_id,
-        time=outcome.finished_at,
-    )
-
-
-def build_task_event(
-    *,
-    source: str,
-    customer_id: str,
-    task_id: str,
-    outcome: str,
-    finished_at: datetime,
-    event_id: str | None = None,
-) -> dict[str, Any]:
-    """The `infermeter.task.v1` event of a reported task outcome."""
-    data = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "finished_at": finished_at}
-    return make_event(
-        TASK_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=finished_at
-    )
-
-
-def build_usage_event(
-    *,
-    source: str,
-    customer_id: str,
-    meter: str,
-    quantity: str,
-    task_id: str | None,
-    occurred_at: datetime,
-    event_id: str | None = None,
-) -> dict[str, Any]:
-    """An `infermeter.usage.v1` event (tool calls, verification runs, ...)."""
-    data = {"customer_id": customer_id, "meter": meter, "quantity": quantity, "task_id": task_id}
-    return make_event(
-        USAGE_V1, source=source, subject=customer_id, data=data, event_id=event_id, time=occurred_at
+        request_id=outcome.request_id,
+        customer_id=outcome.customer_id,
+        api_key_id=outcome.api_key_id,
+        model=outcome.model,
+        deployment_id=outcome.deployment_id,
+        replica_id=outcome.replica_id,
+        status=outcome.status,
+        input_tokens=input_tokens,
+        cached_input_tokens=cached,
+        output_tokens=output_tokens,
+        task_id=outcome.task_id,
+        attempt=outcome.attempt,
+        started_at=outcome.started_at,
+        first_token_at=outcome.first_token_at,
+        finished_at=outcome.finished_at,
+        tags=tags,
     )
