@@ -43,11 +43,13 @@ def decimal_amount(value: object, what: str, error: type[BillingError] = Billing
         raise error(str(exc)) from None
 
 
-def check_minor_units(amount: Decimal, currency: Currency, what: str) -> Decimal:
-    """`amount` unchanged if it has no more decimals than the currency's minor unit, else MinorUnitError."""
+def check_minor_units(
+    amount: Decimal, currency: Currency, what: str, error: type[BillingError] = MinorUnitError
+) -> Decimal:
+    """`amount` unchanged if it has no more decimals than the currency's minor unit, else `error`."""
     if currency.round(amount) != amount:
         places = "no decimals" if currency.minor_units == 0 else f"at most {currency.minor_units} decimal places"
-        raise MinorUnitError(
+        raise error(
             f"{what} {amount} {currency.code} has more decimals than {currency.code} allows ({places}); "
             f"round it first (e.g. {currency.round(amount)})"
         )
