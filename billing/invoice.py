@@ -320,6 +320,20 @@ def draft_from_rating(rating: Rating, period: Period, *, price_book_version: str
     )
 
 
+def empty_draft(
+    customer_id: str, currency: str, period: Period, *, price_book_version: str, sequence: int = 1
+) -> Invoice:
+    """A draft without lines for a customer's period: for an invoice that carries only adjustments of
+    earlier periods (`add_lines`), or a period without usage."""
+    if not isinstance(period, Period):
+        raise InvoiceError(f"period must be a billing.periods.Period, got {type(period).__name__}")
+    return _build(
+        id=invoice_id(customer_id, period.label, sequence), customer_id=customer_id, currency=currency,
+        period=period.label, period_start=period.start, period_end=period.end, sequence=sequence, lines=(),
+        price_book_version=price_book_version,
+    )
+
+
 def _draft_only(invoice: Invoice, what: str) -> None:
     if invoice.status is not S.DRAFT:
         raise InvoiceImmutable(
