@@ -40,6 +40,7 @@ from billing.errors import (
 )
 from billing.numbering import parse_number
 from billing.periods import Period, parse_label
+from pricing.money import Currency
 from pricing.rating import Line, Rating
 
 LineKind = Literal["usage", "minimum", "credit"]
@@ -222,7 +223,7 @@ class Invoice:
             raise InvoiceError(f"draft invoice {self.id} cannot have a number or finalized_at (finalize it instead)")
 
     @property
-    def money(self):  # -> pricing.money.Currency
+    def money(self) -> Currency:
         return currency_of(self.currency, InvoiceError)
 
     def line(self, line_id: str) -> InvoiceLine:
@@ -391,7 +392,10 @@ def transition(
 ) -> Invoice:
     """The invoice in status `to` at time `at` (the injected clock). Finalizing (draft -> open) needs the
     `number` the adapter allocated; `issued_at` (the date on the document) defaults to `at`."""
-    to = InvoiceStatus(to)
+    try:
+        to = InvoiceStatus(to)
+    except ValueError:
+        raise InvoiceStateError(f"unknown invoice status {to!r} (one of {', '.join(InvoiceStatus)})") from None
     when = aware_utc(at, "at", InvoiceStateError)
     if not can_transition(invoice.status, to):
         allowed = ", ".join(sorted(TRANSITIONS[invoice.status])) or "none: it is terminal"

@@ -106,6 +106,19 @@ def test_minimum_top_up_shrinks_as_late_usage_arrives():
     assert sum(ln.amount for ln in adjustments) == 0
 
 
+def test_a_correction_that_lowers_the_amount_owed_cannot_be_invoiced():
+    # volume pricing: crossing into the cheaper tier re-prices every unit, so late usage lowers the total
+    book = price_book_from_data({"id": "vol", "currency": "USD", "charges": [{"meter": "successful_tasks", "price": {
+        "type": "tiered_volume", "tiers": [{"up_to": 1000, "amount": "0.10"}, {"up_to": None, "amount": "0.05"}]}}]})
+    february = regular_invoice([(("successful_tasks",), 1000)], book=book)  # 100.00
+    late = rating([(("successful_tasks",), 1200)], book=book)  # 60.00
+    lines = adjustment_lines(late, february.lines, period=PERIOD, target_invoice_id="inv_x")
+    assert [(ln.quantity, ln.amount) for ln in lines] == [(200, D("-40.00"))]
+    draft = add_lines(empty_draft("c1", "USD", PERIOD, price_book_version="v1", sequence=2), lines)
+    with pytest.raises(InvoiceError, match="issue a credit note"):
+        finalize(draft, number=format_number(2026, 2), at=T_FINAL)
+
+
 def test_wrong_inputs_are_refused():
     february = regular_invoice(ROWS)
     with pytest.raises(InvoiceError, match="rate exactly the billing period"):

@@ -156,6 +156,8 @@ def test_finalize_sets_number_and_times():
     assert invoice.finalized_at == invoice.issued_at == T_FINAL
     issued = finalize(draft(), number="INV-2026-000123", at=T_FINAL, issued_at=T_FINAL - timedelta(hours=9))
     assert issued.issued_at == T_FINAL - timedelta(hours=9) and issued.finalized_at == T_FINAL
+    with pytest.raises(InvoiceStateError, match="unknown invoice status 'sent'"):
+        transition(draft(), "sent", at=T_FINAL)
     with pytest.raises(InvoiceStateError, match="needs the invoice number"):
         transition(draft(), S.OPEN, at=T_FINAL)
     with pytest.raises(InvoiceStateError, match="no time zone"):
