@@ -3,13 +3,16 @@ and what to do instead, so an API adapter can answer 4xx with it as it is."""
 
 from __future__ import annotations
 
+from infermeter.times import TimeInputError
+
 
 class BillingError(ValueError):
     """Base of every billing domain error."""
 
 
-class PeriodError(BillingError):
-    """A billing period that cannot be built: bad label, unknown time zone, anchor day out of range."""
+class PeriodError(BillingError, TimeInputError):
+    """A billing period or window that cannot be built: bad label, unknown time zone, anchor day out of
+    range, an edge without a time zone or an end not after its start (infermeter.times.Window)."""
 
 
 class InvoiceError(BillingError):

@@ -24,32 +24,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from billing._common import aware_utc
 from billing.errors import PeriodError
+from infermeter.times import Window, ceil_hour, floor_hour  # noqa: F401 - Window is part of this API
 
 _LABEL = re.compile(r"(\d{4})-(\d{2})")
 MIN_YEAR = 1970
 MAX_YEAR = 9998  # the period of 9998-12 ends in 9999; one more would overflow datetime
-_HOUR = timedelta(hours=1)
-
-
-@dataclass(frozen=True)
-class Window:
-    """A half-open UTC window [start, end)."""
-
-    start: datetime
-    end: datetime
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start", aware_utc(self.start, "window start", PeriodError))
-        object.__setattr__(self, "end", aware_utc(self.end, "window end", PeriodError))
-        if self.end <= self.start:
-            raise PeriodError(f"window end {self.end.isoformat()} is not after its start {self.start.isoformat()}")
-
-    def __contains__(self, instant: object) -> bool:
-        return isinstance(instant, datetime) and self.start <= aware_utc(instant, "instant", PeriodError) < self.end
-
-    @property
-    def duration(self) -> timedelta:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -184,15 +163,6 @@ def period_containing(instant: datetime, timezone: str, anchor_day: int) -> Peri
 
 
 # ---------------------------------------------------------------- UTC hours at the edges
-
-
-def floor_hour(instant: datetime) -> datetime:
-    return aware_utc(instant, "instant", PeriodError).replace(minute=0, second=0, microsecond=0)
-
-
-def ceil_hour(instant: datetime) -> datetime:
-    floor = floor_hour(instant)
-    return floor if floor == instant else floor + _HOUR
 
 
 def split_hours(period: Period | Window) -> list[Window]:

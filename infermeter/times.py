@@ -59,24 +59,34 @@ def next_month(moment: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Window:
-    """A half-open window [start, end) of aware instants."""
+    """A half-open window [start, end) of aware instants, kept in UTC."""
 
     start: datetime
     end: datetime
 
     def __post_init__(self) -> None:
-        if self.start.tzinfo is None or self.end.tzinfo is None:
-            raise TimeInputError("from/to need a time zone (e.g. 2026-11-02T00:00:00Z)")
+        for edge in (self.start, self.end):
+            if not isinstance(edge, datetime) or edge.tzinfo is None:
+                raise TimeInputError("from/to need a time zone (e.g. 2026-11-02T00:00:00Z)")
+        object.__setattr__(self, "start", self.start.astimezone(UTC))
+        object.__setattr__(self, "end", self.end.astimezone(UTC))
         if self.end <= self.start:
-            raise TimeInputError("to must be after from: windows are half-open [from, to)")
+            raise TimeInputError(
+                f"to ({self.end.isoformat()}) must be after from ({self.start.isoformat()}): "
+                "windows are half-open [from, to)"
+            )
 
     @classmethod
     def month_of(cls, moment: datetime) -> Window:
         """[first of the month 00:00 UTC, first of the next month) containing `moment`."""
         return cls(month_start(moment), next_month(moment))
 
-    def __contains__(self, moment: datetime) -> bool:
-        return self.start <= moment < self.end
+    def __contains__(self, moment: object) -> bool:
+        return isinstance(moment, datetime) and moment.tzinfo is not None and self.start <= moment < self.end
+
+    @property
+    def duration(self) -> timedelta:
+        return self.end - self.start
 
     @property
     def whole_hours(self) -> tuple[datetime, datetime] | None:
