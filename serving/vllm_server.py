@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infermeter.stack import free_port
+from infermeter.stack import die_with_parent, free_port
 
 CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -107,7 +107,7 @@ def vllm_env(state_dir: Path) -> dict[str, str]:
 
 @dataclass
 class VllmServer:
-    """A running vLLM OpenAI server (child process in its own process group)."""
+    """A running vLLM OpenAI server (child process in its own process group, dying with its parent)."""
 
     url: str
     served_model_name: str
@@ -184,7 +184,14 @@ def start_vllm(
     env = vllm_env(state_dir)
     if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # Its own process group (stop() signals vLLM and its engine processes together), and SIGTERM
+    # when the thread that called this exits, even on `kill -9` of this process: vLLM then shuts
+    # down its engine processes itself. Call this from the main thread or a thread that outlives
+    # the server (infermeter.stack.die_with_parent).
+    process = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        preexec_fn=die_with_parent(signal.SIGTERM),
+    )  # fmt: skip
     return VllmServer(
         url=f"http://{host}:{port}",
         served_model_name=served_model_name,
