@@ -129,17 +129,23 @@ def request_sums(
     by_deployment: bool = True,
     meters: set[str] | None = None,
     customer_id: str | None = None,
+    sql_template: str = REQUEST_TOTALS_SQL,
+    chunk_rows: int = STREAM_CHUNK_ROWS,
+    chunks_ahead: int = STREAM_CHUNKS_AHEAD,
 ) -> Iterator[tuple[str, dict[UsageKey, int]]]:
     """(customer, its request-meter quantities) for each customer served in [start, end), in customer
     order, each customer once and complete. A thread reads the rows, so PostgreSQL keeps summing the
-    next customers while the caller works on this one; `conn` is the thread's until the iterator ends."""
+    next customers while the caller works on this one; `conn` is the thread's until the iterator ends.
+    `sql_template` (formatted with deployment, sums, group_deployment and only), `chunk_rows` (rows
+    per chunk handed over) and `chunks_ahead` (chunks the thread may read ahead) default to the
+    module's constants; tests pass others."""
     request_meters = [m for m in REQUEST_METER_SUMS if meters is None or m in meters]
     if not request_meters:
         return
     sums = {m: REQUEST_METER_SUMS[m] for m in request_meters}
     if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
         sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
-    sql = REQUEST_TOTALS_SQL.format(
+    sql = sql_template.format(
         deployment="deployment_id" if by_deployment else "''",
         sums=", ".join(sums.values()),
         group_deployment=", deployment_id" if by_deployment else "",
@@ -148,7 +154,8 @@ def request_sums(
     keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
     current: str | None = None
     quantities: dict[UsageKey, int] = {}
-    for chunk in _read_ahead(conn, sql, {"start": start, "end": end, "customer": customer_id}):
+    params = {"start": start, "end": end, "customer": customer_id}
+    for chunk in _read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead):
         for row in chunk:
             customer, model, deployment = row[0], row[1], row[2]
             if customer != current:
@@ -168,9 +175,12 @@ def request_sums(
 _END = object()
 
 
-def _read_ahead(conn: psycopg.Connection, sql: str, params: Mapping[str, object]) -> Iterator[list[tuple]]:
-    """The rows of `sql`, in chunks read by a thread (up to STREAM_CHUNKS_AHEAD ahead of the caller)."""
-    chunks: queue.Queue = queue.Queue(maxsize=STREAM_CHUNKS_AHEAD)
+def _read_ahead(
+    conn: psycopg.Connection, sql: str, params: Mapping[str, object], *, chunk_rows: int, chunks_ahead: int
+) -> Iterator[list[tuple]]:
+    """The rows of `sql`, in chunks of `chunk_rows` read by a thread (up to `chunks_ahead` chunks ahead
+    of the caller)."""
+    chunks: queue.Queue = queue.Queue(maxsize=chunks_ahead)
     stop = threading.Event()
 
     def read() -> None:
@@ -182,10 +192,10 @@ def _read_ahead(conn: psycopg.Connection, sql: str, params: Mapping[str, object]
                 for name, value in REQUEST_SUMS_SETTINGS:
                     cur.execute("SELECT set_config(%s, %s, true)", (name, value))
                 chunk: list[tuple] = []
-                rows = cur.stream(sql, params, size=STREAM_CHUNK_ROWS)
+                rows = cur.stream(sql, params, size=chunk_rows)
                 for row in rows:
                     chunk.append(row)
-                    if len(chunk) == STREAM_CHUNK_ROWS:
+                    if len(chunk) == chunk_rows:
                         chunks.put(chunk)
                         chunk = []
                         if stop.is_set():  # the caller stopped reading: end the query

@@ -11,7 +11,6 @@ from pricing.cost import attribute
 from pricing.experiments import customer_usages
 from pricing.money import precise
 from pricing.rating import rate
-from pricing_service import rate_period as rate_period_module
 from pricing_service.books import read_cost_model, read_price_book
 from pricing_service.rate_period import load_period_usages, rate_period, request_sums
 from pricing_service.source import connect, load_dataset
@@ -47,7 +46,7 @@ def test_sql_attribution_and_rating_match_the_pure_path(synthetic_db):
                     assert [(x.line_id, x.amount) for x in got.lines] == [(x.line_id, x.amount) for x in expected.lines]
 
 
-def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found(synthetic_db, monkeypatch):
+def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found(synthetic_db):
     settings = "SELECT current_setting('random_page_cost'), current_setting('max_parallel_workers_per_gather')"
     with connect(synthetic_db) as conn:
         before = conn.execute(settings).fetchone()
@@ -58,19 +57,16 @@ def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found
 
         # the caller stops after one customer while the reader waits on a full queue: it ends, and
         # the connection answers the next query
-        monkeypatch.setattr(rate_period_module, "STREAM_CHUNK_ROWS", 1)
-        monkeypatch.setattr(rate_period_module, "STREAM_CHUNKS_AHEAD", 1)
-        stream = request_sums(conn, H0, H2)
+        stream = request_sums(conn, H0, H2, chunk_rows=1, chunks_ahead=1)
         assert next(stream)[0] == customers[0]
         stream.close()
         assert conn.execute(settings).fetchone() == before
         assert [c for c, _ in request_sums(conn, H0, H2)] == customers
 
         # an error in the reading thread is raised in the caller's
-        monkeypatch.setattr(rate_period_module, "REQUEST_TOTALS_SQL",
-                            "SELECT 'c', 'm', '', 1 / 0 WHERE %(start)s < %(end)s"
-                            "{only:.0}{deployment:.0}{sums:.0}{group_deployment:.0}")
+        failing = ("SELECT 'c', 'm', '', 1 / 0 WHERE %(start)s < %(end)s"
+                   "{only:.0}{deployment:.0}{sums:.0}{group_deployment:.0}")
         with pytest.raises(psycopg.errors.DivisionByZero):
-            list(request_sums(conn, H0, H2))
+            list(request_sums(conn, H0, H2, sql_template=failing))
         conn.rollback()
         assert conn.execute("SELECT 1").fetchone() == (1,)
