@@ -59,8 +59,8 @@ def compare_cmd(
     csv_out: Annotated[Path | None, typer.Option("--csv", help="Write revenue/cost per book and customer as CSV here.")] = None,
 ) -> None:
     """Rate the same metered usage under each price book: revenue, cost, margin, risk, caching, retries."""
-    from pricing_service.compare import render_console, run_comparison
     from infermeter.times import parse_time
+    from pricing_service.compare import render_console, run_comparison
 
     with _clear_errors():
         window = parse_time(start, "--from"), parse_time(end, "--to")
