@@ -1,16 +1,22 @@
 """Pricing experiments: the same metered usage rated under several price books, beside what it cost.
 
-Pure: `compare(dataset, books, cost_model)` gives a `Comparison` per book — revenue, cost, margin,
-per-customer revenue against the first (baseline) book, risk (how the margin spreads over days, or
-hours for windows shorter than two days, and over customers), who keeps the prefix-caching gain,
-and who pays for retried task attempts.
+Pure: `compare(dataset, books, cost_model, usage)` gives a `Comparison` per book — revenue, cost,
+margin, per-customer revenue against the first (baseline) book, risk (how the margin spreads over
+days, or hours for windows shorter than two days, and over customers), who keeps the prefix-caching
+gain, and who pays for retried task attempts.
+
+The usage rated is given (`ExperimentUsages`): the adapter loads it the way invoices do
+(`pricing_service.rate_period.load_period_usages`: SQL sums and SQL GPU attribution), for the window,
+for each risk bucket (`experiment_buckets`) and with caching off for each model. There is one path
+from the rollups to `Usage`; the records (`dataset`) feed the cost model. A Python attribution of
+the same usage from the records is kept as the test oracle (tests/pricing/usage_oracle.py).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
@@ -30,67 +36,19 @@ class ExperimentError(ValueError):
     pass
 
 
-# ---------------------------------------------------------------- usage per customer
+# ---------------------------------------------------------------- the usage rated
 
 
-def customer_usages(
-    dataset: Dataset,
-    attribution: Attribution,
-    start: datetime,
-    end: datetime,
-    *,
-    caching_off_for: Iterable[str] = (),
-) -> dict[str, Usage]:
-    """Each customer's usage of [start, end): request meters by hour of event time, GPU-seconds of
-    their dedicated deployments plus their attributed share of the shared pool, tasks by the time of
-    their outcome, usage meters by hour."""
-    off = frozenset(caching_off_for)
-    out: dict[str, dict[UsageKey, Decimal | int]] = {}
-    keys: dict[tuple[str, str], tuple[UsageKey, UsageKey, UsageKey, UsageKey]] = {}
+@dataclass(frozen=True)
+class ExperimentUsages:
+    """Each customer's usage, as invoices load it: of the whole window, of each risk bucket
+    (`experiment_buckets(start, end)`, in order), and of the window with prefix caching off for
+    each model served (cached input tokens of that model counted as uncached, GPU time grown and
+    attributed as `pricing.cost.attribute(..., caching_off_for=[model])` does)."""
 
-    def add(customer: str, key: UsageKey, quantity: Decimal | int) -> None:
-        quantities = out.get(customer)
-        if quantities is None:
-            quantities = out[customer] = {}
-        quantities[key] = quantities.get(key, 0) + quantity
-
-    for r in dataset.requests:
-        if not (start <= r.hour < end):
-            continue
-        k = keys.get((r.model, r.deployment_id))
-        if k is None:
-            k = keys[(r.model, r.deployment_id)] = tuple(
-                UsageKey(m, r.model, r.deployment_id) for m in REQUEST_METERS_FROM_RECORD
-            )
-        cached = 0 if r.model in off else r.cached_input_tokens
-        quantities = out.get(r.customer_id)
-        if quantities is None:
-            quantities = out[r.customer_id] = {}
-        for key, q in ((k[0], r.input_tokens - cached), (k[1], cached), (k[2], r.output_tokens), (k[3], r.requests)):
-            quantities[key] = quantities.get(key, 0) + q
-    gpu: dict[str, dict[UsageKey, Decimal]] = {}
-    for k, seconds in attribution.gpu_seconds.items():
-        if k.customer_id and start <= k.hour < end:
-            key = UsageKey("gpu_seconds", "", k.deployment_id, k.gpu_type)
-            per = gpu.setdefault(k.customer_id, {})
-            per[key] = per.get(key, ZERO) + seconds
-    for customer, per in gpu.items():
-        for key, seconds in per.items():
-            # attributed GPU-seconds are exact fractions: keep them at the project scale (12 places)
-            add(customer, key, precise(seconds))
-    for t in dataset.tasks:
-        if not (start <= t.finished_at < end):
-            continue
-        if t.outcome == "succeeded":
-            add(t.customer_id, UsageKey("successful_tasks"), 1)
-        elif t.outcome == "failed":
-            add(t.customer_id, UsageKey("failed_tasks"), 1)
-        add(t.customer_id, UsageKey("task_attempts"), len(t.attempts))
-    for m in dataset.meters:
-        if start <= m.hour < end:
-            add(m.customer_id, UsageKey("usage:" + m.meter), m.quantity)
-    # zero quantities dropped as Usage.build does; every quantity here is a non-negative int or Decimal
-    return {c: Usage.trusted(c, start, end, {k: v for k, v in q.items() if v}) for c, q in out.items()}
+    window: Mapping[str, Usage]
+    buckets: Sequence[Mapping[str, Usage]]
+    caching_off: Mapping[str, Mapping[str, Usage]]  # model -> customer -> usage
 
 
 def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attribution,
@@ -261,7 +219,8 @@ def stdev(values: Sequence[Decimal]) -> Decimal:
         return precise(variance.sqrt())
 
 
-def _buckets(start: datetime, end: datetime) -> tuple[str, list[tuple[datetime, datetime]]]:
+def experiment_buckets(start: datetime, end: datetime) -> tuple[str, list[tuple[datetime, datetime]]]:
+    """The risk buckets of a window: days for windows of two days or more, else hours."""
     step, name = (timedelta(days=1), "day") if end - start >= timedelta(days=2) else (timedelta(hours=1), "hour")
     out = []
     t = start
@@ -271,37 +230,10 @@ def _buckets(start: datetime, end: datetime) -> tuple[str, list[tuple[datetime, 
     return name, out
 
 
-def _bucket_usages(
-    dataset: Dataset, attribution: Attribution, bounds: list[tuple[datetime, datetime]]
-) -> list[dict[str, Usage]]:
-    """customer_usages of each bucket, splitting the records once (not once per bucket)."""
-    starts = [a for a, _ in bounds]
-
-    def index(t: datetime) -> int | None:
-        i = bisect_right(starts, t) - 1
-        return i if 0 <= i and t < bounds[i][1] else None
-
-    parts: list[tuple[list, list, list]] = [([], [], []) for _ in bounds]
-    gpu_parts: list[dict] = [{} for _ in bounds]
-    for r in dataset.requests:
-        if (i := index(r.hour)) is not None:
-            parts[i][0].append(r)
-    for t in dataset.tasks:
-        if (i := index(t.finished_at)) is not None:
-            parts[i][1].append(t)
-    for m in dataset.meters:
-        if (i := index(m.hour)) is not None:
-            parts[i][2].append(m)
-    for k, seconds in attribution.gpu_seconds.items():
-        if (i := index(k.hour)) is not None:
-            gpu_parts[i][k] = seconds
-    return [
-        customer_usages(Dataset(a, b, tuple(req), (), tuple(tasks), tuple(meters)), Attribution(gpu_seconds=gpu), a, b)
-        for (a, b), (req, tasks, meters), gpu in zip(bounds, parts, gpu_parts, strict=True)
-    ]
-
-
-def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel) -> Comparison:
+def compare(
+    dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel, usage: ExperimentUsages
+) -> Comparison:
+    """Rate `usage` under each book and cost the `dataset` with the cost model (see the module doc)."""
     if not books:
         raise ExperimentError("give at least one price book")
     currencies = {b.currency for b in books} | {cost_model.currency}
@@ -312,11 +244,16 @@ def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel)
     currency = Currency.of(cost_model.currency)
     start, end = dataset.start, dataset.end
     attribution = attribute(dataset, cost_model)
-    usages = customer_usages(dataset, attribution, start, end)
+    models = sorted({r.model for r in dataset.requests})
+    bucket_name, bucket_bounds = experiment_buckets(start, end)
+    if len(usage.buckets) != len(bucket_bounds):
+        raise ExperimentError(f"expected the usage of {len(bucket_bounds)} {bucket_name} buckets, got {len(usage.buckets)}")
+    if missing := [m for m in models if m not in usage.caching_off]:
+        raise ExperimentError(f"no usage with caching off for model(s) {', '.join(missing)}")
+    usages, bucket_usages, caching_off_usages = usage.window, usage.buckets, usage.caching_off
     customers = sorted(set(usages) | {k.customer_id for k in attribution.cost if k.customer_id})
 
     # one pass over the attributed cost and the usage meters: per customer and per time bucket
-    bucket_name, bucket_bounds = _buckets(start, end)
     starts = [a for a, _ in bucket_bounds]
     cust_cost: dict[str, Decimal] = dict.fromkeys(customers, ZERO)
     bucket_costs = [ZERO] * len(bucket_bounds)
@@ -330,7 +267,6 @@ def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel)
             cust_cost[customer] = cust_cost.get(customer, ZERO) + value
         bucket_costs[max(0, bisect_right(starts, hour) - 1)] += value
     cost = currency.round(cost_precise)
-    bucket_usages = _bucket_usages(dataset, attribution, bucket_bounds)
 
     tcosts = task_costs(dataset.tasks, attribution, cost_model)
     retried_by_customer: dict[str, list[TaskCost]] = defaultdict(list)
@@ -345,11 +281,7 @@ def compare(dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel)
         for c, u in usages.items()
     }
 
-    models = sorted({r.model for r in dataset.requests})
-    caching_off = {}
-    for m in models:
-        att_off = attribute(dataset, cost_model, caching_off_for=[m])
-        caching_off[m] = (att_off, customer_usages(dataset, att_off, start, end, caching_off_for=[m]))
+    caching_off = {m: (attribute(dataset, cost_model, caching_off_for=[m]), caching_off_usages[m]) for m in models}
 
     def empty(c: str) -> Usage:
         return Usage(c, start, end, {})

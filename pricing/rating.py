@@ -11,7 +11,6 @@ prepaid credits. Line ids are stable hashes, so re-rating gives the same ids.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -158,9 +157,26 @@ class Rating:
         )
 
 
+# A line id is sha256("book id|customer|charge key|group|period start|period end")[:24], defined by
+# the three helpers below. `rate` hashes each customer's prefix once and copies it per line (the
+# hot path); `line_id` builds one id from the same helpers (tests/pricing/test_rating.py checks
+# that both give the same ids).
+LINE_ID_CHARS = 24
+
+
+def line_id_prefix(book_id: str, customer_id: str):
+    """The sha256 state after "book id|customer|": copy it, then feed it a `line_id_tail`."""
+    return sha256(f"{book_id}|{customer_id}|".encode())
+
+
+def line_id_tail(charge_key: str, group: str, start: datetime, end: datetime) -> bytes:
+    return f"{charge_key}|{group}|{start.isoformat()}|{end.isoformat()}".encode()
+
+
 def line_id(book: PriceBook, customer_id: str, charge_key: str, group: str, start: datetime, end: datetime) -> str:
-    text = "|".join((book.id, customer_id, charge_key, group, start.isoformat(), end.isoformat()))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    ident = line_id_prefix(book.id, customer_id)
+    ident.update(line_id_tail(charge_key, group, start, end))
+    return ident.hexdigest()[:LINE_ID_CHARS]
 
 
 def match_charge(book: PriceBook, key: UsageKey) -> tuple[int, Charge] | None:
@@ -343,9 +359,9 @@ def rate(book: PriceBook, usage: Usage) -> Rating:
                 quantities[slot] = quantities[slot] + quantity if slot in quantities else quantity
     customer = usage.customer_id
     start, end = usage.period_start, usage.period_end
-    # line id = sha256("book|customer|charge key|group|start|end")[:24]: the customer's prefix is
-    # hashed once and copied per line; the rest of the text is kept per line slot and period
-    prefix = sha256(f"{book.id}|{customer}|".encode())
+    # line ids as `line_id` makes them: the customer's prefix is hashed once and copied per line;
+    # the tail of each line slot is kept per period
+    prefix = line_id_prefix(book.id, customer)
     tails = compiled.line_id_tails(start, end)
     infos, minor = compiled.lines, compiled.minor
     lines: list[Line] = []
@@ -364,11 +380,11 @@ def rate(book: PriceBook, usage: Usage) -> Rating:
         usage_total += amount
         tail = tails.get(slot)
         if tail is None:
-            tail = tails[slot] = f"{charge_key}|{slot[1]}|{start.isoformat()}|{end.isoformat()}".encode()
+            tail = tails[slot] = line_id_tail(charge_key, slot[1], start, end)
         ident = prefix.copy()
         ident.update(tail)
         lines.append(
-            _new_line(Line, (ident.hexdigest()[:24], "usage", customer, charge_key, meter, slot[1], Decimal(quantity),
+            _new_line(Line, (ident.hexdigest()[:LINE_ID_CHARS], "usage", customer, charge_key, meter, slot[1], Decimal(quantity),
                              unit_price, exact.quantize(QUANT, ROUND_HALF_UP, EXACT), amount))
         )
     if book.minimum is not None or book.credits:

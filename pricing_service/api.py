@@ -4,23 +4,29 @@ Mount with `app.include_router(pricing_service.api.router)`. Reads `request.app.
 (INFERMETER_PRICING_BOOKS, INFERMETER_PRICING_COST_MODEL) and `request.app.state.pool` (the psycopg
 ConnectionPool the app puts there, app.api.create_app).
 Admin: every customer, or `?customer_id=`; a customer API key: only itself (asking for another
-customer answers 404).
+customer answers 404). The period ends at the `now` dependency (the current time; tests override it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from infermeter.http import PrincipalDep, error, scope
 from pricing.book import PriceBookError
 from pricing.cost import CostModelError
 from pricing_service.books import book_paths, read_cost_model, read_price_book
-from pricing_service.shadow import shadow_rating_on
+from pricing_service.shadow import shadow_rating_on, utc_now
 
 router = APIRouter(tags=["pricing"])
+
+
+def now() -> datetime:
+    """The instant the running period ends at (a dependency: tests override it)."""
+    return utc_now()
 
 
 def candidate_books(settings) -> list:
@@ -31,6 +37,7 @@ def candidate_books(settings) -> list:
 async def get_shadow(
     request: Request,
     principal: PrincipalDep,
+    as_of: Annotated[datetime, Depends(now)],
     customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
 ) -> dict[str, Any]:
     customer = scope(principal, customer_id)
@@ -44,6 +51,6 @@ async def get_shadow(
     def run() -> dict[str, Any]:
         with request.app.state.pool.connection() as conn:
             conn.execute("SET TIME ZONE 'UTC'")
-            return shadow_rating_on(conn, books, cost_model, customer_id=customer).to_json()
+            return shadow_rating_on(conn, books, cost_model, now=as_of, customer_id=customer).to_json()
 
     return await run_in_threadpool(run)

@@ -59,8 +59,8 @@ def compare_cmd(
     csv_out: Annotated[Path | None, typer.Option("--csv", help="Write revenue/cost per book and customer as CSV here.")] = None,
 ) -> None:
     """Rate the same metered usage under each price book: revenue, cost, margin, risk, caching, retries."""
+    from infermeter.times import parse_time
     from pricing_service.compare import render_console, run_comparison
-    from pricing_service.source import parse_time
 
     with _clear_errors():
         window = parse_time(start, "--from"), parse_time(end, "--to")
@@ -86,16 +86,19 @@ def shadow_cmd(
     customer: Annotated[str | None, typer.Option("--customer", help="Only this customer.")] = None,
     price_book: Annotated[list[Path] | None, typer.Option("--price-book", help="Candidate books (default: INFERMETER_PRICING_BOOKS).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_of: Annotated[str | None, typer.Option("--as-of", help="Rate the month of this time, up to the end of its hour (RFC 3339; default: now).")] = None,
 ) -> None:
     """Live running revenue of the current month under every candidate book, per customer."""
+    from infermeter.times import parse_time
     from pricing_service.books import book_paths, read_cost_model, read_price_book
     from pricing_service.shadow import shadow_rating
 
     with _clear_errors():
+        now = None if as_of is None else parse_time(as_of, "--as-of")
         settings = get_settings()
         books = [read_price_book(p) for p in (price_book or book_paths(settings.pricing_books))]
         cost_model = read_cost_model(settings.pricing_cost_model)
-        report = shadow_rating(_database_url(), books, cost_model, customer_id=customer)
+        report = shadow_rating(_database_url(), books, cost_model, now=now, customer_id=customer)
         if as_json:
             sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
             return
@@ -117,8 +120,9 @@ def books_import(
     effective_from: Annotated[str, typer.Option("--effective-from", help="When this version comes into force (UTC time).")],
 ) -> None:
     """Validate a price book and store it as a version in force from --effective-from."""
+    from infermeter.times import parse_time
     from pricing_service.books import import_book
-    from pricing_service.source import connect, parse_time
+    from pricing_service.source import connect
 
     with _clear_errors():
         at = parse_time(effective_from, "--effective-from")

@@ -14,8 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pricing.book import PriceBook, PriceBookError
-from pricing.experiments import Comparison, compare
+from pricing.cost import CostModel
+from pricing.experiments import Comparison, ExperimentUsages, compare, experiment_buckets
+from pricing.records import Dataset
+from pricing.usage import Usage
 from pricing_service.books import book_in_force, read_cost_model, read_price_book
+from pricing_service.rate_period import load_period_usages
 from pricing_service.source import check_window, connect, load_dataset
 
 STORED_PREFIX = "stored:"
@@ -177,10 +181,31 @@ def run_comparison(
     with connect(database_url) as conn:
         books, sources = resolve_books(conn, list(book_paths), start)
         dataset = load_dataset(conn, start, end)
-    report = compare(dataset, books, cost_model)
+        usages = experiment_usages(conn, dataset, cost_model)
+    report = compare(dataset, books, cost_model, usages)
     from pricing_service.books import EXAMPLE_COST_MODEL
 
     return ComparisonReport(report, sources, str(cost_model_path or EXAMPLE_COST_MODEL))
+
+
+def experiment_usages(conn, dataset: Dataset, cost_model: CostModel) -> ExperimentUsages:
+    """The usage an experiment rates, loaded as invoices load it (`load_period_usages`): the window,
+    each risk bucket, and the window with prefix caching off for each model served in it."""
+    start, end = dataset.start, dataset.end
+    _, bounds = experiment_buckets(start, end)
+    models = sorted({r.model for r in dataset.requests})
+    return ExperimentUsages(
+        _nonzero(load_period_usages(conn, start, end, cost_model)),
+        [_nonzero(load_period_usages(conn, a, b, cost_model)) for a, b in bounds],
+        {m: _nonzero(load_period_usages(conn, start, end, cost_model, caching_off_for=[m])) for m in models},
+    )
+
+
+def _nonzero(usages: dict[str, Usage]) -> dict[str, Usage]:
+    """Without zero quantities (SQL sums give 0 for, say, failed tasks of a customer with none): the
+    experiment's usage totals list only meters with usage."""
+    return {c: Usage.trusted(c, u.period_start, u.period_end, {k: q for k, q in u.quantities.items() if q})
+            for c, u in usages.items()}
 
 
 def render_console(report: ComparisonReport, console: Console) -> None:

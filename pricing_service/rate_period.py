@@ -67,13 +67,19 @@ WHERE hour >= %(start)s AND hour < %(end)s {only} GROUP BY customer_id, meter
 """
 # GPU-ms of each deployment-hour shared by weighted tokens; idle dedicated hours to their owner.
 # With a customer, only the deployment-hours that customer was served in (or owns) are read.
+# `weight` is what was served; `scenario` the same with prefix caching off for the models in %(off)s
+# (their cached input counted as uncached; equal to `weight` when %(off)s is empty): a deployment-
+# hour's GPU time grows by scenario / weight and is shared by scenario, i.e. each share is
+# gpu_ms x scenario / total weight (pricing.cost.attribute, caching_off_for).
 GPU_ATTRIBUTION_SQL = """
 WITH hours AS (
     SELECT DISTINCT deployment_id, hour FROM gpu_ledger_hourly
     WHERE hour >= %(start)s AND hour < %(end)s {gpu_only}
 ), weights AS (
     SELECT r.customer_id, r.deployment_id, r.hour,
-           sum(%(pw)s * (r.input_tokens - r.cached_input_tokens) + %(dw)s * r.output_tokens) AS weight
+           sum(%(pw)s * (r.input_tokens - r.cached_input_tokens) + %(dw)s * r.output_tokens) AS weight,
+           sum(%(pw)s * (r.input_tokens - CASE WHEN r.model = ANY(%(off)s::text[]) THEN 0 ELSE r.cached_input_tokens END)
+               + %(dw)s * r.output_tokens) AS scenario
     FROM request_rollup_hourly r JOIN hours h ON h.deployment_id = r.deployment_id AND h.hour = r.hour
     GROUP BY r.customer_id, r.deployment_id, r.hour
 ), totals AS (
@@ -83,10 +89,10 @@ WITH hours AS (
     FROM gpu_ledger_hourly g JOIN hours h ON h.deployment_id = g.deployment_id AND h.hour = g.hour
     GROUP BY g.customer_id, g.deployment_id, g.gpu_type, g.hour
 )
-SELECT w.customer_id, g.deployment_id, g.gpu_type, sum((g.gpu_ms * w.weight)::numeric(70, 20) / t.total)
+SELECT w.customer_id, g.deployment_id, g.gpu_type, sum((g.gpu_ms * w.scenario)::numeric(70, 20) / t.total)
 FROM gpu g
 JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour AND t.total > 0
-JOIN weights w ON w.deployment_id = g.deployment_id AND w.hour = g.hour AND w.weight > 0 {weights_only}
+JOIN weights w ON w.deployment_id = g.deployment_id AND w.hour = g.hour AND w.scenario > 0 {weights_only}
 GROUP BY w.customer_id, g.deployment_id, g.gpu_type
 UNION ALL
 SELECT g.owner, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
@@ -108,17 +114,33 @@ def load_period_usages(
     by_deployment: bool = True,
     meters: Iterable[str] | None = None,
     customer_id: str | None = None,
+    caching_off_for: Iterable[str] = (),
 ) -> dict[str, Usage]:
     """Each customer's usage of [start, end) (or one customer's). `by_deployment=False` sums request
     meters over deployments and `meters` limits the meters read (see `needs_deployment` and
     `priced_meters`: enough for books that name no deployment / do not price every meter). GPU time
-    needs the cost model (its weights attribute the shared pool)."""
+    needs the cost model (its weights attribute the shared pool). `caching_off_for`: the usage as if
+    prefix caching were off for these models (pricing experiments): their cached input tokens count
+    as uncached, and GPU time is grown and attributed as `pricing.cost.attribute` does it."""
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
+    off = sorted(set(caching_off_for))
     with _gc_paused():
         out = dict(request_sums(conn, start, end, by_deployment=by_deployment, meters=wanted, customer_id=customer_id))
-        _add_other_meters(conn, out, start, end, cost_model, wanted, customer_id)
+        if off:
+            _caching_off(out, frozenset(off))
+        _add_other_meters(conn, out, start, end, cost_model, wanted, customer_id, off)
     return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
+
+
+def _caching_off(out: dict[str, dict[UsageKey, object]], models: frozenset[str]) -> None:
+    """Count the cached input tokens of `models` as uncached (both meters summed per key, so moved)."""
+    for quantities in out.values():
+        for key in [k for k in quantities if k.meter == "cached_input_tokens" and k.model in models]:
+            cached = quantities[key]
+            quantities[key] = 0
+            uncached = key._replace(meter="uncached_input_tokens")
+            quantities[uncached] = quantities.get(uncached, 0) + cached
 
 
 def request_sums(
@@ -129,17 +151,23 @@ def request_sums(
     by_deployment: bool = True,
     meters: set[str] | None = None,
     customer_id: str | None = None,
+    sql_template: str = REQUEST_TOTALS_SQL,
+    chunk_rows: int = STREAM_CHUNK_ROWS,
+    chunks_ahead: int = STREAM_CHUNKS_AHEAD,
 ) -> Iterator[tuple[str, dict[UsageKey, int]]]:
     """(customer, its request-meter quantities) for each customer served in [start, end), in customer
     order, each customer once and complete. A thread reads the rows, so PostgreSQL keeps summing the
-    next customers while the caller works on this one; `conn` is the thread's until the iterator ends."""
+    next customers while the caller works on this one; `conn` is the thread's until the iterator ends.
+    `sql_template` (formatted with deployment, sums, group_deployment and only), `chunk_rows` (rows
+    per chunk handed over) and `chunks_ahead` (chunks the thread may read ahead) default to the
+    module's constants; tests pass others."""
     request_meters = [m for m in REQUEST_METER_SUMS if meters is None or m in meters]
     if not request_meters:
         return
     sums = {m: REQUEST_METER_SUMS[m] for m in request_meters}
     if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
         sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
-    sql = REQUEST_TOTALS_SQL.format(
+    sql = sql_template.format(
         deployment="deployment_id" if by_deployment else "''",
         sums=", ".join(sums.values()),
         group_deployment=", deployment_id" if by_deployment else "",
@@ -148,7 +176,8 @@ def request_sums(
     keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
     current: str | None = None
     quantities: dict[UsageKey, int] = {}
-    for chunk in _read_ahead(conn, sql, {"start": start, "end": end, "customer": customer_id}):
+    params = {"start": start, "end": end, "customer": customer_id}
+    for chunk in _read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead):
         for row in chunk:
             customer, model, deployment = row[0], row[1], row[2]
             if customer != current:
@@ -168,9 +197,12 @@ def request_sums(
 _END = object()
 
 
-def _read_ahead(conn: psycopg.Connection, sql: str, params: Mapping[str, object]) -> Iterator[list[tuple]]:
-    """The rows of `sql`, in chunks read by a thread (up to STREAM_CHUNKS_AHEAD ahead of the caller)."""
-    chunks: queue.Queue = queue.Queue(maxsize=STREAM_CHUNKS_AHEAD)
+def _read_ahead(
+    conn: psycopg.Connection, sql: str, params: Mapping[str, object], *, chunk_rows: int, chunks_ahead: int
+) -> Iterator[list[tuple]]:
+    """The rows of `sql`, in chunks of `chunk_rows` read by a thread (up to `chunks_ahead` chunks ahead
+    of the caller)."""
+    chunks: queue.Queue = queue.Queue(maxsize=chunks_ahead)
     stop = threading.Event()
 
     def read() -> None:
@@ -182,10 +214,10 @@ def _read_ahead(conn: psycopg.Connection, sql: str, params: Mapping[str, object]
                 for name, value in REQUEST_SUMS_SETTINGS:
                     cur.execute("SELECT set_config(%s, %s, true)", (name, value))
                 chunk: list[tuple] = []
-                rows = cur.stream(sql, params, size=STREAM_CHUNK_ROWS)
+                rows = cur.stream(sql, params, size=chunk_rows)
                 for row in rows:
                     chunk.append(row)
-                    if len(chunk) == STREAM_CHUNK_ROWS:
+                    if len(chunk) == chunk_rows:
                         chunks.put(chunk)
                         chunk = []
                         if stop.is_set():  # the caller stopped reading: end the query
@@ -224,6 +256,7 @@ def _add_other_meters(
     cost_model: CostModel | None,
     wanted: set[str] | None,
     customer_id: str | None,
+    caching_off_for: list[str] | None = None,
 ) -> None:
     """Add the task, usage-meter and GPU quantities of [start, end) to `out` (customer -> quantities)."""
     params: dict[str, object] = {"start": start, "end": end, "customer": customer_id}
@@ -247,14 +280,22 @@ def _add_other_meters(
             for customer, meter, quantity in cur:
                 add(customer, UsageKey("usage:" + meter), quantity)
         if wanted is None or GPU_METER in wanted:
-            for customer, deployment, gpu_type, seconds in gpu_seconds(conn, start, end, cost_model, customer_id):
+            attributed = gpu_seconds(conn, start, end, cost_model, customer_id, caching_off_for=caching_off_for)
+            for customer, deployment, gpu_type, seconds in attributed:
                 add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
 
 
 def gpu_seconds(
-    conn: psycopg.Connection, start: datetime, end: datetime, cost_model: CostModel | None, customer_id: str | None = None
+    conn: psycopg.Connection,
+    start: datetime,
+    end: datetime,
+    cost_model: CostModel | None,
+    customer_id: str | None = None,
+    *,
+    caching_off_for: list[str] | None = None,
 ) -> list[tuple[str, str, str, Decimal]]:
-    """(customer, deployment, gpu_type, GPU-seconds) attributed over [start, end)."""
+    """(customer, deployment, gpu_type, GPU-seconds) attributed over [start, end) (with prefix caching
+    off for the models `caching_off_for`, as `pricing.cost.attribute` does)."""
     if cost_model is None:
         has_gpu = conn.execute(
             "SELECT EXISTS (SELECT 1 FROM gpu_ledger_hourly WHERE hour >= %s AND hour < %s)", (start, end)
@@ -268,7 +309,7 @@ def gpu_seconds(
         weights_only="AND w.customer_id = %(customer)s" if mine else "",
         owner_only="AND g.owner = %(customer)s" if mine else "",
     )
-    params = {"start": start, "end": end, "customer": customer_id,
+    params = {"start": start, "end": end, "customer": customer_id, "off": list(caching_off_for or ()),
               "pw": cost_model.prefill_weight, "dw": cost_model.decode_weight}
     rows = conn.execute(sql, params).fetchall()
     return [(c, d, g, precise(Decimal(ms) / 1000)) for c, d, g, ms in rows if ms]

@@ -9,6 +9,7 @@ the moment of the query (the current hour included), with no batch job in betwee
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -59,6 +60,10 @@ class ShadowReport:
         }
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 def shadow_rating(
     database_url: str,
     books: list[PriceBook],
@@ -66,9 +71,10 @@ def shadow_rating(
     *,
     now: datetime | None = None,
     customer_id: str | None = None,
+    clock: Callable[[], datetime] = utc_now,
 ) -> ShadowReport:
     with connect(database_url) as conn:
-        return shadow_rating_on(conn, books, cost_model, now=now, customer_id=customer_id)
+        return shadow_rating_on(conn, books, cost_model, now=now, customer_id=customer_id, clock=clock)
 
 
 def shadow_rating_on(
@@ -78,8 +84,10 @@ def shadow_rating_on(
     *,
     now: datetime | None = None,
     customer_id: str | None = None,
+    clock: Callable[[], datetime] = utc_now,
 ) -> ShadowReport:
-    now = now or datetime.now(UTC)
+    """The running period is the month of `now` (default: `clock()`), up to the end of now's hour."""
+    now = now or clock()
     start, end = current_period(now)
     usages = load_period_usages(
         conn, start, end, cost_model, by_deployment=needs_deployment(*books), meters=priced_meters(*books),

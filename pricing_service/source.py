@@ -13,34 +13,30 @@ Quantities for [start, end) (both whole UTC hours, because the rollups are hourl
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 import psycopg
 
 from infermeter.stack import to_libpq_url
-from metering.queries import QueryError, parse_time  # noqa: F401 - the one time parser, re-exported
+from infermeter.times import HOUR, TimeInputError, Window, floor_hour, month_start
 from pricing.records import AttemptRecord, Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord
 
 
-class WindowError(QueryError):
-    """A pricing window that is not whole hours, aware, and non-empty."""
-
-
 def check_window(start: datetime, end: datetime) -> tuple[datetime, datetime]:
-    """Aware, whole-hour, non-empty [start, end) in UTC, or a WindowError saying what is wrong."""
+    """Aware, whole-hour, non-empty [start, end) in UTC (infermeter.times.Window), or a TimeInputError
+    saying what is wrong."""
     for name, t in (("--from", start), ("--to", end)):
         if t.tzinfo is None:
-            raise WindowError(f"{name} {t.isoformat()} has no time zone; add Z (UTC) or an offset")
-        if t.minute or t.second or t.microsecond:
-            raise WindowError(
+            raise TimeInputError(f"{name} {t.isoformat()} has no time zone; add Z (UTC) or an offset")
+    window = Window(start, end)  # non-empty, or TimeInputError
+    for name, t in (("--from", window.start), ("--to", window.end)):
+        if floor_hour(t) != t:
+            raise TimeInputError(
                 f"{name} {t.isoformat()} is not a whole hour: pricing reads the hourly rollups, so a window "
                 "starts and ends on the hour (e.g. 2026-11-02T00:00:00Z)"
             )
-    start, end = start.astimezone(UTC), end.astimezone(UTC)
-    if end <= start:
-        raise WindowError("--to must be after --from: windows are half-open [from, to)")
-    return start, end
+    return floor_hour(window.start), floor_hour(window.end)
 
 
 def connect(database_url: str) -> psycopg.Connection:
@@ -143,7 +139,4 @@ def load_dataset(conn: psycopg.Connection, start: datetime, end: datetime, custo
 def current_period(now: datetime) -> tuple[datetime, datetime]:
     """The calendar month (UTC) containing `now`, as [first hour, the hour after now's hour):
     the running period shadow rating reports on."""
-    now = now.astimezone(UTC)
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    return start, end
+    return month_start(now), floor_hour(now) + HOUR

@@ -15,7 +15,8 @@ Public API (the gateway codes against this):
     set_budget(engine, customer_id, monthly_cap=Decimal|None, mode="hard"|"soft", rpm=None, tpm=None)
     get_budget(engine, customer_id) -> BudgetConfig | None
     controller.spend(customer_id) -> Spend   # metered + settled-unmetered + reserved, this month
-    list_price(model, settings) -> ListPrice # THE one function that prices tokens for budgets
+    list_price(model, settings) -> ListPrice # the per-token price of one request (reservations, settlement)
+    metered_cost(customer_id, window, sums, settings) -> Decimal  # metered usage, priced as the invoice does
 
 Types: `Admission(request_id, customer_id, reserved, warning, headers)`;
 `Rejection(reason, message, status, error_type, code, headers)` with reason one of
@@ -27,15 +28,32 @@ condition and 429 would make the OpenAI client retry it automatically),
 Soft mode: the request is admitted (and reserved) and the response carries the header
 `X-Infermeter-Budget-Warning: monthly budget exceeded: spent 101.23 of 100.00` (WARNING_HEADER).
 
-Spend, this calendar month in UTC ([first of month 00:00Z, next first)):
-  metered  = request_rollup_hourly of the month, rated at list price per model
-             (uncached input, cached input, output; every status, as metering counts them)
-+ settled  = actual costs of finished requests whose event metering has not ingested yet
-             (budget_reservations.state='settled' and (event_source, event_id) not in event_keys)
+Spend, this calendar month in UTC (infermeter.times.Window.month_of: [first of month 00:00Z, next first)):
+  metered  = the customer's metered tokens of the month (metering.queries.customer_token_sums:
+             uncached input, cached input, output per model and deployment; every status, as
+             metering counts them), priced by `metered_cost`
++ settled  = actual costs of finished requests whose event metering has not recorded yet
+             (budget_reservations.state='settled' and (event_source, event_id) not recorded)
 + reserved = worst cases of requests in flight (state='reserved', not expired).
-Both parts come from ONE SQL statement, so they see one snapshot: the instant metering commits
-an event (rollup + event_keys in one transaction) its cost moves from `settled` to `metered`,
-never counted twice nor missed. Settled rows are deleted once metered (housekeeping).
+Budgets read their own table in one statement and metering's in another (metering owns its tables;
+budgets call metering.queries). No cost is counted twice nor missed, because metering's statement
+answers both "the month's tokens" and "which of these settled requests' events are recorded" from
+ONE snapshot, and metering commits an event's rollup and its key in one transaction: a settled
+row read by the first statement is, in the second, either recorded and inside the tokens (so
+counted as metered only) or neither (so counted as settled only). A request settled between the
+two statements was read as reserved: counted at its worst case (never less than its cost), as a
+single snapshot would also have it when metering ingests the event before the gateway settles.
+Settled rows are deleted once metered (housekeeping).
+
+How spend is priced. Metered usage is priced as the invoice prices it: with
+INFERMETER_LIST_PRICE_BOOK set, the month's tokens are one `pricing.usage.Usage` rated by
+`pricing.rating.rate` (the invoice path): each charge's `free` allowance per period and line, its
+tiers, and one half-up rounding per line, so budgets and invoices agree to the cent. A meter the
+book has no charge for is priced at INFERMETER_LIST_PRICE_*_PER_MTOK (exact, unrounded), as is
+everything when no book is set. A single request (its reservation and, until metering records it,
+its settled cost) is priced by `list_price`: the book's unit price per token with no free
+allowance left (an upper bound: the allowance belongs to the month's line, and the metered part
+applies it once metering has the request), else the INFERMETER_LIST_PRICE_* setting.
 
 Worst case of a request = prompt_tokens at the uncached-input list price + max_tokens at the
 output list price (the gateway passes the model's context length when the client set no
@@ -71,6 +89,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
 from infermeter.settings import Settings, get_settings
+from infermeter.times import Window
+from metering.queries import customer_token_sums, recorded_event_keys
 from serving import ratelimit
 from serving.tables import budget_reservations, customer_budgets
 
@@ -82,7 +102,7 @@ _ZERO = Decimal(0)
 RejectionReason = Literal["budget_exceeded", "rate_limit_requests", "rate_limit_tokens"]
 
 
-# --- list price: THE one function that prices tokens for budgets -------------------------------
+# --- prices: list_price for one request, metered_cost for the month's metered usage ------------
 
 
 @dataclass(frozen=True)
@@ -101,19 +121,29 @@ class ListPrice:
         )
 
 
-def list_price(model: str, settings: Settings | None = None) -> ListPrice:
-    """The list price of `model` used for budgets.
+_TOKEN_METERS = ("uncached_input_tokens", "cached_input_tokens", "output_tokens")
 
-    From the price book INFERMETER_LIST_PRICE_BOOK when set: its `unit` price on
-    uncached_input_tokens / cached_input_tokens / output_tokens that best matches the model
-    (pricing.rating.match_charge). Any meter the book does not price per unit falls back to
-    INFERMETER_LIST_PRICE_*_PER_MTOK (decimal strings per 1M tokens, the same for every model)."""
-    settings = settings or get_settings()
-    fallback = {
+
+def _setting_prices(settings: Settings) -> dict[str, Decimal]:
+    """INFERMETER_LIST_PRICE_*_PER_MTOK per token (decimal strings per 1M tokens, every model)."""
+    return {
         "uncached_input_tokens": Decimal(settings.list_price_input_per_mtok) / _MTOK,
         "cached_input_tokens": Decimal(settings.list_price_cached_input_per_mtok) / _MTOK,
         "output_tokens": Decimal(settings.list_price_output_per_mtok) / _MTOK,
     }
+
+
+def list_price(model: str, settings: Settings | None = None) -> ListPrice:
+    """The per-token price of one request of `model`: its reservation (worst case) and its settled
+    cost until metering has it.
+
+    From the price book INFERMETER_LIST_PRICE_BOOK when set: its `unit` price on
+    uncached_input_tokens / cached_input_tokens / output_tokens that best matches the model
+    (pricing.rating.match_charge), per token (pricing.rating.rate_unit), with no free allowance
+    left: the allowance is the month's, and `metered_cost` applies it. Any meter the book does not
+    price per unit falls back to INFERMETER_LIST_PRICE_*_PER_MTOK."""
+    settings = settings or get_settings()
+    fallback = _setting_prices(settings)
     if settings.list_price_book:
         fallback.update(_book_unit_prices(str(settings.list_price_book), model))
     return ListPrice(
@@ -134,17 +164,49 @@ def _price_book(path: str):
 @lru_cache(maxsize=1024)
 def _book_unit_prices(path: str, model: str) -> dict[str, Decimal]:
     from pricing.book import UnitPrice
-    from pricing.rating import match_charge
+    from pricing.rating import match_charge, rate_unit
     from pricing.usage import UsageKey
 
     book = _price_book(path)
     prices = {}
-    for meter in ("uncached_input_tokens", "cached_input_tokens", "output_tokens"):
+    for meter in _TOKEN_METERS:
         matched = match_charge(book, UsageKey(meter=meter, model=model))
         if matched is not None and isinstance(matched[1].price, UnitPrice):
-            price = matched[1].price
-            prices[meter] = Decimal(price.amount) / Decimal(getattr(price, "per", 1))
+            prices[meter] = rate_unit(matched[1].price, Decimal(1))  # amount / per, exact
     return prices
+
+
+def metered_cost(
+    customer_id: str,
+    window: Window,
+    sums: dict[tuple[str, str], tuple[int, int, int]],
+    settings: Settings | None = None,
+) -> Decimal:
+    """The cost of a customer's metered tokens over `window`, priced as the invoice prices them.
+
+    `sums`: {(model, deployment): (uncached input, cached input, output)} (metering.queries.
+    customer_token_sums). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
+    make one Usage of the window, rated by pricing.rating.rate (free allowances, tiers, one rounding
+    per line: the invoice's usage total to the cent); tokens of a meter the book does not charge
+    for, and all tokens when no book is set, cost INFERMETER_LIST_PRICE_*_PER_MTOK, exactly."""
+    from pricing.rating import match_charge, rate
+    from pricing.usage import Usage, UsageKey
+
+    settings = settings or get_settings()
+    per_token = _setting_prices(settings)
+    book = _price_book(str(settings.list_price_book)) if settings.list_price_book else None
+    priced: list[tuple[UsageKey, int]] = []
+    unpriced = _ZERO
+    for (model, deployment), quantities in sums.items():
+        for meter, quantity in zip(_TOKEN_METERS, quantities, strict=True):
+            key = UsageKey(meter, model, deployment)
+            if book is not None and match_charge(book, key) is not None:
+                priced.append((key, quantity))
+            else:
+                unpriced += per_token[meter] * quantity
+    if book is None or not priced:
+        return unpriced
+    return rate(book, Usage.build(customer_id, window.start, window.end, priced)).usage_total + unpriced
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -255,36 +317,22 @@ class Spend:
         return self.metered + self.settled_unmetered + self.reserved
 
 
-def month_window(now: datetime) -> tuple[datetime, datetime]:
-    """[first of the month 00:00 UTC, first of the next month) containing `now`."""
-    now = now.astimezone(UTC)
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start, end
-
-
 def _money(amount: Decimal) -> str:
     return f"{amount.quantize(Decimal('0.01')):f}"
 
 
 # --- the controller ----------------------------------------------------------------------------
 
-_SPEND_SQL = text(
+# Budgets' own part of spend, one statement (one snapshot of budget_reservations): each settled
+# row of the month (its cost and its event's key, looked up in metering next) and the reserved sum.
+_RESERVATIONS_SQL = text(
     """
-    SELECT 'metered' AS part, model,
-           sum(input_tokens - cached_input_tokens) AS uncached, sum(cached_input_tokens) AS cached,
-           sum(output_tokens) AS output, NULL::numeric AS amount
-      FROM request_rollup_hourly
-     WHERE customer_id = :customer_id AND hour >= :month_start AND hour < :month_end
-     GROUP BY model
+    SELECT 'settled' AS part, amount, event_source, event_id
+      FROM budget_reservations
+     WHERE customer_id = :customer_id AND state = 'settled'
+       AND created_at >= :month_start AND created_at < :month_end
     UNION ALL
-    SELECT 'settled', NULL, NULL, NULL, NULL, coalesce(sum(r.amount), 0)
-      FROM budget_reservations r
-     WHERE r.customer_id = :customer_id AND r.state = 'settled'
-       AND r.created_at >= :month_start AND r.created_at < :month_end
-       AND NOT EXISTS (SELECT 1 FROM event_keys k WHERE k.source = r.event_source AND k.event_id = r.event_id)
-    UNION ALL
-    SELECT 'reserved', NULL, NULL, NULL, NULL, coalesce(sum(amount), 0)
+    SELECT 'reserved', coalesce(sum(amount), 0), NULL, NULL
       FROM budget_reservations
      WHERE customer_id = :customer_id AND state = 'reserved' AND expires_at > :now
     """
@@ -318,15 +366,27 @@ _RESERVE_SQL = text(
     """
 )
 
+_SETTLED_KEYS_SQL = text(
+    """
+    SELECT request_id, event_source, event_id FROM budget_reservations
+     WHERE customer_id = :customer_id AND state = 'settled' AND event_source IS NOT NULL AND event_id IS NOT NULL
+    """
+)
+
 _HOUSEKEEP_SQL = text(
     """
     DELETE FROM budget_reservations r
      WHERE r.customer_id = :customer_id
        AND ((r.state = 'reserved' AND r.expires_at <= :now)
-            OR (r.state = 'settled' AND (r.created_at < :month_start
-                 OR EXISTS (SELECT 1 FROM event_keys k WHERE k.source = r.event_source AND k.event_id = r.event_id))))
+            OR (r.state = 'settled' AND (r.created_at < :month_start OR r.request_id = ANY(CAST(:metered AS text[])))))
     """
 )
+
+
+def _driver_connection(conn):
+    """The psycopg connection under a SQLAlchemy connection, in its transaction (metering.queries'
+    read functions take psycopg connections)."""
+    return conn.connection.driver_connection
 
 
 class AdmissionController:
@@ -374,23 +434,24 @@ class AdmissionController:
         if conn is None:
             with self.engine.connect() as own:
                 return self.spend(customer_id, now=now, conn=own)
-        month_start, month_end = month_window(now)
+        month = Window.month_of(now)
+        # 1. budgets' own rows, one snapshot: the month's settled costs and the reserved worst cases
         rows = conn.execute(
-            _SPEND_SQL, dict(customer_id=customer_id, month_start=month_start, month_end=month_end, now=now)
+            _RESERVATIONS_SQL, dict(customer_id=customer_id, month_start=month.start, month_end=month.end, now=now)
         ).all()
-        metered = settled = reserved = _ZERO
-        for row in rows:
-            if row.part == "metered":
-                metered += list_price(row.model, self.settings).cost(
-                    uncached_input_tokens=int(row.uncached or 0),
-                    cached_input_tokens=int(row.cached or 0),
-                    output_tokens=int(row.output or 0),
-                )
-            elif row.part == "settled":
-                settled += Decimal(row.amount)
-            else:
-                reserved += Decimal(row.amount)
-        return Spend(metered, settled, reserved)
+        reserved = sum((Decimal(r.amount) for r in rows if r.part == "reserved"), _ZERO)
+        settled_rows = [r for r in rows if r.part == "settled"]
+        # 2. metering's rows, one snapshot, in the same transaction: the month's tokens and which of
+        # the settled requests' events are already in them (see the module docstring)
+        sums, recorded = customer_token_sums(
+            _driver_connection(conn), customer_id, month,
+            recorded_of=[(r.event_source, r.event_id) for r in settled_rows
+                         if r.event_source is not None and r.event_id is not None],
+        )
+        settled = sum(
+            (Decimal(r.amount) for r in settled_rows if (r.event_source, r.event_id) not in recorded), _ZERO
+        )
+        return Spend(metered_cost(customer_id, month, sums, self.settings), settled, reserved)
 
     def admit_sync(
         self,
@@ -514,9 +575,12 @@ class AdmissionController:
     def housekeep(self, customer_id: str, now: datetime | None = None) -> None:
         """Delete expired reservations, settled costs metering now counts, and old rate windows."""
         now = now or self._clock()
-        month_start, _ = month_window(now)
+        month_start = Window.month_of(now).start
         with self.engine.begin() as conn:
-            conn.execute(_HOUSEKEEP_SQL, dict(customer_id=customer_id, now=now, month_start=month_start))
+            settled = conn.execute(_SETTLED_KEYS_SQL, dict(customer_id=customer_id)).all()
+            recorded = recorded_event_keys(_driver_connection(conn), [(r.event_source, r.event_id) for r in settled])
+            metered = [r.request_id for r in settled if (r.event_source, r.event_id) in recorded]
+            conn.execute(_HOUSEKEEP_SQL, dict(customer_id=customer_id, now=now, month_start=month_start, metered=metered))
             ratelimit.forget_old_windows(conn, customer_id, now)
 
     def _maybe_housekeep(self, customer_id: str, now: datetime) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from pricing.cost import CostModelError, attribute, cost_per_successful_task, parse_cost_model, task_costs
 from pricing.experiments import ExperimentError, compare
+from tests.pricing.usage_oracle import oracle_usages
 from tests.pricing.worked_example import COST_MODEL, DATASET, GPU_HOUR, H0, PER_TASK, PER_TOKEN
 
 D = Decimal
@@ -48,7 +49,7 @@ def test_cost_per_successful_task():
 
 
 def test_comparison_of_the_three_books():
-    report = compare(DATASET, [PER_TOKEN, GPU_HOUR, PER_TASK], COST_MODEL)
+    report = compare(DATASET, [PER_TOKEN, GPU_HOUR, PER_TASK], COST_MODEL, oracle_usages(DATASET, COST_MODEL))
     token, gpu, task = report.books
     assert report.cost_total_precise == D("12.1")  # 12.00 GPU + 0.10 verification
     # per token: a = 0.80 + 0.30 + 0.80 = 1.90, b = 0.60 + 0.40 = 1.00
@@ -81,7 +82,7 @@ def test_comparison_of_the_three_books():
 def test_currency_mismatch_and_missing_gpu_price():
     eur = PER_TASK.model_copy(update={"currency": "EUR"})
     with pytest.raises(ExperimentError, match="one currency"):
-        compare(DATASET, [eur], COST_MODEL)
+        compare(DATASET, [eur], COST_MODEL, oracle_usages(DATASET, COST_MODEL))
     with pytest.raises(CostModelError, match="no \\$/GPU-hour configured for gpu_type 'H100'"):
         attribute(DATASET, COST_MODEL.model_copy(update={"gpu_hour": {"A10": D(1)}}))
 

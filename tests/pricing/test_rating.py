@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from decimal import Decimal
 
 from pricing.book import parse_price_book
-from pricing.rating import rate
+from pricing.rating import line_id, rate, rate_progressive
 from pricing.usage import Usage, UsageKey
 from tests.pricing.helpers import T0, T2
 
@@ -92,6 +93,21 @@ def test_line_ids_are_stable_and_distinct():
     assert len({x.line_id for x in a.lines}) == len(a.lines)
     other_customer = rate(book, usage([(("output_tokens", "small"), 5)], customer="c2"))
     assert other_customer.lines[0].line_id not in {x.line_id for x in a.lines}
+
+
+def test_rate_makes_the_line_ids_line_id_makes():
+    """`rate` hashes line ids inline (prefix once per customer, tail per line slot); `line_id` is
+    the one definition: sha256 of "book|customer|charge key|group|start|end", 24 hex characters."""
+    book = parse_price_book(ISSUE_BOOK, "issue.yaml")
+    u = usage([(("output_tokens", "small"), 5), (("output_tokens", "big-model"), 7), (("successful_tasks",), 3)])
+    rating = rate(book, u)
+    assert len(rating.lines) == 4  # three usage lines and the minimum top-up
+    for x in rating.lines:
+        assert x.line_id == line_id(book, "c1", x.charge_key, x.group, T0, T2)
+        text = "|".join((book.id, "c1", x.charge_key, x.group, T0.isoformat(), T2.isoformat()))
+        assert x.line_id == hashlib.sha256(text.encode()).hexdigest()[:24]
+    progressive = rate_progressive(book, u.empty_before(), u, final=True)
+    assert [x.line_id for x in progressive.lines] == [x.line_id for x in rating.lines]
 
 
 def test_deployment_specific_charge_beats_generic():

@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 
 from infermeter.settings import get_settings
 from infermeter.stack import to_libpq_url
+from infermeter.times import TimeInputError
 from metering import queries
 from pricing_service.cli import app
 from pricing_service.compare import run_comparison
-from pricing_service.source import WindowError, connect, load_dataset
+from pricing_service.source import connect, load_dataset
 from tests.pricing_service.conftest import H0, H1, H2
 
 TEST_BOOKS = Path(__file__).parent / "books"
@@ -42,7 +43,7 @@ def test_dataset_reads_the_window_only(synthetic_db):
 
 
 def test_window_must_be_whole_hours(synthetic_db):
-    with connect(synthetic_db) as conn, pytest.raises(WindowError, match="is not a whole hour"):
+    with connect(synthetic_db) as conn, pytest.raises(TimeInputError, match="is not a whole hour"):
         load_dataset(conn, H0.replace(minute=30), H2)
 
 

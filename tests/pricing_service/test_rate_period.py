@@ -1,4 +1,5 @@
-"""The SQL period path (invoices, shadow rating) agrees with the pure path (experiments)."""
+"""The SQL period path (invoices, shadow rating, experiments) agrees with the Python oracle
+(tests/pricing/usage_oracle.py: usage attributed in Python from the hourly records)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import psycopg
 import pytest
 
 from pricing.cost import attribute
-from pricing.experiments import customer_usages
+from pricing.experiments import compare
 from pricing.money import precise
 from pricing.rating import rate
-from pricing_service import rate_period as rate_period_module
 from pricing_service.books import read_cost_model, read_price_book
+from pricing_service.compare import experiment_usages
 from pricing_service.rate_period import load_period_usages, rate_period, request_sums
 from pricing_service.source import connect, load_dataset
+from tests.pricing.usage_oracle import customer_usages, oracle_usages
 from tests.pricing_service.conftest import H0, H2
 
 BOOKS = Path(__file__).parent / "books"
@@ -47,7 +49,32 @@ def test_sql_attribution_and_rating_match_the_pure_path(synthetic_db):
                     assert [(x.line_id, x.amount) for x in got.lines] == [(x.line_id, x.amount) for x in expected.lines]
 
 
-def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found(synthetic_db, monkeypatch):
+def _nonzero(usages):
+    return {c: {k: q for k, q in u.quantities.items() if q} for c, u in usages.items()}
+
+
+def test_experiment_usages_from_sql_match_the_oracle_and_give_the_same_comparison(synthetic_db):
+    """The experiment rates usage loaded the invoice way (SQL): window, hourly buckets and caching
+    off per model equal the Python oracle's, key by key, and so does the whole comparison."""
+    cost_model = read_cost_model(BOOKS / "cost-model.yaml")
+    books = [read_price_book(BOOKS / n) for n in ("per-token.yaml", "gpu-hour.yaml", "per-task.yaml")]
+    with connect(synthetic_db) as conn:
+        dataset = load_dataset(conn, H0, H2)
+        sql = experiment_usages(conn, dataset, cost_model)
+    oracle = oracle_usages(dataset, cost_model)
+    assert _nonzero(sql.window) == _nonzero(oracle.window)
+    assert len(sql.buckets) == len(oracle.buckets) == 2
+    for got, expected in zip(sql.buckets, oracle.buckets, strict=True):
+        assert _nonzero(got) == _nonzero(expected)
+    assert set(sql.caching_off) == set(oracle.caching_off) == {"kimi-chat", "kimi-chat-lite"}
+    for model, expected in oracle.caching_off.items():
+        assert _nonzero(sql.caching_off[model]) == _nonzero(expected), model
+        assert _nonzero(expected) != _nonzero(oracle.window)  # caching off changes something
+    by_sql, by_oracle = compare(dataset, books, cost_model, sql), compare(dataset, books, cost_model, oracle)
+    assert by_sql == by_oracle
+
+
+def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found(synthetic_db):
     settings = "SELECT current_setting('random_page_cost'), current_setting('max_parallel_workers_per_gather')"
     with connect(synthetic_db) as conn:
         before = conn.execute(settings).fetchone()
@@ -58,19 +85,16 @@ def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found
 
         # the caller stops after one customer while the reader waits on a full queue: it ends, and
         # the connection answers the next query
-        monkeypatch.setattr(rate_period_module, "STREAM_CHUNK_ROWS", 1)
-        monkeypatch.setattr(rate_period_module, "STREAM_CHUNKS_AHEAD", 1)
-        stream = request_sums(conn, H0, H2)
+        stream = request_sums(conn, H0, H2, chunk_rows=1, chunks_ahead=1)
         assert next(stream)[0] == customers[0]
         stream.close()
         assert conn.execute(settings).fetchone() == before
         assert [c for c, _ in request_sums(conn, H0, H2)] == customers
 
         # an error in the reading thread is raised in the caller's
-        monkeypatch.setattr(rate_period_module, "REQUEST_TOTALS_SQL",
-                            "SELECT 'c', 'm', '', 1 / 0 WHERE %(start)s < %(end)s"
-                            "{only:.0}{deployment:.0}{sums:.0}{group_deployment:.0}")
+        failing = ("SELECT 'c', 'm', '', 1 / 0 WHERE %(start)s < %(end)s"
+                   "{only:.0}{deployment:.0}{sums:.0}{group_deployment:.0}")
         with pytest.raises(psycopg.errors.DivisionByZero):
-            list(request_sums(conn, H0, H2))
+            list(request_sums(conn, H0, H2, sql_template=failing))
         conn.rollback()
         assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -13,12 +13,14 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
+from pricing_service import api as pricing_api
 from pricing_service.api import router
 from pricing_service.books import book_paths, read_cost_model, read_price_book
 from pricing_service.shadow import shadow_rating
 
 TEST_BOOKS = Path(__file__).parent / "books"
 NOW = datetime(2026, 11, 2, 1, 30, tzinfo=UTC)
+AS_OF = "2026-11-02T01:30:00Z"
 
 
 def test_shadow_is_live_and_matches_one_customer_view(synthetic_db):
@@ -45,12 +47,12 @@ def test_shadow_is_live_and_matches_one_customer_view(synthetic_db):
     assert after - before == Decimal("10.00")  # 4M output tokens x 2.50 / M
 
 
-def test_shadow_endpoint_scopes_customers(synthetic_db, tmp_path, monkeypatch):
-    monkeypatch.setattr("pricing_service.shadow.datetime", _FrozenDatetime)
+def test_shadow_endpoint_scopes_customers(synthetic_db, tmp_path):
     settings = Settings(INFERMETER_HOME=tmp_path, DATABASE_URL=synthetic_db, INFERMETER_PRICING_BOOKS=str(TEST_BOOKS),
                         INFERMETER_PRICING_COST_MODEL=str(TEST_BOOKS / "cost-model.yaml"))
     app = create_app(settings, synthetic_db, None)
     app.include_router(router)
+    app.dependency_overrides[pricing_api.now] = lambda: NOW
     _, token = app.state.keys.create("cust-3")
     with TestClient(app) as client:
         admin = client.get("/v1/pricing/shadow", headers={"Authorization": f"Bearer {settings.admin_token}"})
@@ -66,12 +68,6 @@ def test_shadow_endpoint_scopes_customers(synthetic_db, tmp_path, monkeypatch):
     app.state.pool.close()
 
 
-class _FrozenDatetime(datetime):
-    @classmethod
-    def now(cls, tz=None):
-        return NOW
-
-
 def test_cli_shadow_prints_a_table_and_json(synthetic_db, tmp_path, monkeypatch):
     import json
 
@@ -80,7 +76,6 @@ def test_cli_shadow_prints_a_table_and_json(synthetic_db, tmp_path, monkeypatch)
     from infermeter.settings import get_settings
     from pricing_service.cli import app as cli
 
-    monkeypatch.setattr("pricing_service.shadow.datetime", _FrozenDatetime)
     monkeypatch.setenv("DATABASE_URL", synthetic_db)
     monkeypatch.setenv("INFERMETER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("INFERMETER_PRICING_BOOKS", str(TEST_BOOKS))
@@ -88,10 +83,10 @@ def test_cli_shadow_prints_a_table_and_json(synthetic_db, tmp_path, monkeypatch)
     get_settings.cache_clear()
     try:
         runner = CliRunner()
-        table = runner.invoke(cli, ["shadow"])
+        table = runner.invoke(cli, ["shadow", "--as-of", AS_OF])
         assert table.exit_code == 0, table.output
         assert "live" in table.stdout and "cust-4" in table.stdout
-        one = runner.invoke(cli, ["shadow", "--customer", "cust-4", "--json"])
+        one = runner.invoke(cli, ["shadow", "--customer", "cust-4", "--json", "--as-of", AS_OF])
         assert one.exit_code == 0, one.output
         body = json.loads(one.stdout)
         assert [c["customer_id"] for c in body["customers"]] == ["cust-4"]

@@ -7,10 +7,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
 from sqlalchemy import func, select
 
 from infermeter.stack import to_libpq_url
+from infermeter.times import Window
 from metering.contract import REQUEST_V1, encode_event, make_event
 from metering.kafka import Message
 from metering.writer import BatchWriter
@@ -20,7 +22,7 @@ from serving.budgets import (
     AdmissionController,
     Rejection,
     list_price,
-    month_window,
+    metered_cost,
     set_budget,
 )
 from serving.tables import budget_reservations
@@ -54,9 +56,10 @@ def test_list_price_is_exact_decimal(budget_settings):
     assert isinstance(price.output, Decimal)
 
 
-def test_month_window_is_half_open_utc():
-    assert month_window(datetime(2026, 12, 31, 23, 59, tzinfo=UTC)) == (
-        datetime(2026, 12, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+def test_metered_cost_without_a_book_is_the_setting_prices_exactly(budget_settings):
+    month = Window.month_of(NOW)
+    sums = {("tiny", "dep"): (PROMPT, 200, MAX_TOKENS), ("other", "dep"): (1, 0, 0)}
+    assert metered_cost("c", month, sums, budget_settings) == WORST + Decimal("0.0001") + Decimal("0.000001")
 
 
 def test_customer_without_budget_is_admitted_without_a_reservation(engine, budget_settings):
@@ -213,3 +216,63 @@ def test_async_admit_and_settle_from_100_tasks(engine, other_engine, budget_sett
                                               max_tokens=1)).limited
     for g in gateways:
         g.close()
+
+
+FREE_TIER_BOOK = """
+id: list-free
+currency: USD
+charges:
+  - meter: uncached_input_tokens
+    price: {type: unit, amount: "1.00", per: 1000000}
+    free: 1500000               # per month and model line
+  - meter: cached_input_tokens
+    price: {type: tiered_graduated, per: 1000000, tiers: [{up_to: 1000000, amount: "0.50"}, {up_to: null, amount: "0.25"}]}
+  - meter: output_tokens
+    price: {type: unit, amount: "3.00", per: 1000000}
+    free: 100000
+  - meter: output_tokens
+    model: lite
+    price: {type: unit, amount: "1.00", per: 3000000}
+"""
+
+
+def test_budget_spend_and_the_invoice_agree_to_the_cent_with_free_allowances(engine, db_url, budget_settings, tmp_path):
+    """Budgets price metered usage through the invoice path (pricing.rating.rate): free allowances,
+    tiers, one rounding per line. The same month rated by pricing_service.rate_period gives the
+    same usage total, to the cent."""
+    from pricing.book import parse_price_book
+    from pricing_service.rate_period import rate_period
+    from pricing_service.source import connect
+
+    path = tmp_path / "list.yaml"
+    path.write_text(FREE_TIER_BOOK)
+    s = budget_settings.model_copy(update={"list_price_book": path})
+    book = parse_price_book(FREE_TIER_BOOK)
+    month = Window.month_of(NOW)
+    rows = [  # customer, model, deployment, hour, input, cached, output
+        ("cust-f", "big", "dep-a", month.start, 1_000_000, 400_000, 70_000),
+        ("cust-f", "big", "dep-b", month.start + timedelta(hours=5), 1_234_567, 987_654, 123_457),
+        ("cust-f", "lite", "dep-a", month.start + timedelta(days=3), 2_000_001, 1, 4_000_003),
+        ("cust-f", "big", "dep-a", month.start - timedelta(hours=1), 9_000_000, 0, 9_000_000),  # last month
+        ("cust-g", "big", "dep-a", month.start, 5_000_000, 0, 5_000_000),  # someone else
+    ]
+    with psycopg.connect(to_libpq_url(db_url)) as conn:
+        conn.cursor().executemany(
+            "INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, requests, requests_ok, "
+            "input_tokens, cached_input_tokens, output_tokens) VALUES (%s, %s, %s, %s, 1, 1, %s, %s, %s)", rows)
+    spend = controller(engine, s).spend("cust-f", now=NOW)
+    with connect(db_url) as conn:
+        invoice = rate_period(conn, book, month.start, month.end)["cust-f"]
+    assert spend.metered == invoice.usage_total
+    # by hand, one line per charge and model, each rounded once:
+    # big  uncached 600_000 + 246_913 = 846_913, all inside the 1.5M free      -> 0.00
+    # big  cached 1_387_654: 1M x 0.50/M + 387_654 x 0.25/M = 0.5969135       -> 0.60
+    # big  output 193_457 - 100_000 free = 93_457 x 3.00/M = 0.280371         -> 0.28
+    # lite uncached 2_000_000 - 1.5M free = 500_000 x 1.00/M                  -> 0.50
+    # lite cached 1 x 0.50/M                                                  -> 0.00
+    # lite output 4_000_003 x 1.00 / 3M = 1.333334...                         -> 1.33
+    assert spend.metered == Decimal("2.71")
+    # what pricing every token at the per-token list price (no free allowance) gave before
+    per_token = sum((list_price(m, s).cost(uncached_input_tokens=i - c, cached_input_tokens=c, output_tokens=o)
+                     for _, m, _, h, i, c, o in rows[:3]), Decimal(0))
+    assert per_token > Decimal("4")
