@@ -25,7 +25,7 @@ from infermeter.http import PrincipalDep, error, scope
 from infermeter.settings import Settings
 from metering import queries
 from metering.contract import InvalidEvent, decode_event, event_partition_key
-from metering.kafka import ensure_topics, make_producer
+from metering.kafka import ensure_topics, make_producer, publish_and_wait
 
 CLOUDEVENT = "application/cloudevents+json"
 CLOUDEVENT_BATCH = "application/cloudevents-batch+json"
@@ -47,27 +47,14 @@ class Publisher:
         self.lock = threading.Lock()
 
     def publish(self, items: list[tuple[bytes | None, bytes]], timeout_s: float = 30) -> None:
-        done = threading.Event()
-        pending = [len(items)]
-        failures: list[Exception] = []
-
-        def delivered(err, _msg):
-            if err is not None:
-                failures.append(err)
-            pending[0] -= 1
-            if pending[0] == 0:
-                done.set()
-
-        for key, value in items:
-            self.producer.produce(self.topic, value, key=key, on_delivery=delivered)
-        deadline = datetime.now(UTC).timestamp() + timeout_s
-        while not done.is_set():
-            with self.lock:
-                self.producer.poll(0.05)
-            if datetime.now(UTC).timestamp() > deadline:
-                raise error(503, "the event bus did not acknowledge the events in time; retry", "bus_timeout")
-        if failures:
-            raise error(503, f"the event bus refused the events: {failures[0]}; retry", "bus_error")
+        # The producer is shared by the request threads: each waits with poll under the lock.
+        result = publish_and_wait(
+            self.producer, self.topic, items, timeout_s=timeout_s, poll_every_s=0.05, shared_lock=self.lock
+        )
+        if result.timed_out:
+            raise error(503, "the event bus did not acknowledge the events in time; retry", "bus_timeout")
+        if result.failures:
+            raise error(503, f"the event bus refused the events: {result.failures[0]}; retry", "bus_error")
 
     def close(self) -> None:
         self.producer.flush(10)

@@ -18,7 +18,7 @@ import msgspec
 import psycopg
 
 from metering.contract import event_partition_key
-from metering.kafka import Producer
+from metering.kafka import Producer, publish_and_wait
 from metering.processor import INGEST_ID_HEADER
 
 _json = msgspec.json.Decoder()
@@ -68,28 +68,28 @@ def publish_lines(
     on_progress: Callable[[int], None] | None = None,
 ) -> Publication:
     publication = Publication(ingest_id=ingest_id or uuid.uuid4().hex)
-    headers = {INGEST_ID_HEADER: publication.ingest_id.encode()}
-    failures: list[Exception] = []
 
-    def delivered(error, _message):
-        if error is not None:
-            failures.append(error)
+    def events() -> Iterator[tuple[bytes | None, bytes]]:
+        for number, raw in lines:
+            try:
+                parsed = _json.decode(raw)
+            except msgspec.DecodeError as exc:
+                publication.bad_lines.append(BadLine(number, f"not valid JSON ({exc})"))
+                continue
+            yield event_partition_key(parsed), raw
 
-    for number, raw in lines:
-        try:
-            parsed = _json.decode(raw)
-        except msgspec.DecodeError as exc:
-            publication.bad_lines.append(BadLine(number, f"not valid JSON ({exc})"))
-            continue
-        producer.produce(topic, raw, key=event_partition_key(parsed), headers=headers, on_delivery=delivered)
-        publication.published += 1
-        if publication.published % 10_000 == 0:
-            producer.poll(0)
-            if on_progress:
-                on_progress(publication.published)
-    remaining = producer.flush(60)
-    if remaining or failures:
-        detail = f"{remaining} not acknowledged" if remaining else str(failures[0])
+    result = publish_and_wait(
+        producer,
+        topic,
+        events(),
+        headers={INGEST_ID_HEADER: publication.ingest_id.encode()},
+        timeout_s=60,
+        progress_every=10_000,
+        on_progress=on_progress,
+    )
+    publication.published = result.published
+    if result.unacknowledged or result.failures:
+        detail = f"{result.unacknowledged} not acknowledged" if result.unacknowledged else str(result.failures[0])
         raise RuntimeError(f"Kafka did not take every event ({detail}); re-run the same ingest: duplicates are dropped")
     if on_progress:
         on_progress(publication.published)

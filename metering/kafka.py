@@ -15,15 +15,21 @@ What the interface promises (docs/kafka.md has the long version):
   partitions go away (rebalance and close).
 - Never trust end offsets (`seek_to_end`, watermarks, lag): Tansu reports them wrong. Count
   messages to decide "caught up".
+
+`publish_and_wait` is the one way to produce a set of messages and wait for the broker's
+acknowledgements (the HTTP API, `events ingest` and the gateway's spool publisher use it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    import threading
+
     from infermeter.settings import Settings
 
 BACKENDS = ("confluent", "kafka-python")
@@ -255,6 +261,191 @@ def ensure_topics(bootstrap: str, settings: Settings) -> None:
     create_topic(bootstrap, settings.dead_letter_topic, DEAD_LETTER_PARTITIONS, backend=backend)
 
 
+# --- publish and wait -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PublishResult:
+    """What became of the messages `publish_and_wait` produced.
+
+    Every produced message is exactly one of: acknowledged (`acked`), refused by the broker (one of
+    `failures`), or still without a delivery report when the wait ended (`unacknowledged`).
+    Reports that arrive after `publish_and_wait` returned do not change the result."""
+
+    published: int = 0  # messages queued with produce (items after a produce error are not)
+    acked: int = 0
+    failures: list[Exception] = field(default_factory=list)  # DeliveryFailed reports, in arrival order
+    unacknowledged: int = 0
+    # Positions (in `items`, from 0) of the acknowledged messages, when track_acked=True.
+    acked_positions: list[int] | None = None
+    timed_out: bool = False  # timeout_s passed with messages still unacknowledged
+    stalled: bool = False  # no delivery report for stall_timeout_s
+    stopped: bool = False  # `stop` was set while messages were still unacknowledged
+    produce_error: Exception | None = None  # produce raised (errors="report" only)
+    wait_error: Exception | None = None  # flush/poll raised (errors="report" only)
+    # The last thing that went wrong, in words, in the order it happened (None: nothing did).
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every message produced and acknowledged."""
+        return self.error is None and self.unacknowledged == 0 and not self.failures
+
+
+def publish_and_wait(
+    producer: Producer,
+    topic: str,
+    items: Iterable[tuple[bytes | None, bytes]],
+    *,
+    headers: dict[str, bytes] | None = None,
+    timeout_s: float | None = 30.0,
+    poll_every_s: float = 0.5,
+    stall_timeout_s: float | None = None,
+    shared_lock: threading.Lock | None = None,
+    stop: threading.Event | None = None,
+    stop_grace_s: float = 2.0,
+    errors: Literal["raise", "report"] = "raise",
+    track_acked: bool = False,
+    progress_every: int = 0,
+    on_progress: Callable[[int], None] | None = None,
+) -> PublishResult:
+    """Produce `items` ((key, value) pairs, all with `headers`) to `topic` and wait until the broker
+    has acknowledged or refused each of them, or until the wait ends.
+
+    The wait ends early when `timeout_s` has passed since the wait began (`timed_out`), when no
+    delivery report arrived for `stall_timeout_s` (`stalled`: a client that will never recover), or
+    when `stop` is set (`stopped`: after one last `flush(stop_grace_s)`). It serves reports with
+    `flush(poll_every_s)`; with `shared_lock` (a producer shared by threads, each waiting for its
+    own messages) with `poll(poll_every_s)` under that lock instead, since `flush` would wait for
+    the other threads' messages too.
+
+    errors="raise": an exception of `produce`, `flush` or `poll` propagates. errors="report": it
+    ends producing (or waiting) and lands in the result (`produce_error`, `wait_error`, `error`);
+    messages produced before it are still waited for (after a produce error).
+
+    track_acked=True records the position of every acknowledged message (`acked_positions`), for a
+    caller that must know which ones to forget (the spool publisher). Every `progress_every`
+    messages produced (0 = never), pending reports are served (`poll(0)`) and `on_progress(count)`
+    is called. Callbacks run on the caller's thread (or, with `shared_lock`, on whichever thread
+    holds the lock): the counters need no lock of their own.
+    """
+    acked_positions: list[int] = []
+    failures: list[Exception] = []
+    # `produced` is written by this thread only, `reported`/`acked` by the delivery callbacks only
+    # (serialized: on this thread, or under shared_lock): no counter is written from two threads.
+    produced = 0
+    reported = 0
+    acked = 0
+    last_error: str | None = None
+
+    def settle(err: Exception | None, _message: Message | None) -> None:
+        nonlocal reported, acked, last_error
+        reported += 1
+        if err is None:
+            acked += 1
+        else:
+            failures.append(err)
+            last_error = str(err)
+
+    def tracked(position: int) -> DeliveryCallback:
+        def on_delivery(err: Exception | None, _message: Message | None) -> None:
+            nonlocal reported, last_error
+            reported += 1
+            if err is None:
+                acked_positions.append(position)
+            else:
+                failures.append(err)
+                last_error = str(err)
+
+        return on_delivery
+
+    if shared_lock is None:
+        serve = producer.flush
+    else:
+
+        def serve(timeout: float) -> None:
+            with shared_lock:
+                producer.poll(timeout)
+
+    result = PublishResult()
+    produce = producer.produce
+    try:
+        if track_acked:
+            for position, (key, value) in enumerate(items):
+                produce(topic, value, key=key, headers=headers, on_delivery=tracked(position))
+                produced += 1
+        elif progress_every > 0:
+            for key, value in items:
+                produce(topic, value, key=key, headers=headers, on_delivery=settle)
+                produced += 1
+                if produced % progress_every == 0:
+                    if shared_lock is None:
+                        producer.poll(0)
+                    else:
+                        serve(0)
+                    if on_progress is not None:
+                        on_progress(produced)
+        else:
+            for key, value in items:
+                produce(topic, value, key=key, headers=headers, on_delivery=settle)
+                produced += 1
+    except Exception as exc:
+        if errors == "raise":
+            raise
+        result.produce_error = exc
+        last_error = f"produce failed: {exc}"
+
+    now = time.monotonic()
+    deadline = None if timeout_s is None else now + timeout_s
+    last_reported, last_progress = reported, now
+    while produced > reported:
+        now = time.monotonic()
+        if reported != last_reported:
+            last_reported, last_progress = reported, now
+        elif stall_timeout_s is not None and now - last_progress > stall_timeout_s:
+            result.stalled = True
+            last_error = f"no delivery report for {stall_timeout_s:g} s ({produced - reported} events)"
+            break
+        try:
+            serve(poll_every_s if deadline is None else max(0.0, min(poll_every_s, deadline - now)))
+        except Exception as exc:
+            if errors == "raise":
+                raise
+            result.wait_error = exc
+            last_error = f"{'flush' if shared_lock is None else 'poll'} failed: {exc}"
+            break
+        if stop is not None and stop.is_set():
+            # Closing: give in-flight messages a last chance, then leave the rest unacknowledged.
+            try:
+                serve(stop_grace_s)
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+            result.stopped = produced > reported
+            break
+        if deadline is not None and produced > reported and time.monotonic() >= deadline:
+            result.timed_out = True
+            break
+
+    # Snapshot (under shared_lock: no callback of ours runs meanwhile): reports served later, by
+    # another thread's poll or by close, change nothing here.
+    if shared_lock is not None:
+        shared_lock.acquire()
+    try:
+        result.published = produced
+        result.failures = list(failures)
+        if track_acked:
+            result.acked_positions = list(acked_positions)
+            result.acked = len(result.acked_positions)
+        else:
+            result.acked = acked
+        result.unacknowledged = produced - result.acked - len(result.failures)
+        result.error = last_error
+    finally:
+        if shared_lock is not None:
+            shared_lock.release()
+    return result
+
+
 __all__ = [
     "BACKENDS",
     "Consumer",
@@ -263,6 +454,7 @@ __all__ = [
     "KafkaUnavailable",
     "Message",
     "Producer",
+    "PublishResult",
     "TopicPartition",
     "UnknownBackend",
     "create_topic",
@@ -271,4 +463,5 @@ __all__ = [
     "make_assigned_consumer",
     "make_consumer",
     "make_producer",
+    "publish_and_wait",
 ]

@@ -23,9 +23,9 @@ Semantics:
 - A background thread reads the spool oldest first in batches
   (INFERMETER_EMITTER_BATCH_MAX_EVENTS), produces each event to `settings.events_topic` with
   key = the event's `subject` (the customer id), acks=all, through
-  `metering.kafka.make_producer`, waits for every delivery report of the batch, deletes the
-  acknowledged events from the spool, and retries the failed ones (with backoff; the producer
-  is re-created after failures). Kafka down: the spool grows (metrics
+  `metering.kafka.make_producer`, waits for every delivery report of the batch
+  (`metering.kafka.publish_and_wait`), deletes the acknowledged events from the spool, and
+  retries the failed ones (with backoff; the producer is re-created after failures). Kafka down: the spool grows (metrics
   infermeter_emitter_spool_depth and infermeter_emitter_publish_lag_seconds), nothing is
   dropped, and the backlog drains when the broker is back.
 - At-least-once: an event acknowledged by Kafka but killed before its spool row was deleted is
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from infermeter.settings import Settings, get_settings
+from metering.kafka import publish_and_wait
 from serving import metrics
 from serving.spool import Spool, SpooledEvent
 
@@ -246,70 +247,29 @@ class Emitter:
         log.warning("emitter %s: %s (%d events stay spooled)", self.name, message, count)
 
     def _publish(self, producer, batch: list[SpooledEvent]) -> tuple[list[int], int]:
-        """Produce a batch and wait for every delivery report; (acked seqs, number failed)."""
-        acked: list[int] = []
-        failed = 0
-        pending = len(batch)
-        lock = threading.Lock()
+        """Produce a batch and wait for every delivery report; (acked seqs, number failed).
 
-        def report(seq: int):
-            def on_delivery(err, _msg) -> None:
-                nonlocal failed, pending
-                with lock:
-                    pending -= 1
-                    if err is None:
-                        acked.append(seq)
-                    else:
-                        failed += 1
-                        self.last_error = str(err)
-
-            return on_delivery
-
-        produced = 0
-        try:
-            for item in batch:
-                producer.produce(self.topic, item.value, key=item.key, on_delivery=report(item.seq))
-                produced += 1
-        except Exception as exc:  # noqa: BLE001 - queue full, fatal client state: retry the rest
-            self.last_error = f"produce failed: {exc}"
-            with lock:
-                pending -= len(batch) - produced
-                failed += len(batch) - produced
-        # Wait for every report: the client keeps retrying while the broker is away. If no report
-        # arrives for INFERMETER_EMITTER_STALL_TIMEOUT_MS, give up on this client: the rest of the
-        # batch counts as failed and is re-sent from the spool by a fresh producer.
-        stall_s = self.settings.emitter_stall_timeout_ms / 1000
-        last_pending, last_progress = pending, time.monotonic()
-        while True:
-            with lock:
-                if pending <= 0:
-                    break
-                if pending != last_pending:
-                    last_pending, last_progress = pending, time.monotonic()
-                elif time.monotonic() - last_progress > stall_s:
-                    self.last_error = f"no delivery report for {stall_s:g} s ({pending} events)"
-                    failed += pending
-                    pending = 0
-                    break
-            try:
-                producer.flush(0.5)
-            except Exception as exc:  # noqa: BLE001
-                self.last_error = f"flush failed: {exc}"
-                with lock:
-                    failed += pending
-                    pending = 0
-                break
-            if self._stopping.is_set():
-                # Closing: give in-flight messages a last chance, then leave the rest spooled.
-                try:
-                    producer.flush(2.0)
-                except Exception:  # noqa: BLE001
-                    pass
-                with lock:
-                    failed += max(pending, 0)
-                    pending = 0
-                break
-        return acked, failed
+        The client keeps retrying while the broker is away. If no report arrives for
+        INFERMETER_EMITTER_STALL_TIMEOUT_MS, this client is given up on: the rest of the batch counts
+        as failed and is re-sent from the spool by a fresh producer. Any client error (queue full,
+        fatal state) counts the rest of the batch as failed too; so does closing (after a last
+        2 s for the messages in flight)."""
+        result = publish_and_wait(
+            producer,
+            self.topic,
+            [(item.key, item.value) for item in batch],
+            timeout_s=None,
+            poll_every_s=0.5,
+            stall_timeout_s=self.settings.emitter_stall_timeout_ms / 1000,
+            stop=self._stopping,
+            stop_grace_s=2.0,
+            errors="report",
+            track_acked=True,
+        )
+        if result.error is not None:
+            self.last_error = result.error
+        acked = [batch[position].seq for position in result.acked_positions]
+        return acked, len(batch) - len(acked)
 
 
 def _close_quietly(producer, timeout_s: float) -> None:

