@@ -298,5 +298,7 @@ def price_book_from_data(data: Any, source: str = "<price book>") -> PriceBook:
 
 
 def price_book_to_data(book: PriceBook) -> dict[str, Any]:
-    """JSON-ready dict of a book with amounts as decimal strings (round-trips through parse)."""
-    return book.model_dump(mode="json", exclude_none=True)
+    """JSON-ready dict of a book with amounts as decimal strings (round-trips through parse).
+
+    Nulls are kept: a tier's `up_to: null` is what makes it the open last tier."""
+    return book.model_dump(mode="json")

@@ -110,3 +110,16 @@ def test_every_problem_is_listed():
 
 def test_not_yaml():
     assert "not valid YAML" in problem("id: [unclosed\n")
+
+
+@pytest.mark.parametrize("name", ["per-token.yaml", "gpu-hour.yaml", "per-task.yaml"])
+def test_every_example_book_round_trips_through_its_stored_form(name):
+    """The store keeps price_book_to_data's output; the per-task book's open last tier (up_to null)
+    once came back without up_to and failed to load."""
+    from pathlib import Path
+
+    from pricing.book import parse_price_book, price_book_from_data, price_book_to_data
+
+    path = Path(__file__).resolve().parents[2] / "pricing_books" / name
+    book = parse_price_book(path.read_text(), str(path))
+    assert price_book_from_data(price_book_to_data(book), "stored") == book
