@@ -71,10 +71,7 @@ class Window:
         object.__setattr__(self, "start", self.start.astimezone(UTC))
         object.__setattr__(self, "end", self.end.astimezone(UTC))
         if self.end <= self.start:
-            raise TimeInputError(
-                f"to ({self.end.isoformat()}) must be after from ({self.start.isoformat()}): "
-                "windows are half-open [from, to)"
-            )
+            raise TimeInputError("to must be after from: windows are half-open [from, to)")
 
     @classmethod
     def month_of(cls, moment: datetime) -> Window:
