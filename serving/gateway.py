@@ -34,7 +34,8 @@ per-chunk usage). When the client disconnects mid-stream, the upstream connectio
 then. Task tags: `X-Infermeter-Task-Id` and `X-Infermeter-Attempt` request headers.
 
 Modules: serving/gateway_contracts.py (what the gateway asks of the key store, the emitter and
-admission), serving/openai_api.py (body checks, OpenAI errors), serving/gateway_context.py (app state, request context, auth),
+admission, and the admission results `Admitted | Rejected`), serving/openai_api.py (body checks,
+OpenAI errors), serving/gateway_context.py (app state, request context, auth),
 serving/proxy.py (proxy and admission), serving/relay.py (the one event, the SSE relay),
 serving/task_endpoints.py, and this module (the ASGI app and its wiring).
 

@@ -31,6 +31,7 @@ from serving.gateway_context import (
     acting_customer,
     authenticate,
 )
+from serving.gateway_contracts import Rejected
 from serving.openai_api import (
     ApiError,
     bad_request,
@@ -251,6 +252,7 @@ async def open_upstream(state: GatewayState, ctx: RequestContext, payload: bytes
 
 
 async def admit(state: GatewayState, ctx: RequestContext) -> Response | None:
+    """None when admitted (its headers join the response's), else the rejection's response."""
     body = ctx.body
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is None:
@@ -263,18 +265,18 @@ async def admit(state: GatewayState, ctx: RequestContext) -> Response | None:
         prompt_tokens=prompt_token_bound(body),
         max_tokens=max_tokens,
     )
-    headers = dict(getattr(result, "headers", None) or {})
-    if hasattr(result, "openai_error"):  # a Rejection
+    if isinstance(result, Rejected):
         metrics.record_rejection(result.reason)
         finish_after_send(state, ctx, "rejected", tags={"reason": result.reason}, settle=False)
         response = Response(
             orjson.dumps(result.openai_error()), status_code=result.status, media_type="application/json"
         )
-        for name, value in headers.items():
+        for name, value in result.headers.items():
             response.headers[name] = str(value)
         return with_headers(response, ctx)
-    ctx.admitted = bool(getattr(result, "limited", True))  # unlimited customers have nothing to settle
-    ctx.extra_headers.update({name: str(value) for name, value in headers.items()})
+    ctx.admitted = result.limited  # Admitted: unlimited customers have nothing to settle
+    if result.headers:
+        ctx.extra_headers.update({name: str(value) for name, value in result.headers.items()})
     return None
 
 
