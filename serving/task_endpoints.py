@@ -19,6 +19,7 @@ import orjson
 from fastapi import Request
 from starlette.responses import Response
 
+from infermeter.times import TimeInputError, parse_time
 from metering.contract import TASK_OUTCOMES, decode_event, encode_event, task_event, usage_event
 from serving.gateway_context import GatewayState, acting_customer, authenticate
 from serving.openai_api import ApiError, bad_request, read_json_object
@@ -48,18 +49,14 @@ def _task_known_in_metering(engine: Any, customer_id: str, task_id: str) -> bool
         conn.close()
 
 
-def _parse_time(value: Any, name: str) -> datetime:
+def _time_field(value: Any, name: str) -> datetime:
+    """The body field `name` as an aware UTC instant (RFC 3339 with an offset); now when absent."""
     if value is None:
         return datetime.now(UTC)
-    if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be an RFC 3339 timestamp", name)
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise bad_request(f"'{name}' must be an RFC 3339 timestamp", name) from None
-    if moment.tzinfo is None:
-        raise bad_request(f"'{name}' must carry a time zone offset", name)
-    return moment.astimezone(UTC)
+        return parse_time(value, name, bare_date=False)
+    except TimeInputError as exc:
+        raise bad_request(str(exc), name) from None
 
 
 async def post_task_outcome(state: GatewayState, task_id: str, request: Request) -> Response:
@@ -73,7 +70,7 @@ async def post_task_outcome(state: GatewayState, task_id: str, request: Request)
         raise bad_request(f"'outcome' must be one of {', '.join(TASK_OUTCOMES)}", "outcome")
     if not 0 < len(task_id) <= 256:
         raise bad_request("the task id must be 1 to 256 characters")
-    finished_at = _parse_time(body.get("finished_at"), "finished_at")
+    finished_at = _time_field(body.get("finished_at"), "finished_at")
     known = (customer_id, task_id) in state.recent_tasks
     if not known and state.engine is not None:
         known = await asyncio.to_thread(_task_known_in_metering, state.engine, customer_id, task_id)
@@ -124,7 +121,7 @@ async def post_usage_event(state: GatewayState, request: Request) -> Response:
             meter=meter,
             quantity=format(quantity, "f"),
             task_id=task_id,
-            occurred_at=_parse_time(body.get("occurred_at"), "occurred_at"),
+            occurred_at=_time_field(body.get("occurred_at"), "occurred_at"),
             event_id=event_id,
         )
         decode_event(encode_event(event), now=datetime.now(UTC), max_bytes=state.settings.max_event_bytes)
