@@ -42,10 +42,11 @@ serving/task_endpoints.py, and this module (the ASGI app and its wiring).
 Hot path notes: the two proxy routes are dispatched straight from the ASGI entry (`GatewayApp`:
 no middleware stack, router scan or dependency solving); one keep-alive pool of upstream
 connections (serving/upstream_http.py: httptools parsing, ~0.3-0.4 ms a request cheaper here than
-aiohttp's client, which is itself ~7x cheaper than httpx, NOTES.md); raw bodies parsed with
-orjson; no Pydantic models. A non-streamed request's event is built and spooled right after its
-response is handed to the kernel, in the same event-loop step (`RequestContext.after_send`), not
-before. Numbers: docs/benchmarks.md, "Gateway overhead".
+aiohttp's client, docs/benchmarks.md; aiohttp's client itself measured ~7x cheaper than httpx
+here, a run not kept in the repository); raw bodies parsed with orjson; no Pydantic models. A
+non-streamed request's event is built and spooled right after its response is handed to the
+kernel, in the same event-loop step (`RequestContext.after_send`), not before. Numbers:
+docs/benchmarks.md, "Gateway overhead".
 """
 
 from __future__ import annotations
