@@ -109,7 +109,7 @@ def bench_keys(engine, settings: Settings) -> dict:
 
 
 def bench_admission(engine, settings: Settings, n: int) -> dict:
-    from serving.budgets import Admission, AdmissionController, set_budget
+    from serving.budgets import AdmissionController, Admitted, set_budget
 
     ctl = AdmissionController(engine, settings)
     set_budget(engine, "limited", monthly_cap=Decimal("1000000"), mode="hard", rpm=10**9, tpm=10**12)
@@ -119,7 +119,7 @@ def bench_admission(engine, settings: Settings, n: int) -> dict:
         t = time.perf_counter()
         result = ctl.admit_sync("limited", model="tiny", request_id=rid, prompt_tokens=800, max_tokens=64)
         admit_lat.append(time.perf_counter() - t)
-        assert isinstance(result, Admission)
+        assert isinstance(result, Admitted)
         t = time.perf_counter()
         ctl.settle_sync(rid, input_tokens=800, cached_input_tokens=512, output_tokens=60, event_source="//bench",
                         event_id=rid)

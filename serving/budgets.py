@@ -5,8 +5,8 @@ Public API (the gateway codes against this):
     controller = AdmissionController(engine, settings=None, clock=None)
     result = await controller.admit(
         customer_id, model=..., request_id=..., prompt_tokens=N, max_tokens=M)
-    # -> Admission (forward the request; add `result.headers` to the response)
-    #    or Rejection (answer result.status with result.openai_error(); add result.headers)
+    # -> Admitted (forward the request; add `result.headers` to the response)
+    #    or Rejected (answer result.status with result.openai_error(); add result.headers)
     await controller.settle(
         request_id, input_tokens=..., cached_input_tokens=..., output_tokens=...,
         event_source=..., event_id=...)       # after the request ends, whatever its outcome
@@ -18,12 +18,13 @@ Public API (the gateway codes against this):
     list_price(model, settings) -> ListPrice # the per-token price of one request (reservations, settlement)
     metered_cost(customer_id, window, sums, settings) -> Decimal  # metered usage, priced as the invoice does
 
-Types: `Admission(request_id, customer_id, reserved, warning, headers)`;
-`Rejection(reason, message, status, error_type, code, headers)` with reason one of
+Types (serving/gateway_contracts.py, shared with the gateway): `Admitted(request_id, customer_id,
+reserved, warning, headers, limited)`; `Rejected(reason, message, status, error_type, code, headers)`
+with reason one of
 `budget_exceeded` (status 402, type `insufficient_quota`: a budget is not a transient
 condition and 429 would make the OpenAI client retry it automatically),
 `rate_limit_requests` / `rate_limit_tokens` (status 429, type `rate_limit_exceeded`, with a
-`Retry-After` header). `Rejection.openai_error()` is the OpenAI error JSON body.
+`Retry-After` header). `Rejected.openai_error()` is the OpenAI error JSON body.
 
 Soft mode: the request is admitted (and reserved) and the response carries the header
 `X-Infermeter-Budget-Warning: monthly budget exceeded: spent 101.23 of 100.00` (WARNING_HEADER).
@@ -78,11 +79,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache, partial
-from typing import Literal
 
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
@@ -92,15 +92,13 @@ from infermeter.settings import Settings, get_settings
 from infermeter.times import Window
 from metering.queries import customer_token_sums, recorded_event_keys
 from serving import ratelimit
+from serving.gateway_contracts import Admitted, Rejected
 from serving.tables import budget_reservations, customer_budgets
 
 WARNING_HEADER = "X-Infermeter-Budget-Warning"
 MODES = ("hard", "soft")
 _MTOK = Decimal(1_000_000)
 _ZERO = Decimal(0)
-
-RejectionReason = Literal["budget_exceeded", "rate_limit_requests", "rate_limit_tokens"]
-
 
 # --- prices: list_price for one request, metered_cost for the month's metered usage ------------
 
@@ -284,29 +282,6 @@ def _config(row) -> BudgetConfig:
 
 
 @dataclass(frozen=True)
-class Admission:
-    request_id: str
-    customer_id: str
-    reserved: Decimal = _ZERO
-    warning: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    limited: bool = False  # False: the customer has no budget row (nothing to settle)
-
-
-@dataclass(frozen=True)
-class Rejection:
-    reason: RejectionReason
-    message: str
-    status: int
-    error_type: str
-    code: str
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def openai_error(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": None, "code": self.code}}
-
-
-@dataclass(frozen=True)
 class Spend:
     metered: Decimal
     settled_unmetered: Decimal
@@ -410,9 +385,9 @@ class AdmissionController:
 
     # --- async faces for the gateway -----------------------------------------------------------
 
-    async def admit(self, customer_id: str, **kwargs) -> Admission | Rejection:
+    async def admit(self, customer_id: str, **kwargs) -> Admitted | Rejected:
         if self._known_unlimited(customer_id):
-            return Admission(kwargs["request_id"], customer_id)
+            return Admitted(kwargs["request_id"], customer_id)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, partial(self.admit_sync, customer_id, **kwargs))
 
@@ -462,10 +437,10 @@ class AdmissionController:
         prompt_tokens: int,
         max_tokens: int,
         now: datetime | None = None,
-    ) -> Admission | Rejection:
+    ) -> Admitted | Rejected:
         """Admit or reject one request; an admitted request of a limited customer holds a reservation."""
         if self._known_unlimited(customer_id):
-            return Admission(request_id, customer_id)
+            return Admitted(request_id, customer_id)
         now = now or self._clock()
         price = list_price(model, self.settings)
         worst = price.cost(uncached_input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=max_tokens)
@@ -481,13 +456,13 @@ class AdmissionController:
             if row is None:
                 with self._lock:
                     self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
-                return Admission(request_id, customer_id)
+                return Admitted(request_id, customer_id)
             config = _config(row)
             if config.rpm is not None or config.tpm is not None:
                 previous, current = ratelimit.load(conn, customer_id, now)
                 decision = ratelimit.check(config.rpm, config.tpm, previous, current, now, worst_tokens)
                 if not decision.allowed:
-                    return Rejection(
+                    return Rejected(
                         reason=decision.reason,  # type: ignore[arg-type]
                         message=decision.message,
                         status=429,
@@ -504,7 +479,7 @@ class AdmissionController:
                         f" (this request may cost up to {_money(worst)})"
                     )
                     if config.mode == "hard":
-                        return Rejection(
+                        return Rejected(
                             reason="budget_exceeded",
                             message=f"Your {text_}. Raise the budget or wait for the next month.",
                             status=402,
@@ -527,7 +502,7 @@ class AdmissionController:
             )
         self._maybe_housekeep(customer_id, now)
         headers = {WARNING_HEADER: warning} if warning else {}
-        return Admission(request_id, customer_id, worst, warning, headers, limited=True)
+        return Admitted(request_id, customer_id, worst, warning, headers, limited=True)
 
     def settle_sync(
         self,

@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import create_engine
 
 from infermeter.settings import Settings
-from serving.budgets import Admission, AdmissionController
+from serving.budgets import AdmissionController, Admitted
 
 
 def main() -> None:
@@ -32,8 +32,8 @@ def main() -> None:
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(int(count))))
-    admitted = sum(isinstance(r, Admission) for r in results)
-    reasons = sorted({r.reason for r in results if not isinstance(r, Admission)})
+    admitted = sum(isinstance(r, Admitted) for r in results)
+    reasons = sorted({r.reason for r in results if not isinstance(r, Admitted)})
     print(f"admitted={admitted} reasons={','.join(reasons)}", flush=True)
 
 

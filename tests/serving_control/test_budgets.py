@@ -18,9 +18,9 @@ from metering.kafka import Message
 from metering.writer import BatchWriter
 from serving.budgets import (
     WARNING_HEADER,
-    Admission,
     AdmissionController,
-    Rejection,
+    Admitted,
+    Rejected,
     list_price,
     metered_cost,
     set_budget,
@@ -65,7 +65,7 @@ def test_metered_cost_without_a_book_is_the_setting_prices_exactly(budget_settin
 def test_customer_without_budget_is_admitted_without_a_reservation(engine, budget_settings):
     ctl = controller(engine, budget_settings)
     result = admit(ctl, "free-cust", "r1")
-    assert isinstance(result, Admission) and not result.limited
+    assert isinstance(result, Admitted) and not result.limited
     assert ctl.settle_sync("r1", input_tokens=5, cached_input_tokens=0, output_tokens=5,
                            event_source="s", event_id="r1") is None
 
@@ -74,7 +74,7 @@ def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_cas
     cap = Decimal("0.05")  # room for exactly 25 worst cases
     set_budget(engine, "cust-a", monthly_cap=cap, mode="hard")
     gateways = [controller(engine, budget_settings), controller(other_engine, budget_settings)]
-    results: list[Admission | Rejection] = []
+    results: list[Admitted | Rejected] = []
     lock = threading.Lock()
     barrier = threading.Barrier(100)
 
@@ -89,8 +89,8 @@ def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_cas
         t.start()
     for t in threads:
         t.join(60)
-    admitted = [r for r in results if isinstance(r, Admission)]
-    rejected = [r for r in results if isinstance(r, Rejection)]
+    admitted = [r for r in results if isinstance(r, Admitted)]
+    rejected = [r for r in results if isinstance(r, Rejected)]
     assert len(results) == 100
     spend = gateways[0].spend("cust-a", now=NOW)
     assert spend.reserved == WORST * len(admitted)
@@ -109,7 +109,7 @@ def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_cas
     spend = gateways[0].spend("cust-a", now=NOW)
     assert (spend.reserved, spend.settled_unmetered) == (0, Decimal("0.0012") * 25)
     more = [admit(gateways[0], "cust-a") for _ in range(12)]
-    assert sum(isinstance(r, Admission) for r in more) == 10  # (0.05 - 0.03) / 0.002
+    assert sum(isinstance(r, Admitted) for r in more) == 10  # (0.05 - 0.03) / 0.002
 
 
 def test_settled_cost_moves_to_metered_without_double_counting(engine, db_url, budget_settings, settings):
@@ -117,7 +117,7 @@ def test_settled_cost_moves_to_metered_without_double_counting(engine, db_url, b
     ctl = controller(engine, budget_settings, now=datetime.now(UTC))
     started = datetime.now(UTC)
     result = ctl.admit_sync("cust-m", model="tiny", request_id="req-m1", prompt_tokens=PROMPT, max_tokens=MAX_TOKENS)
-    assert isinstance(result, Admission) and result.limited
+    assert isinstance(result, Admitted) and result.limited
     assert ctl.spend("cust-m").reserved == WORST
     event = make_event(REQUEST_V1, source="//gateway/gw-1", subject="cust-m", event_id="req-m1", data={
         "request_id": "req-m1", "customer_id": "cust-m", "api_key_id": "k", "model": "tiny",
@@ -148,8 +148,8 @@ def test_soft_mode_admits_with_a_warning_header(engine, budget_settings):
     set_budget(engine, "cust-s", monthly_cap=Decimal("0.003"), mode="soft")
     ctl = controller(engine, budget_settings)
     first, second = admit(ctl, "cust-s"), admit(ctl, "cust-s")
-    assert isinstance(first, Admission) and first.warning is None and first.headers == {}
-    assert isinstance(second, Admission) and WARNING_HEADER in second.headers
+    assert isinstance(first, Admitted) and first.warning is None and first.headers == {}
+    assert isinstance(second, Admitted) and WARNING_HEADER in second.headers
     assert "monthly budget exceeded" in second.headers[WARNING_HEADER]
     assert ctl.spend("cust-s", now=NOW).reserved == 2 * WORST  # still reserved: spend stays true
 
@@ -157,10 +157,10 @@ def test_soft_mode_admits_with_a_warning_header(engine, budget_settings):
 def test_expired_reservations_stop_counting(engine, budget_settings):
     set_budget(engine, "cust-x", monthly_cap=Decimal("0.002"), mode="hard")
     ctl = controller(engine, budget_settings)
-    assert isinstance(admit(ctl, "cust-x"), Admission)
-    assert isinstance(admit(ctl, "cust-x"), Rejection)
+    assert isinstance(admit(ctl, "cust-x"), Admitted)
+    assert isinstance(admit(ctl, "cust-x"), Rejected)
     later = NOW + timedelta(seconds=budget_settings.reservation_ttl_s + 1)
-    assert isinstance(admit(ctl, "cust-x", now=later), Admission)  # the dead gateway's hold expired
+    assert isinstance(admit(ctl, "cust-x", now=later), Admitted)  # the dead gateway's hold expired
 
 
 def test_last_months_usage_does_not_count(engine, budget_settings):
@@ -170,7 +170,7 @@ def test_last_months_usage_does_not_count(engine, budget_settings):
     ctl.settle_sync(a.request_id, input_tokens=PROMPT, cached_input_tokens=0, output_tokens=MAX_TOKENS,
                     event_source="s", event_id="old", now=datetime(2026, 10, 31, 23, 59, 30, tzinfo=UTC))
     assert ctl.spend("cust-p", now=NOW).total == 0
-    assert isinstance(admit(ctl, "cust-p"), Admission)
+    assert isinstance(admit(ctl, "cust-p"), Admitted)
 
 
 def test_list_price_from_a_price_book_per_model_with_fallback(settings, tmp_path):
@@ -198,7 +198,7 @@ def test_async_admit_and_settle_from_100_tasks(engine, other_engine, budget_sett
     async def one(i: int):
         result = await gateways[i % 2].admit("cust-async", model="tiny", request_id=f"a{i}",
                                              prompt_tokens=PROMPT, max_tokens=MAX_TOKENS)
-        if isinstance(result, Admission):
+        if isinstance(result, Admitted):
             await asyncio.sleep(0.01)  # the request runs
             await gateways[(i + 1) % 2].settle(f"a{i}", input_tokens=PROMPT, cached_input_tokens=0,
                                                output_tokens=MAX_TOKENS, event_source="s", event_id=f"a{i}")
@@ -208,7 +208,7 @@ def test_async_admit_and_settle_from_100_tasks(engine, other_engine, budget_sett
         return await asyncio.gather(*(one(i) for i in range(100)))
 
     results = asyncio.run(main())
-    admitted = [r for r in results if isinstance(r, Admission)]
+    admitted = [r for r in results if isinstance(r, Admitted)]
     assert len(admitted) == 10  # settled at exactly the worst case: nothing released
     assert gateways[0].spend("cust-async", now=NOW).total == Decimal("0.02")
     # a customer without a budget: answered from the cache, no reservation

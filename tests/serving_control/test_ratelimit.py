@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from serving import ratelimit
-from serving.budgets import Admission, AdmissionController, Rejection, set_budget
+from serving.budgets import AdmissionController, Admitted, Rejected, set_budget
 from serving.ratelimit import WindowCount
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,27 +53,27 @@ def test_tpm_holds_across_two_processes_and_settlement_corrects_it(engine, db_ur
     set_budget(engine, "cust-tpm2", tpm=2_000)
     first = ctl.admit_sync("cust-tpm2", model="tiny", request_id="a", prompt_tokens=500, max_tokens=500, now=NOW)
     second = ctl.admit_sync("cust-tpm2", model="tiny", request_id="b", prompt_tokens=500, max_tokens=500, now=NOW)
-    assert isinstance(first, Admission) and isinstance(second, Admission)
+    assert isinstance(first, Admitted) and isinstance(second, Admitted)
     assert isinstance(ctl.admit_sync("cust-tpm2", model="tiny", request_id="c", prompt_tokens=500,
-                                     max_tokens=500, now=NOW), Rejection)
+                                     max_tokens=500, now=NOW), Rejected)
     ctl.settle_sync("a", input_tokens=500, cached_input_tokens=0, output_tokens=0, event_source="s", event_id="a")
     assert isinstance(ctl.admit_sync("cust-tpm2", model="tiny", request_id="d", prompt_tokens=400,
-                                     max_tokens=100, now=NOW), Admission)
+                                     max_tokens=100, now=NOW), Admitted)
 
 
 def test_rate_limited_rejection_is_openai_shaped_with_retry_after(engine, settings):
     set_budget(engine, "cust-r", rpm=1)
     ctl = AdmissionController(engine, settings)
-    assert isinstance(ctl.admit_sync("cust-r", model="m", request_id="1", prompt_tokens=1, max_tokens=1, now=NOW), Admission)
+    assert isinstance(ctl.admit_sync("cust-r", model="m", request_id="1", prompt_tokens=1, max_tokens=1, now=NOW), Admitted)
     rejection = ctl.admit_sync("cust-r", model="m", request_id="2", prompt_tokens=1, max_tokens=1, now=NOW)
-    assert isinstance(rejection, Rejection)
+    assert isinstance(rejection, Rejected)
     assert (rejection.status, rejection.error_type, rejection.reason) == (429, "rate_limit_exceeded", "rate_limit_requests")
     assert rejection.headers["Retry-After"] == "45"
     assert rejection.openai_error()["error"]["code"] == "rate_limit_exceeded"
     # two minutes later the window is free again
     later = NOW + timedelta(minutes=2)
     assert isinstance(ctl.admit_sync("cust-r", model="m", request_id=uuid.uuid4().hex, prompt_tokens=1,
-                                     max_tokens=1, now=later), Admission)
+                                     max_tokens=1, now=later), Admitted)
 
 
 def test_sliding_window_weights_the_previous_minute():

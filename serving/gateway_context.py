@@ -1,0 +1,92 @@
+"""What every part of the gateway shares: its state, a request's context, and who is calling.
+
+`GatewayState` is one per app (settings, upstreams, collaborators, the upstream connection pool);
+`RequestContext` one per proxied request, from authentication to its one usage event.
+`authenticate` turns the bearer token into a `Principal` (401 otherwise); `acting_customer` says
+for which customer the request counts (admin and producer tokens must name one).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from fastapi import Request
+
+from infermeter.auth import AuthError, Principal, bearer_token
+from infermeter.settings import Settings
+from serving.gateway_contracts import AdmissionControl, Authenticator, EventSink
+from serving.openai_api import ApiError
+from serving.upstream_http import UpstreamPool
+from serving.upstreams import ModelRoute, Replica, UpstreamConfig
+
+TASK_HEADER = "x-infermeter-task-id"
+ATTEMPT_HEADER = "x-infermeter-attempt"
+CUSTOMER_HEADER = "x-infermeter-customer-id"  # admin/producer tokens act for this customer
+REQUEST_ID_HEADER = "x-request-id"
+
+
+# --- per-request state ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RequestContext:
+    request_id: str
+    principal: Principal
+    customer_id: str
+    kind: str  # chat | completion
+    route: ModelRoute
+    body: dict
+    started_at: datetime
+    started_mono: float
+    task_id: str | None
+    attempt: int
+    replica: Replica | None = None
+    holds_replica: bool = False  # counted in replica.in_flight
+    finished: bool = False
+    admitted: bool = False
+    extra_headers: dict[str, str] = field(default_factory=dict)
+    # The request's event, emitted by GatewayApp right after the response is handed to the client.
+    after_send: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    upstreams: UpstreamConfig
+    sink: EventSink
+    authenticator: Authenticator
+    admission: AdmissionControl | None
+    engine: Any  # SQLAlchemy engine (task ownership lookups), optional
+    source: str
+    upstream: UpstreamPool | None = None
+    context_lengths: dict[str, int] = field(default_factory=dict)
+    recent_tasks: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    emitted: int = 0
+
+
+# --- auth ------------------------------------------------------------------------------------
+
+
+async def authenticate(state: GatewayState, request: Request) -> Principal:
+    try:
+        token = bearer_token(request.headers.get("authorization"))
+        return await state.authenticator.authenticate(token)
+    except AuthError as exc:
+        raise ApiError(401, str(exc), type_="authentication_error", code="invalid_api_key") from None
+
+
+def acting_customer(principal: Principal, request: Request, explicit: str | None = None) -> str:
+    if principal.kind == "customer":
+        return principal.customer_id or ""
+    customer = explicit or request.headers.get(CUSTOMER_HEADER)
+    if not customer:
+        raise ApiError(
+            400,
+            f"admin and producer tokens must name the customer (header {CUSTOMER_HEADER.title()} or 'customer_id')",
+            code="customer_required",
+        )
+    return customer

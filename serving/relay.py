@@ -1,0 +1,269 @@
+"""Finishing a request: its one usage event, and the SSE relay that meters a stream however it ends.
+
+Every request that passes authentication and body checks ends in exactly one
+`infermeter.request.v1` event (ok, error, cancelled or rejected): `finish` builds it
+(`serving.usage.build_request_event`), hands it to the sink, counts it and settles the request's
+admission reservation; a second call is a no-op. `finish_after_send` defers it until the response
+has been handed to the client (`RequestContext.after_send`, run by `GatewayApp`).
+
+`MeteredStream` relays vLLM's SSE stream chunk by chunk. The gateway always asks vLLM for
+`stream_options: {include_usage: true, continuous_usage_stats: true}`, so the tokens generated so
+far are known at every chunk, and strips from what the client sees whatever it did not ask for
+(the usage-only final chunk, the per-chunk usage). When the client disconnects mid-stream the
+upstream connection is closed (vLLM aborts the request) and the event says `cancelled` with the
+output tokens generated up to then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from serving import metrics
+from serving.gateway_context import REQUEST_ID_HEADER, GatewayState, RequestContext
+from serving.upstream_http import UpstreamError, UpstreamResponse
+from serving.usage import RequestOutcome, build_request_event
+
+log = logging.getLogger("serving.gateway")
+
+
+# --- the replica a request holds, the headers its response carries ---------------------------
+
+
+def release(ctx: RequestContext) -> None:
+    if ctx.holds_replica:
+        ctx.holds_replica = False
+        ctx.replica.in_flight -= 1
+
+
+def with_headers(response: Response, ctx: RequestContext) -> Response:
+    response.headers[REQUEST_ID_HEADER] = ctx.request_id
+    for name, value in ctx.extra_headers.items():
+        response.headers[name] = value
+    return response
+
+
+# --- finishing a request: the one event -------------------------------------------------------
+
+
+def finish_after_send(state: GatewayState, ctx: RequestContext, status: str, **details: Any) -> None:
+    ctx.after_send = functools.partial(finish, state, ctx, status, **details)
+
+
+async def finish(
+    state: GatewayState,
+    ctx: RequestContext,
+    status: str,
+    *,
+    usage: dict | None = None,
+    usage_final: bool = False,
+    streamed_tokens: int = 0,
+    first_token_at: datetime | None = None,
+    finished_at: datetime | None = None,
+    tags: dict[str, str] | None = None,
+    settle: bool = True,
+) -> None:
+    """Emit the request's one event (idempotent per request), count it, settle its reservation."""
+    if ctx.finished:
+        return
+    ctx.finished = True
+    outcome = RequestOutcome(
+        request_id=ctx.request_id,
+        customer_id=ctx.customer_id,
+        api_key_id=ctx.principal.api_key_id,
+        model=ctx.route.name,
+        deployment_id=ctx.route.deployment_id,
+        replica_id=ctx.replica.replica_id if ctx.replica else None,
+        status=status,
+        started_at=ctx.started_at,
+        finished_at=finished_at or datetime.now(UTC),
+        first_token_at=first_token_at,
+        usage=usage,
+        usage_final=usage_final,
+        streamed_tokens=streamed_tokens,
+        task_id=ctx.task_id,
+        attempt=ctx.attempt,
+        tags=tags or {},
+    )
+    event = build_request_event(outcome, source=state.source)
+    data = event["data"]
+    try:
+        state.sink.emit(event)
+        state.emitted += 1
+    except Exception:  # the spool itself failed: say so loudly, the response still goes out
+        log.exception("could not spool the usage event of %s", ctx.request_id)
+    metrics.record_request(
+        ctx.route.name, status, data["input_tokens"], data["cached_input_tokens"], data["output_tokens"]
+    )
+    metrics.REQUEST_DURATION.labels(model=ctx.route.name).observe(time.perf_counter() - ctx.started_mono)
+    if settle and ctx.admitted and state.admission is not None:
+        try:
+            await state.admission.settle(
+                ctx.request_id,
+                input_tokens=data["input_tokens"],
+                cached_input_tokens=data["cached_input_tokens"],
+                output_tokens=data["output_tokens"],
+                event_source=event["source"],
+                event_id=event["id"],
+            )
+        except Exception:
+            log.exception("could not settle the reservation of %s", ctx.request_id)
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+
+class MeteredStream(Response):
+    """Relays vLLM's SSE stream chunk by chunk, tracking usage, and meters however it ends."""
+
+    def __init__(self, state: GatewayState, ctx: RequestContext, upstream: UpstreamResponse) -> None:
+        self.state = state
+        self.ctx = ctx
+        self.upstream = upstream
+        self.status_code = 200
+        options = ctx.body.get("stream_options") or {}
+        self.client_usage = bool(options.get("include_usage"))
+        self.client_continuous = self.client_usage and bool(options.get("continuous_usage_stats"))
+        self.background = None
+        headers = {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            REQUEST_ID_HEADER: ctx.request_id,
+            **ctx.extra_headers,
+        }
+        self.raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: C901 - one loop, every exit metered
+        ctx = self.ctx
+        task = asyncio.current_task()
+        streaming = True
+        disconnected = False
+
+        async def watch_disconnect() -> None:
+            nonlocal disconnected
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if streaming:
+                        disconnected = True
+                        task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
+        usage: dict | None = None
+        usage_final = False
+        streamed = 0
+        first_token_at: datetime | None = None
+        status = "ok"
+        tags: dict[str, str] = {}
+        upstream_model = ctx.route.upstream_model.encode()
+        rename = ctx.route.upstream_model != ctx.route.name
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for line in self.upstream.lines():
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].rstrip(b"\r\n")
+                if payload == b"[DONE]":
+                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                    break
+                try:
+                    chunk = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk:
+                    status = "error"
+                    tags["error"] = "upstream_stream_error"
+                choices = chunk.get("choices")
+                chunk_usage = chunk.get("usage")
+                if chunk_usage:
+                    usage = chunk_usage
+                    if not choices:
+                        usage_final = True
+                if choices:
+                    for choice in choices:
+                        delta = choice.get("delta")
+                        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                        if text or (
+                            isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("reasoning"))
+                        ):
+                            streamed += 1
+                            if first_token_at is None:
+                                first_token_at = datetime.now(UTC)
+                    if chunk_usage is not None and not self.client_continuous:
+                        del chunk["usage"]
+                        payload = orjson.dumps(chunk)
+                elif chunk_usage is not None and not self.client_usage:
+                    continue  # the usage-only final chunk the client did not ask for
+                if rename:
+                    payload = payload.replace(
+                        b'"model":"' + upstream_model + b'"', b'"model":"' + ctx.route.name.encode() + b'"', 1
+                    )
+                await send(
+                    {"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": True}
+                )
+            else:
+                if status == "ok":  # the upstream closed without [DONE]
+                    status = "error"
+                    tags["error"] = "upstream_stream_truncated"
+            streaming = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            streaming = False
+            if not disconnected:
+                status = "cancelled"
+                tags["reason"] = "server_shutdown"
+                raise
+            task.uncancel()
+            status = "cancelled"
+            tags["reason"] = "client_disconnected"
+        except OSError:  # the server could not write to the client: it is gone
+            status = "cancelled"
+            tags["reason"] = "client_disconnected"
+        except (TimeoutError, UpstreamError) as exc:
+            status = "error"
+            tags["error"] = "upstream_broken"
+            with contextlib.suppress(Exception):
+                error = {
+                    "error": {
+                        "message": f"upstream failed mid-stream: {exc}",
+                        "type": "api_error",
+                        "param": None,
+                        "code": "upstream_error",
+                    }
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + orjson.dumps(error) + b"\n\n",
+                        "more_body": False,
+                    }
+                )
+        finally:
+            streaming = False
+            watcher.cancel()
+            if status == "ok":
+                self.upstream.release()
+            else:
+                self.upstream.close()  # drops the connection: vLLM aborts the request
+            release(ctx)
+            await finish(
+                self.state,
+                ctx,
+                status,
+                usage=usage,
+                usage_final=usage_final,
+                streamed_tokens=streamed,
+                first_token_at=first_token_at,
+                tags=tags,
+            )
