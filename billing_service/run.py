@@ -196,18 +196,23 @@ def assign_plan(
     effective = effective_boundary(customer, day)
     with conn.transaction():
         lock_customer(conn, customer_id)
+        assigned = plans(conn, customer_id)
         finalized = conn.execute(
-            "SELECT period, number FROM billing_invoices WHERE customer_id = %s AND status = ANY(%s) "
-            "AND period_start >= %s ORDER BY period_start LIMIT 1",
+            "SELECT period, number, period_start FROM billing_invoices WHERE customer_id = %s AND status = ANY(%s) "
+            "AND period_start >= %s ORDER BY period_start",
             (customer_id, [str(s) for s in CHARGING], effective.start),
-        ).fetchone()
-        if finalized is not None:
-            raise BillingServiceError(
-                f"customer {customer_id} has a finalized invoice for period {finalized[0]} ({finalized[1]}): a plan "
-                f"change cannot reach a finalized period; assign it from a later date, or void that invoice first"
-            )
+        ).fetchall()
+        newest = max((p.id for p in assigned), default=0) + 1
+        candidate = Plan(newest, customer_id, day, effective.start, effective.label, stored_preview.sha256,
+                         stored_preview.book.id, now)
+        for period_label, number, start in finalized:  # would the new plan be the one in force there?
+            if plan_at([*assigned, candidate], start) is candidate:
+                raise BillingServiceError(
+                    f"customer {customer_id} has a finalized invoice for period {period_label} ({number}): a plan "
+                    f"change cannot reach a finalized period; assign it from a later date, or void that invoice first"
+                )
         stored = store_book(conn, book_text, source_name)
-        current = plan_at(plans(conn, customer_id), effective.start)
+        current = plan_at(assigned, effective.start)
         if current is not None and current.effective_at == effective.start and current.book_sha256 == stored.sha256:
             return PlanAssignment(current, False, effective, stored)
         add_plan(conn, customer_id, day, effective.start, effective.label, stored.sha256, now)

@@ -161,3 +161,110 @@ def reference_amounts(sent: list[Sent], customer: str, start: datetime, end: dat
 
 def reference_total(sent: list[Sent], customer: str, start: datetime, end: datetime) -> Decimal:
     return sum(reference_amounts(sent, customer, start, end).values(), Decimal(0))
+
+
+# ---------------------------------------------------------------- a finalized February, the CLI, the API
+
+FEB_START, MAR_START = datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 3, 1, tzinfo=UTC)
+AFTER_GRACE = datetime(2026, 3, 2, 1, tzinfo=UTC)
+
+
+def cost_model():
+    from pricing_service.books import read_cost_model
+
+    return read_cost_model(None)
+
+
+@pytest.fixture
+def february(conn, metering):
+    """Customer acme (UTC, USD, anchor 1) on bill-usd from 2026-02-01, with February usage, finalized."""
+    from billing_service.run import assign_plan, billing_run, set_customer
+
+    t0 = datetime(2026, 1, 20, tzinfo=UTC)
+    set_customer(conn, "acme", now=t0)
+    assign_plan(conn, "acme", BOOK_YAML, "bill-usd.yaml", "2026-02-01", now=t0)
+    metering.request("acme", datetime(2026, 2, 3, 10, tzinfo=UTC), input_tokens=1_000_000, cached=250_000,
+                     output=100_000)
+    metering.request("acme", datetime(2026, 2, 10, 10, tzinfo=UTC), model="big", input_tokens=20_000, output=50_000)
+    metering.usage("acme", "tool_calls", "40", datetime(2026, 2, 11, tzinfo=UTC))
+    [inv] = billing_run(conn, "2026-02", now=AFTER_GRACE, cost_model=cost_model()).invoices
+    assert inv.status == "open"
+    return inv
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        import json
+
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(db_url, monkeypatch, capsys, tmp_path):
+    """`infermeter ...` through app.cli.main (errors as one line, exit codes), on the test database and a
+    frozen clock: cli("billing", "run", ..., now=datetime)."""
+    import sys
+
+    from app import cli as app_cli
+    from infermeter.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("INFERMETER_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    state = {"now": AFTER_GRACE}
+    monkeypatch.setattr("billing_service.cli.clock", lambda: state["now"])
+
+    def invoke(*args: str, now: datetime | None = None) -> CliResult:
+        if now is not None:
+            state["now"] = now
+        monkeypatch.setattr(sys, "argv", ["infermeter", *args])
+        code = 0
+        capsys.readouterr()
+        try:
+            app_cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    yield invoke
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def api(db_url, tmp_path, monkeypatch):
+    """The HTTP app (no broker) with a customer key for acme and one for other; frozen clock."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import create_engine
+
+    from app.api import create_app
+    from infermeter.settings import Settings
+    from serving.keys import KeyStore
+
+    settings = Settings(INFERMETER_HOME=tmp_path / "home", DATABASE_URL=db_url)
+    store = KeyStore(create_engine(db_url), settings=settings)
+    _, key_acme = store.create("acme")
+    _, key_other = store.create("other")
+    monkeypatch.setattr("billing_service.api.clock", lambda: AFTER_GRACE)
+    with TestClient(create_app(settings, db_url, None)) as client:
+        yield client, {"acme": key_acme, "other": key_other, "admin": settings.admin_token,
+                       "producer": settings.producer_token}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def table_counts(conn) -> dict[str, object]:
+    """Every billing table's rows, for 'nothing was written' checks."""
+    out = {}
+    for table in ("billing_customers", "billing_price_books", "billing_plans", "billing_invoices",
+                  "billing_invoice_lines", "billing_invoice_history", "billing_number_counters",
+                  "billing_credit_grants", "billing_credit_ledger", "billing_credit_notes"):
+        out[table] = sorted(conn.execute(f"SELECT * FROM {table}").fetchall(), key=repr)
+    return out
