@@ -171,8 +171,8 @@ async def get_invoices(
     from billing_service.run import list_invoices
 
     customer = scope(principal, customer_id)
-    return await _call(request, lambda conn: {"invoices": list_invoices(conn, customer_id=customer, period=period,
-                                                                        status=status)})
+    return await _call(request, lambda conn: {"invoices": list_invoices(
+        conn, customer_id=customer, period=period, status=status, must_exist=principal.is_admin)})
 
 
 @router.get("/v1/billing/invoices/{invoice_id}")

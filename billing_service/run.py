@@ -72,6 +72,8 @@ from billing_service.store import (
     has_billing_history,
     load_book,
     lock_customer,
+    money_text,
+    number_text,
     plan_at,
     plans,
     require_customer,
@@ -366,10 +368,6 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def money_text(amount: Decimal, currency: str) -> str:
-    return format(Currency.of(currency).round(amount), "f")
-
-
 def billing_run(
     conn: psycopg.Connection,
     period: str,
@@ -575,14 +573,6 @@ def line_json(line: InvoiceLine, currency: str) -> dict:
             "adjustment": line.is_adjustment}
 
 
-def number_text(value: Decimal) -> str:
-    """A quantity or unit price without trailing zeros and never in exponent form."""
-    text = format(value, "f")
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text or "0"
-
-
 def _preview_json(inv: Invoice, customer: Customer, *, note: str) -> dict:
     return {"customer_id": customer.customer_id, "currency": inv.currency, "period": inv.period,
             "period_start": _iso(inv.period_start), "period_end": _iso(inv.period_end), "status": str(inv.status),
@@ -604,7 +594,7 @@ def invoice_summary(inv: Invoice) -> dict:
 
 
 def list_invoices(conn: psycopg.Connection, *, customer_id: str | None = None, period: str | None = None,
-                  status: str | None = None) -> list[dict]:
+                  status: str | None = None, must_exist: bool = True) -> list[dict]:
     if period is not None:
         parse_label(period)
     if status is not None:
@@ -612,7 +602,7 @@ def list_invoices(conn: psycopg.Connection, *, customer_id: str | None = None, p
             InvoiceStatus(status)
         except ValueError:
             raise BillingServiceError(f"unknown status {status!r}: one of {', '.join(InvoiceStatus)}") from None
-    if customer_id is not None:
+    if customer_id is not None and must_exist:
         require_customer(conn, customer_id)
     ids = [r[0] for r in conn.execute(
         "SELECT id FROM billing_invoices WHERE (%(c)s::text IS NULL OR customer_id = %(c)s) "

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -25,6 +25,7 @@ from billing.invoice import CreditNote, CreditNoteLine, Invoice, InvoiceLine, In
 from billing.numbering import format_number
 from infermeter.times import utc_text
 from pricing.book import PriceBook, parse_price_book, price_book_from_data, price_book_to_data
+from pricing.money import QUANT, Currency
 
 
 class BillingServiceError(BillingError):
@@ -214,11 +215,30 @@ def _dec(value: Decimal | None) -> str | None:
     return None if value is None else format(value, "f")
 
 
-def line_to_json(line: InvoiceLine) -> dict:
+def money_text(amount: Decimal, currency: str) -> str:
+    """An amount at its currency's minor unit ("12.30"; amounts are already rounded by rating)."""
+    return format(Currency.of(currency).round(amount), "f")
+
+
+def number_text(value: Decimal | None) -> str | None:
+    """A quantity or unit price without trailing zeros and never in exponent form."""
+    if value is None:
+        return None
+    text = format(value, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def precise_text(value: Decimal) -> str:
+    return format(value.quantize(QUANT, rounding=ROUND_HALF_UP), "f")
+
+
+def line_to_json(line: InvoiceLine, currency: str) -> dict:
     return {"id": line.id, "rated_line_id": line.rated_line_id, "kind": line.kind, "charge_key": line.charge_key,
-            "meter": line.meter, "group": line.group, "quantity": _dec(line.quantity),
-            "unit_price": _dec(line.unit_price), "precise_amount": _dec(line.precise_amount),
-            "amount": _dec(line.amount), "period": line.period,
+            "meter": line.meter, "group": line.group, "quantity": number_text(line.quantity),
+            "unit_price": number_text(line.unit_price), "precise_amount": precise_text(line.precise_amount),
+            "amount": money_text(line.amount, currency), "period": line.period,
             "service_period_start": utc_text(line.service_period_start),
             "service_period_end": utc_text(line.service_period_end)}
 
@@ -229,11 +249,12 @@ def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
         "id": invoice.id, "customer_id": invoice.customer_id, "currency": invoice.currency, "period": invoice.period,
         "period_start": utc_text(invoice.period_start), "period_end": utc_text(invoice.period_end),
         "sequence": invoice.sequence, "status": str(invoice.status), "number": invoice.number,
-        "subtotal": _dec(invoice.subtotal), "credits_applied": _dec(invoice.credits_applied),
-        "total": _dec(invoice.total), "price_book_version": invoice.price_book_version, "book_sha256": book_sha256,
+        "subtotal": money_text(invoice.subtotal, invoice.currency),
+        "credits_applied": money_text(invoice.credits_applied, invoice.currency),
+        "total": money_text(invoice.total, invoice.currency), "price_book_version": invoice.price_book_version, "book_sha256": book_sha256,
         "issued_at": invoice.issued_at and utc_text(invoice.issued_at),
         "finalized_at": invoice.finalized_at and utc_text(invoice.finalized_at),
-        "reissue_of": invoice.reissue_of, "lines": [line_to_json(line) for line in invoice.lines],
+        "reissue_of": invoice.reissue_of, "lines": [line_to_json(line, invoice.currency) for line in invoice.lines],
     }
 
 
