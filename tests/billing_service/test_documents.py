@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from billing_service.run import billing_run, list_invoices, reconcile_money, show_invoice
+from billing_service.run import assign_plan, billing_run, list_invoices, reconcile_money, show_invoice
 from tests.billing_service.conftest import (
     AFTER_GRACE,
+    BOOK_YAML,
     FEB_START,
     MAR_START,
     auth,
@@ -120,11 +121,6 @@ def test_reconcile_finds_late_usage_until_a_run_puts_it_on_an_invoice(conn, mete
 
 def test_history_reproduces_what_was_known(conn, metering, cli):
     cli("customers", "set", "acme", now=datetime(2026, 1, 1, tzinfo=UTC))
-    from tests.billing_service.conftest import BOOK_YAML
-
-    conn.execute("SELECT 1")
-    from billing_service.run import assign_plan
-
     assign_plan(conn, "acme", BOOK_YAML, "b.yaml", "2026-02-01", now=datetime(2026, 1, 1, tzinfo=UTC))
     metering.request("acme", datetime(2026, 2, 3, tzinfo=UTC), input_tokens=1_000_000)
     cli("billing", "run", "--period", "2026-02", now=datetime(2026, 2, 10, tzinfo=UTC))
@@ -142,3 +138,24 @@ def test_history_reproduces_what_was_known(conn, metering, cli):
     history = cli("invoices", "show", inv["id"], "--json").json()["history"]
     assert [(h["revision"], h["change"], h["status"]) for h in history] == [
         (1, "created", "draft"), (2, "refreshed", "draft"), (3, "finalized", "open")]
+
+
+def test_a_plan_change_inside_a_period_applies_from_the_next_one(conn, metering, february, cli, tmp_path):
+    dearer = tmp_path / "dearer.yaml"
+    dearer.write_text(BOOK_YAML.replace("id: bill-usd", "id: bill-usd-2").replace('amount: "2.00"', 'amount: "3.00"'))
+    changed = cli("plans", "assign", "--customer", "acme", "--price-book", str(dearer), "--from", "2026-03-15", "--json",
+                  now=datetime(2026, 3, 10, tzinfo=UTC))
+    assert changed.code == 0, changed.err
+    assert (changed.json()["effective_period"], changed.json()["effective_at"]) == ("2026-04", "2026-04-01T00:00:00Z")
+    same = cli("plans", "assign", "--customer", "acme", "--price-book", str(dearer), "--from", "2026-03-15", "--json")
+    assert same.json()["created"] is False  # idempotent
+    metering.request("acme", datetime(2026, 3, 20, tzinfo=UTC), input_tokens=1_000_000, output=0)
+    metering.request("acme", datetime(2026, 4, 2, tzinfo=UTC), input_tokens=1_000_000, output=0)
+    billing_run(conn, "2026-04", now=datetime(2026, 4, 10, tzinfo=UTC), cost_model=cost_model())
+    books = {i["period"]: show_invoice(conn, i["id"]) for i in list_invoices(conn, customer_id="acme")}
+    assert books["2026-03"]["price_book_version"].startswith("bill-usd@sha256:")
+    assert books["2026-03"]["total"] == "2.00"
+    assert books["2026-04"]["price_book_version"].startswith("bill-usd-2@sha256:")
+    assert books["2026-04"]["total"] == "3.00"
+    plans = cli("plans", "list", "--customer", "acme", "--json").json()["plans"]
+    assert [(p["price_book"], p["effective_period"]) for p in plans] == [("bill-usd", "2026-02"), ("bill-usd-2", "2026-04")]
