@@ -218,6 +218,19 @@ class Settings(BaseSettings):
         "meters). Unset: pricing_books/cost-model.yaml.",
     )
 
+    # --- billing: runs, grace window, invoice numbers (billing_service/) -------------------------
+    billing_grace_h: float = Field(
+        default=24.0,
+        validation_alias="INFERMETER_BILLING_GRACE_H",
+        description="Hours after a billing period ends during which billing runs refresh its draft invoice with "
+        "late usage; the first run after it finalizes the invoice (later usage becomes adjustments on the next one).",
+    )
+    billing_issuer_prefix: str = Field(
+        default="INV",
+        validation_alias="INFERMETER_BILLING_ISSUER_PREFIX",
+        description="Issuer prefix of invoice numbers (PREFIX-YYYY-NNNNNN, gapless per prefix and year).",
+    )
+
     @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}.events"

@@ -244,3 +244,72 @@ def recorded_event_keys(conn: psycopg.Connection, keys: Sequence[tuple[str, str]
         ([k[0] for k in keys], [k[1] for k in keys]),
     ).fetchall()
     return {(source, event_id) for source, event_id in rows}
+
+
+# ---------------------------------------------------------------- reads for billing periods
+# A billing period is a window in a customer's time zone; its edges may fall inside a UTC hour
+# (Asia/Kolkata +05:30). Whole hours are read from the hourly rollups, the partial edge hours from
+# raw events (the same split `usage` makes), so every event counts in exactly one period.
+
+
+def _edge_parts(window: Window) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
+    """(the whole UTC hours inside the window or None, the partial edge windows read from raw events)."""
+    hours = window.whole_hours
+    if hours is None:
+        return None, [(window.start, window.end)]
+    return hours, [(a, b) for a, b in ((window.start, hours[0]), (hours[1], window.end)) if a < b]
+
+
+def usage_meter_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | None = None) -> list[dict]:
+    """infermeter.usage.v1 quantities per customer and meter over [start, end) of event time:
+    [{customer_id, meter, quantity (Decimal)}], sorted. Edge parts of hours come from raw events."""
+    hours, edges = _edge_parts(window)
+    only = " AND customer_id = %s" if customer_id is not None else ""
+    extra = [customer_id] if customer_id is not None else []
+    parts: list[str] = []
+    params: list = []
+    if hours is not None:
+        parts.append(f"SELECT customer_id, meter, quantity FROM usage_rollup_hourly WHERE hour >= %s AND hour < %s{only}")
+        params += [hours[0], hours[1], *extra]
+    for a, b in edges:
+        parts.append(
+            "SELECT customer_id, payload->'data'->>'meter' AS meter, (payload->'data'->>'quantity')::numeric AS quantity "
+            f"FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %s AND occurred_at < %s{only}"
+        )
+        params += [a, b, *extra]
+    sql = (f"SELECT customer_id, meter, sum(quantity) FROM ({' UNION ALL '.join(parts)}) AS u "
+           "GROUP BY customer_id, meter HAVING sum(quantity) <> 0 ORDER BY customer_id, meter")
+    rows = conn.execute(sql, params).fetchall()
+    return [{"customer_id": c, "meter": m, "quantity": q} for c, m, q in rows]
+
+
+def task_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | None = None) -> list[dict]:
+    """Tasks by outcome time: per customer, the tasks whose outcome's finished_at is in [start, end)
+    that succeeded, that failed, and the attempts of those tasks (succeeded or failed):
+    [{customer_id, succeeded, failed, attempts}], sorted. finished_at is exact, so no hour split."""
+    rows = conn.execute(
+        "SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), "
+        "count(*) FILTER (WHERE o.outcome = 'failed'), "
+        "coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id "
+        "AND a.task_id = o.task_id)) FILTER (WHERE o.outcome IN ('succeeded', 'failed')), 0) "
+        "FROM task_outcomes o WHERE o.finished_at >= %s AND o.finished_at < %s "
+        "AND (%s::text IS NULL OR o.customer_id = %s) GROUP BY o.customer_id ORDER BY o.customer_id",
+        (window.start, window.end, customer_id, customer_id),
+    ).fetchall()
+    return [{"customer_id": c, "succeeded": int(s), "failed": int(f), "attempts": int(a)} for c, s, f, a in rows]
+
+
+def customers_with_usage(conn: psycopg.Connection, window: Window) -> list[str]:
+    """Every customer with any metered usage in the UTC hours that overlap [start, end): requests,
+    usage meters, task outcomes, or GPU time of a dedicated deployment. A superset at the edges
+    (a whole edge hour counts); callers read the exact quantities with the functions above."""
+    start, end = window.start.replace(minute=0, second=0, microsecond=0), window.end
+    rows = conn.execute(
+        "SELECT customer_id FROM request_rollup_hourly WHERE hour >= %(s)s AND hour < %(e)s "
+        "UNION SELECT customer_id FROM usage_rollup_hourly WHERE hour >= %(s)s AND hour < %(e)s "
+        "UNION SELECT customer_id FROM task_outcomes WHERE finished_at >= %(s)s AND finished_at < %(e)s "
+        "UNION SELECT customer_id FROM gpu_ledger_hourly WHERE hour >= %(s)s AND hour < %(e)s AND customer_id <> '' "
+        "ORDER BY 1",
+        {"s": start, "e": end},
+    ).fetchall()
+    return [r[0] for r in rows]

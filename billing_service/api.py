@@ -1,0 +1,247 @@
+"""Billing over HTTP: the admin API (customers, plans, runs, invoices, credit notes, credits) and the
+invoice preview a customer can ask for with its own API key.
+
+    GET  /v1/invoices/preview?period=YYYY-MM[&customer_id=]     admin, or a customer for itself
+    PUT  /v1/billing/customers/{customer_id}                     admin: create or update
+    GET  /v1/billing/customers/{customer_id}                     admin
+    POST /v1/billing/customers/{customer_id}/plans               admin: {price_book (YAML text), from}
+    POST /v1/billing/runs                                        admin: {period, customer_id?}
+    GET  /v1/billing/invoices?customer_id&period&status          admin, or a customer for itself
+    GET  /v1/billing/invoices/{id}                               admin, or the invoice's customer
+    POST /v1/billing/invoices/{id}/void                          admin
+    POST /v1/billing/invoices/{id}/credit-notes                  admin: {reason, line_ids?}
+    POST /v1/billing/customers/{customer_id}/credits             admin: {amount, expires?, reason?}
+    GET  /v1/billing/customers/{customer_id}/credits             admin, or the customer itself
+
+Bad input answers 400 (404 for an unknown customer or invoice) with the service's message and
+writes nothing. Mount with `app.include_router(billing_service.api.router)`; it reads
+`request.app.state.pool` and `request.app.state.settings`. The clock is `clock()`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from billing_service.store import UnknownCustomer, UnknownInvoice
+from infermeter.auth import Principal
+from infermeter.http import PrincipalDep, error, scope
+
+router = APIRouter(tags=["billing"])
+
+
+def clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def _admin(principal: Principal) -> None:
+    if not principal.is_admin:
+        raise error(403, "billing administration needs the admin token", "forbidden")
+
+
+def _cost_model(request: Request):
+    from pricing_service.books import read_cost_model
+
+    return read_cost_model(request.app.state.settings.pricing_cost_model)
+
+
+async def _call(request: Request, work) -> Any:
+    """Run `work(conn)` on an autocommit connection of the pool; service errors become 4xx."""
+
+    def run() -> Any:
+        with request.app.state.pool.connection() as conn:
+            conn.autocommit = True
+            conn.execute("SET TIME ZONE 'UTC'")
+            try:
+                return work(conn)
+            except (UnknownCustomer, UnknownInvoice) as exc:
+                raise error(404, str(exc), "not_found") from None
+            except ValueError as exc:  # BillingError, PeriodError, PriceBookError, ...
+                raise error(400, str(exc), "invalid_request") from None
+
+    return await run_in_threadpool(run)
+
+
+# ---------------------------------------------------------------- preview (customers too)
+
+
+@router.get("/v1/invoices/preview")
+async def get_preview(
+    request: Request,
+    principal: PrincipalDep,
+    period: str = Query(description="billing period YYYY-MM"),
+    customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
+) -> dict[str, Any]:
+    from billing_service.run import preview_invoice
+
+    customer = scope(principal, customer_id)
+    if customer is None:
+        raise error(400, "customer_id is required", "invalid_request")
+    cost_model = _cost_model(request)
+    return await _call(request, lambda conn: preview_invoice(conn, customer, period, now=clock(), cost_model=cost_model))
+
+
+# ---------------------------------------------------------------- customers and plans
+
+
+class CustomerBody(BaseModel):
+    name: str | None = None
+    email: str | None = None
+    timezone: str | None = None
+    currency: str | None = None
+    anchor_day: int | None = None
+
+
+@router.put("/v1/billing/customers/{customer_id}")
+async def put_customer(request: Request, principal: PrincipalDep, customer_id: str, body: CustomerBody) -> dict:
+    from billing_service.run import set_customer
+
+    _admin(principal)
+
+    def work(conn: psycopg.Connection) -> dict:
+        customer, changed = set_customer(conn, customer_id, now=clock(), **body.model_dump())
+        return {**customer.to_json(), "changed": changed}
+
+    return await _call(request, work)
+
+
+@router.get("/v1/billing/customers/{customer_id}")
+async def get_customer(request: Request, principal: PrincipalDep, customer_id: str) -> dict:
+    from billing_service.store import plans, require_customer
+
+    _admin(principal)
+    return await _call(request, lambda conn: {**require_customer(conn, customer_id).to_json(),
+                                              "plans": [p.to_json() for p in plans(conn, customer_id)]})
+
+
+class PlanBody(BaseModel):
+    price_book: str = Field(description="the price book YAML text")
+    from_: str = Field(alias="from", description="local date YYYY-MM-DD")
+    source_name: str = "api"
+
+
+@router.post("/v1/billing/customers/{customer_id}/plans")
+async def post_plan(request: Request, principal: PrincipalDep, customer_id: str, body: PlanBody) -> dict:
+    from billing_service.run import assign_plan
+
+    _admin(principal)
+
+    def work(conn: psycopg.Connection) -> dict:
+        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=clock())
+        return {"customer_id": customer_id, "price_book": result.book.book.id,
+                "price_book_version": result.book.version, "effective_period": result.effective.label,
+                "created": result.created}
+
+    return await _call(request, work)
+
+
+# ---------------------------------------------------------------- runs and invoices
+
+
+class RunBody(BaseModel):
+    period: str
+    customer_id: str | None = None
+
+
+@router.post("/v1/billing/runs")
+async def post_run(request: Request, principal: PrincipalDep, body: RunBody) -> dict:
+    from billing_service.run import billing_run
+
+    _admin(principal)
+    settings = request.app.state.settings
+    cost_model = _cost_model(request)
+    return await _call(request, lambda conn: billing_run(
+        conn, body.period, now=clock(), customer_id=body.customer_id, grace_h=settings.billing_grace_h,
+        cost_model=cost_model, issuer_prefix=settings.billing_issuer_prefix).to_json())
+
+
+@router.get("/v1/billing/invoices")
+async def get_invoices(
+    request: Request,
+    principal: PrincipalDep,
+    customer_id: str | None = None,
+    period: str | None = None,
+    status: str | None = None,
+) -> dict:
+    from billing_service.run import list_invoices
+
+    customer = scope(principal, customer_id)
+    return await _call(request, lambda conn: {"invoices": list_invoices(
+        conn, customer_id=customer, period=period, status=status, must_exist=principal.is_admin)})
+
+
+@router.get("/v1/billing/invoices/{invoice_id}")
+async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str) -> dict:
+    from billing_service.run import show_invoice
+
+    shown = await _call(request, lambda conn: show_invoice(conn, invoice_id))
+    scope(principal, shown["customer_id"])  # 404 for another customer's invoice, 403 for producers
+    return shown
+
+
+@router.post("/v1/billing/invoices/{invoice_id}/void")
+async def post_void(request: Request, principal: PrincipalDep, invoice_id: str) -> dict:
+    from billing_service.run import invoice_summary, void_invoice
+
+    _admin(principal)
+
+    def work(conn: psycopg.Connection) -> dict:
+        voided, fresh = void_invoice(conn, invoice_id, now=clock())
+        return {"voided": invoice_summary(voided), "reissue": invoice_summary(fresh)}
+
+    return await _call(request, work)
+
+
+class CreditNoteBody(BaseModel):
+    reason: str
+    line_ids: list[str] | None = None
+
+
+@router.post("/v1/billing/invoices/{invoice_id}/credit-notes")
+async def post_credit_note(request: Request, principal: PrincipalDep, invoice_id: str, body: CreditNoteBody) -> dict:
+    from billing_service.run import issue_credit_note, money_text
+
+    _admin(principal)
+
+    def work(conn: psycopg.Connection) -> dict:
+        note, number = issue_credit_note(conn, invoice_id, reason=body.reason, now=clock(), line_ids=body.line_ids)
+        return {"id": note.id, "number": number, "invoice_id": note.invoice_id,
+                "total": money_text(note.total, note.currency), "currency": note.currency}
+
+    return await _call(request, work)
+
+
+# ---------------------------------------------------------------- credits
+
+
+class GrantBody(BaseModel):
+    amount: str
+    expires: str | None = None
+    reason: str | None = None
+
+
+@router.post("/v1/billing/customers/{customer_id}/credits")
+async def post_grant(request: Request, principal: PrincipalDep, customer_id: str, body: GrantBody) -> dict:
+    from billing_service.run import grant_credits, money_text
+
+    _admin(principal)
+
+    def work(conn: psycopg.Connection) -> dict:
+        grant = grant_credits(conn, customer_id, body.amount, now=clock(), expires=body.expires, reason=body.reason)
+        return {"id": grant.id, "customer_id": customer_id, "amount": money_text(grant.amount, grant.currency),
+                "currency": grant.currency}
+
+    return await _call(request, work)
+
+
+@router.get("/v1/billing/customers/{customer_id}/credits")
+async def get_credits(request: Request, principal: PrincipalDep, customer_id: str) -> dict:
+    from billing_service.run import credits_view
+
+    customer = scope(principal, customer_id)
+    return await _call(request, lambda conn: credits_view(conn, customer, now=clock()))

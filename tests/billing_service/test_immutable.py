@@ -1,0 +1,108 @@
+"""A finalized invoice cannot be changed through any path: a rerun, late usage, a plan change, the
+CLI, the API, the store, or SQL straight at the tables (the database's triggers refuse)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from billing.errors import InvoiceImmutable
+from billing_service.run import assign_plan, billing_run, show_invoice
+from billing_service.store import PgInvoiceStore
+from tests.billing_service.conftest import BOOK_YAML, EUR_BOOK_YAML, auth, cost_model, table_counts
+
+
+def frozen(conn, invoice_id):
+    shown = show_invoice(conn, invoice_id)
+    return {k: shown[k] for k in ("id", "number", "status", "subtotal", "credits_applied", "total", "lines",
+                                  "price_book_version", "period_start", "period_end")}
+
+
+def test_rerun_late_usage_and_plan_change_leave_it_alone(conn, metering, february, tmp_path):
+    before = frozen(conn, february.invoice_id)
+    history = conn.execute("SELECT count(*) FROM billing_invoice_history WHERE invoice_id = %s",
+                           (february.invoice_id,)).fetchone()
+    assert billing_run(conn, "2026-02", now=datetime(2026, 3, 9, tzinfo=UTC), cost_model=cost_model()).invoices == []
+    metering.request("acme", datetime(2026, 2, 20, tzinfo=UTC), input_tokens=999_999)  # late February usage
+    billing_run(conn, "2026-02", now=datetime(2026, 3, 9, tzinfo=UTC), cost_model=cost_model())
+    billing_run(conn, "2026-03", now=datetime(2026, 3, 9, tzinfo=UTC), cost_model=cost_model())
+    counts = table_counts(conn)
+    other_book = BOOK_YAML.replace('amount: "2.00"', 'amount: "3.00"')
+    for day in ("2026-01-15", "2026-02-01", "2026-01-31"):  # each would be February's plan
+        with pytest.raises(ValueError, match="cannot reach a finalized period"):
+            assign_plan(conn, "acme", other_book, "dearer.yaml", day, now=datetime(2026, 3, 9, tzinfo=UTC))
+    assert table_counts(conn) == counts
+    assert frozen(conn, february.invoice_id) == before
+    assert conn.execute("SELECT count(*) FROM billing_invoice_history WHERE invoice_id = %s",
+                        (february.invoice_id,)).fetchone() == history
+    # a plan for January only (February keeps its own) is allowed: it bills January, not February
+    assert assign_plan(conn, "acme", other_book, "dearer.yaml", "2026-01-01",
+                       now=datetime(2026, 3, 9, tzinfo=UTC)).effective.label == "2026-01"
+    # a change from inside February takes effect at the next boundary (March), which is allowed
+    result = assign_plan(conn, "acme", other_book, "dearer.yaml", "2026-02-20", now=datetime(2026, 3, 9, tzinfo=UTC))
+    assert result.effective.label == "2026-03"
+    assert frozen(conn, february.invoice_id) == before
+
+
+def test_the_store_and_sql_refuse(conn, february):
+    store = PgInvoiceStore(conn)
+    stored = store.get(february.invoice_id)
+    changed = replace(stored.invoice, lines=stored.invoice.lines[:1], subtotal=stored.invoice.lines[0].amount,
+                      total=stored.invoice.lines[0].amount)
+    with pytest.raises(InvoiceImmutable):
+        with conn.transaction():
+            store.save(changed, book_sha256=stored.book_sha256, now=datetime(2026, 3, 9, tzinfo=UTC), previous=stored)
+    for sql in (
+        "UPDATE billing_invoice_lines SET amount = amount + 1 WHERE invoice_id = %s",
+        "DELETE FROM billing_invoice_lines WHERE invoice_id = %s",
+        "UPDATE billing_invoices SET total = total + 1 WHERE id = %s",
+        "UPDATE billing_invoices SET number = 'INV-2026-000099' WHERE id = %s",
+        "DELETE FROM billing_invoices WHERE id = %s",
+        "UPDATE billing_invoice_history SET status = 'draft' WHERE invoice_id = %s",
+        "DELETE FROM billing_invoice_history WHERE invoice_id = %s",
+    ):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(sql, (february.invoice_id,))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO billing_invoice_lines SELECT invoice_id, id || 'x', position + 100, rated_line_id, kind, "
+                     "charge_key, meter, grp, quantity, unit_price, precise_amount, amount, period, "
+                     "service_period_start, service_period_end FROM billing_invoice_lines WHERE invoice_id = %s",
+                     (february.invoice_id,))
+    assert Decimal(show_invoice(conn, february.invoice_id)["total"]) == february.total
+
+
+def test_cli_paths_leave_it_alone(conn, february, cli, tmp_path):
+    before = frozen(conn, february.invoice_id)
+    book = tmp_path / "eur.yaml"
+    book.write_text(EUR_BOOK_YAML)
+    dearer = tmp_path / "dearer.yaml"
+    dearer.write_text(BOOK_YAML.replace('amount: "8.00"', 'amount: "9.00"'))
+    assert cli("billing", "run", "--period", "2026-02", "--json").code == 0
+    assert cli("plans", "assign", "--customer", "acme", "--price-book", str(dearer), "--from", "2026-02-01").code == 2
+    assert cli("customers", "set", "acme", "--timezone", "Asia/Kolkata").code == 2
+    assert cli("customers", "set", "acme", "--anchor-day", "15").code == 2
+    assert cli("customers", "set", "acme", "--currency", "EUR").code == 2
+    note = cli("invoices", "credit-note", february.invoice_id, "--reason", "goodwill", "--json")
+    assert note.code == 0, note.err
+    assert frozen(conn, february.invoice_id) == before  # a credit note is its own document
+
+
+def test_api_paths_leave_it_alone(conn, february, api):
+    client, keys = api
+    before = frozen(conn, february.invoice_id)
+    admin = auth(keys["admin"])
+    dearer = BOOK_YAML.replace('amount: "8.00"', 'amount: "9.00"')
+    r = client.post("/v1/billing/customers/acme/plans", json={"price_book": dearer, "from": "2026-02-01"}, headers=admin)
+    assert r.status_code == 400 and "finalized period" in r.json()["error"]["message"]
+    r = client.put("/v1/billing/customers/acme", json={"timezone": "Asia/Kolkata"}, headers=admin)
+    assert r.status_code == 400
+    assert client.post("/v1/billing/runs", json={"period": "2026-02"}, headers=admin).status_code == 200
+    # customers cannot act as admin
+    r = client.post(f"/v1/billing/invoices/{february.invoice_id}/void", headers=auth(keys["acme"]))
+    assert r.status_code == 403
+    assert frozen(conn, february.invoice_id) == before
+    assert Decimal(before["total"]) == february.total
