@@ -11,7 +11,7 @@
   if the process died before seeing the answer.
 - `stripe_pg_engine`: a fresh PostgreSQL database with only the Stripe tables (create_all), on the
   session's embedded server. It does not run the migrations: 0007 follows the billing migration 0006,
-  which is merged separately.
+  which is merged separately (once merged, `db_url` databases have the tables too).
 """
 
 from __future__ import annotations
@@ -156,12 +156,12 @@ def client_for(api_key: str, base: str, crash_after: int | None = None) -> tuple
 
 
 @pytest.fixture(scope="session")
-def stripe_pg_server() -> str:
-    """The session's embedded PostgreSQL (as tests/conftest.py starts it, without migrating a template)."""
+def stripe_pg_server(pg_dir: Path) -> str:
+    """The session's embedded PostgreSQL (tests/conftest.py's `pg_dir`: the same server `pg_server_url`
+    starts or attaches to), without migrating its template."""
     if os.environ.get("DATABASE_URL"):
         return os.environ["DATABASE_URL"]
-    root = Path(os.environ.get("INFERMETER_TEST_PGDATA") or tempfile.mkdtemp(prefix="infermeter-test-pg-"))
-    return start_embedded_postgres(root / "pg")
+    return start_embedded_postgres(pg_dir)
 
 
 @pytest.fixture
