@@ -231,6 +231,25 @@ class Settings(BaseSettings):
         description="Issuer prefix of invoice numbers (PREFIX-YYYY-NNNNNN, gapless per prefix and year).",
     )
 
+    # --- billing: Stripe adapter and webhooks (billing_service/stripe_*.py, docs/billing-stripe.md) --
+    stripe_api_key: str | None = Field(
+        default=None,
+        validation_alias="INFERMETER_STRIPE_API_KEY",
+        description="Stripe secret key (sk_test_... or sk_live_...) the invoice push uses. Unset: nothing is pushed to Stripe.",
+    )
+    stripe_api_base: str | None = Field(
+        default=None,
+        validation_alias="INFERMETER_STRIPE_API_BASE",
+        description="Base URL of the Stripe API. Unset: https://api.stripe.com (stripe-python's default); "
+        "set it to a localstripe or test fake URL.",
+    )
+    stripe_webhook_secret: str | None = Field(
+        default=None,
+        validation_alias="INFERMETER_STRIPE_WEBHOOK_SECRET",
+        description="Signing secret (whsec_...) of the Stripe webhook endpoint POST /v1/stripe/webhook. "
+        "Unset: the endpoint answers 503.",
+    )
+
     @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}.events"

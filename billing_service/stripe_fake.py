@@ -1,0 +1,496 @@
+"""A strict fake of the few Stripe API v1 endpoints the adapter uses, served over real HTTP.
+
+For what localstripe lacks: invoices for customers without a subscription, finalize, void, and
+idempotency keys. `StripeFake().start()` serves a Starlette app with uvicorn on 127.0.0.1 (a free port)
+in a thread; point `stripe.StripeClient(key, base_addresses={"api": fake.url})` at it.
+
+Endpoints (and only these parameters; anything else is a 400 `invalid_request_error` naming the `param`):
+
+    POST /v1/customers                   name, email, description, metadata
+    GET  /v1/customers                   email, limit, starting_after
+    GET  /v1/customers/{id}
+    POST /v1/invoiceitems                customer*, amount*, currency*, description, metadata
+    GET  /v1/invoiceitems                customer, invoice, pending, limit, starting_after
+    POST /v1/invoices                    customer*, currency, auto_advance, pending_invoice_items_behavior,
+                                         number, description, metadata
+    GET  /v1/invoices                    customer, status, limit, starting_after
+    GET  /v1/invoices/{id}
+    POST /v1/invoices/{id}/finalize      auto_advance
+    POST /v1/invoices/{id}/void          (none)
+    (* required)
+
+Documented Stripe parameters outside this list (`expand`, `period`, `price_data`, ...) are refused with a
+message saying the fake does not implement them, so a test never passes on a parameter the fake ignored.
+
+Idempotency (Stripe's documented rules for API v1): the status and body of the first POST with a given
+`Idempotency-Key` are saved once the endpoint starts executing, and a retry with the same key and the
+same endpoint and parameters gets that response again (header `Idempotent-Replayed: true`), errors
+included; the same key with another endpoint or other parameters is a 400 `idempotency_error`. A request
+refused while validating its parameters is not saved (it may be retried with the same key). Keys are
+scoped per API key (an API key is an account here: objects too), are at most 255 characters, and are
+pruned 24 hours after first use (`clock` is injectable, so a test can let them expire). GET requests
+ignore the header.
+
+Invoice states: draft -> open (finalize) -> void (void). Finalizing assigns a number when the draft has
+none. Not modelled: payment (an open invoice stays open), automatic finalization, zero-total invoices
+being marked paid at finalization, taxes, discounts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+IDEMPOTENCY_TTL_S = 24 * 3600
+MAX_KEY = 255
+
+
+class StripeError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, saved: bool = True) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.saved = saved  # False: refused before the endpoint ran (validation), not saved for the key
+
+    def body(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.param is not None:
+            err["param"] = self.param
+        if self.code is not None:
+            err["code"] = self.code
+        return {"error": err}
+
+
+def _invalid(message: str, param: str | None, code: str = "parameter_invalid") -> StripeError:
+    return StripeError(400, message, param=param, code=code, saved=False)
+
+
+# ---------------------------------------------------------------- form decoding
+
+
+def decode_form(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Stripe's form encoding: `metadata[a]=1` -> {"metadata": {"a": "1"}}, `expand[0]=x` -> {"expand": ["x"]}."""
+    out: dict[str, Any] = {}
+    for raw_key, value in pairs:
+        match = re.fullmatch(r"([^\[\]]+)((?:\[[^\[\]]*\])*)", raw_key)
+        if not match:
+            raise _invalid(f"Invalid parameter name: {raw_key}", raw_key)
+        parts = [match.group(1), *re.findall(r"\[([^\[\]]*)\]", match.group(2))]
+        node = out
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if last:
+                if part in node:
+                    raise _invalid(f"Parameter {raw_key} given twice", raw_key)
+                node[part] = value
+            else:
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    raise _invalid(f"Parameter {'['.join(parts[: i + 1])} is both a value and a hash", raw_key)
+                node = child
+    return _lists(out)
+
+
+def _lists(node: Any) -> Any:
+    if isinstance(node, dict):
+        node = {k: _lists(v) for k, v in node.items()}
+        if node and all(k.isdigit() for k in node):
+            return [node[k] for k in sorted(node, key=int)]
+    return node
+
+
+# ---------------------------------------------------------------- parameter checks
+
+
+def _str(name: str, value: Any, max_len: int = 5000) -> str:
+    if not isinstance(value, str):
+        raise _invalid(f"Invalid string: {name} must be a string", name)
+    if len(value) > max_len:
+        raise _invalid(f"Invalid string: {name} is longer than {max_len} characters", name)
+    return value
+
+
+def _int(name: str, value: Any) -> int:
+    if not isinstance(value, str) or not re.fullmatch(r"-?\d+", value):
+        raise _invalid(f"Invalid integer: {value!r}", name, "parameter_invalid_integer")
+    return int(value)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if value not in ("true", "false"):
+        raise _invalid(f"Invalid boolean: {value!r}", name)
+    return value == "true"
+
+
+def _currency(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z]{3}", value):
+        raise _invalid(f"Invalid currency: {value!r} (three-letter ISO code, in lowercase)", name)
+    return value
+
+
+def _metadata(name: str, value: Any) -> dict[str, str]:
+    if value == "":
+        return {}
+    if not isinstance(value, dict):
+        raise _invalid("Invalid metadata: it must be a hash of string keys and values", name)
+    if len(value) > 50:
+        raise _invalid("Invalid metadata: at most 50 keys", name)
+    for k, v in value.items():
+        if len(k) > 40:
+            raise _invalid(f"Invalid metadata: key {k!r} is longer than 40 characters", f"{name}[{k}]")
+        if not isinstance(v, str) or len(v) > 500:
+            raise _invalid(f"Invalid metadata: the value of {k!r} must be a string of at most 500 characters",
+                           f"{name}[{k}]")
+    return {k: v for k, v in value.items() if v != ""}
+
+
+def _enum(*allowed: str) -> Callable[[str, Any], str]:
+    def check(name: str, value: Any) -> str:
+        if value not in allowed:
+            raise _invalid(f"Invalid {name}: must be one of {', '.join(allowed)}", name)
+        return value
+
+    return check
+
+
+def _limit(name: str, value: Any) -> int:
+    n = _int(name, value)
+    if not 1 <= n <= 100:
+        raise _invalid("Invalid limit: must be between 1 and 100", name)
+    return n
+
+
+# Documented by Stripe for these endpoints but not implemented here: refused with that reason.
+NOT_IMPLEMENTED = frozenset({
+    "expand", "period", "price_data", "pricing", "quantity", "quantity_decimal", "unit_amount_decimal",
+    "discounts", "discountable", "tax_rates", "tax_behavior", "tax_code", "subscription", "invoice",
+    "collection_method", "days_until_due", "due_date", "default_payment_method", "account_tax_ids",
+    "automatic_tax", "custom_fields", "footer", "from_invoice", "issuer", "on_behalf_of", "payment_settings",
+    "rendering", "shipping_cost", "shipping_details", "statement_descriptor", "transfer_data", "address",
+    "phone", "payment_method", "invoice_settings", "preferred_locales", "tax", "tax_exempt", "tax_id_data",
+    "test_clock", "created", "ending_before", "customer_account", "balance", "cash_balance", "shipping",
+    "source", "next_invoice_sequence", "invoice_prefix", "business_name", "individual_name", "validate",
+    "application_fee_amount", "automatically_finalizes_at", "default_source", "default_tax_rates",
+    "effective_at",
+})
+
+
+@dataclass(frozen=True)
+class Spec:
+    params: dict[str, Callable[[str, Any], Any]]
+    required: tuple[str, ...] = ()
+
+    def check(self, data: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in data.items():
+            check = self.params.get(name)
+            if check is None:
+                if name in NOT_IMPLEMENTED:
+                    raise _invalid(
+                        f"Parameter {name} is documented by Stripe but not implemented by this fake "
+                        f"(billing_service/stripe_fake.py): the adapter does not send it", name, "parameter_unknown")
+                raise _invalid(f"Received unknown parameter: {name}", name, "parameter_unknown")
+            out[name] = check(name, value)
+        for name in self.required:
+            if name not in out:
+                raise _invalid(f"Missing required param: {name}.", name, "parameter_missing")
+        return out
+
+
+LIST = {"limit": _limit, "starting_after": _str}
+SPECS = {
+    ("POST", "customers"): Spec({"name": _str, "email": _str, "description": _str, "metadata": _metadata}),
+    ("GET", "customers"): Spec({"email": _str, **LIST}),
+    ("POST", "invoiceitems"): Spec(
+        {"customer": _str, "amount": _int, "currency": _currency, "description": _str, "metadata": _metadata},
+        ("customer", "amount", "currency"),
+    ),
+    ("GET", "invoiceitems"): Spec({"customer": _str, "invoice": _str, "pending": _bool, **LIST}),
+    ("POST", "invoices"): Spec(
+        {"customer": _str, "currency": _currency, "auto_advance": _bool,
+         "pending_invoice_items_behavior": _enum("exclude", "include"), "number": _str, "description": _str,
+         "metadata": _metadata},
+        ("customer",),
+    ),
+    ("GET", "invoices"): Spec({"customer": _str, "status": _enum("draft", "open", "paid", "uncollectible", "void"),
+                               **LIST}),
+    ("GET", "retrieve"): Spec({}),
+    ("POST", "finalize"): Spec({"auto_advance": _bool}),
+    ("POST", "void"): Spec({}),
+}
+
+
+# ---------------------------------------------------------------- the account
+
+
+class Account:
+    """The objects and idempotency keys of one API key."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {"customer": {}, "invoiceitem": {}, "invoice": {}}
+        self.order: dict[str, int] = {}  # id -> creation sequence (lists are newest first)
+        self.keys: dict[str, tuple[str, int, dict[str, Any], float]] = {}  # key -> fingerprint, status, body, at
+        self.invoice_numbers = 0
+
+
+class StripeFake:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.accounts: dict[str, Account] = {}
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, idempotency key)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.app = Starlette(routes=[
+            Route("/v1/{rest:path}", self._handle, methods=["GET", "POST", "DELETE"]),
+        ])
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    # ------------------------------------------------------------ serving
+
+    def start(self) -> StripeFake:
+        import uvicorn
+
+        from infermeter.stack import free_port, wait_for_port
+
+        port = free_port()
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                                lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="stripe-fake", daemon=True)
+        self._thread.start()
+        wait_for_port("127.0.0.1", port, 10)
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            assert self._thread is not None
+            self._thread.join(10)
+            self._server = None
+
+    def __enter__(self) -> StripeFake:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ inspection (tests)
+
+    def count(self, api_key: str, kind: str, **where: Any) -> int:
+        return len(self.list_objects(api_key, kind, **where))
+
+    def list_objects(self, api_key: str, kind: str, **where: Any) -> list[dict[str, Any]]:
+        account = self.accounts.get(api_key)
+        if account is None:
+            return []
+        return [o for o in account.objects[kind].values() if all(o.get(k) == v for k, v in where.items())]
+
+    # ------------------------------------------------------------ HTTP
+
+    async def _handle(self, request: Request) -> Response:
+        body = (await request.body()).decode()
+        key = request.headers.get("idempotency-key")
+        self.requests.append((request.method, request.url.path, key))
+        try:
+            api_key = _api_key(request.headers.get("authorization"))
+            pairs = parse_qsl(body, keep_blank_values=True) if request.method == "POST" else list(
+                parse_qsl(request.url.query, keep_blank_values=True))
+            data = decode_form(pairs)
+        except StripeError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        with self._lock:
+            account = self.accounts.setdefault(api_key, Account())
+            if request.method != "POST" or key is None:
+                status, body, _ = self._run(account, request.method, request.url.path, data)
+                return self._respond(status, body)
+            return self._idempotent(account, key, request.method, request.url.path, data)
+
+    def _idempotent(self, account: Account, key: str, method: str, path: str, data: dict[str, Any]) -> Response:
+        if len(key) > MAX_KEY:
+            return self._respond(400, _invalid(f"Idempotency-Key is longer than {MAX_KEY} characters", None).body())
+        now = self.clock()
+        for k in [k for k, (_, _, _, at) in account.keys.items() if now - at >= IDEMPOTENCY_TTL_S]:
+            del account.keys[k]
+        fingerprint = json.dumps([method, path, data], sort_keys=True)
+        saved = account.keys.get(key)
+        if saved is not None:
+            if saved[0] != fingerprint:
+                return self._respond(400, StripeError(
+                    400, f"Keys for idempotent requests can only be used with the same parameters they were first "
+                         f"used with. Try using a key other than '{key}' if you meant to execute a different request.",
+                    type="idempotency_error").body())
+            return self._respond(saved[1], saved[2], replayed=True)
+        status, body, keep = self._run(account, method, path, data)
+        if keep:
+            account.keys[key] = (fingerprint, status, body, now)
+        return self._respond(status, body)
+
+    @staticmethod
+    def _respond(status: int, body: dict[str, Any], replayed: bool = False) -> Response:
+        headers = {"Request-Id": "req_" + secrets.token_hex(7)}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    def _run(self, account: Account, method: str, path: str, data: dict[str, Any]) -> tuple[int, dict[str, Any], bool]:
+        """(status, body, whether an idempotency key saves this answer)."""
+        try:
+            return 200, self._route(account, method, path, data), True
+        except StripeError as exc:
+            return exc.status, exc.body(), exc.saved
+
+    def _route(self, account: Account, method: str, path: str, data: dict[str, Any]) -> dict[str, Any]:
+        parts = path.strip("/").split("/")[1:]  # drop "v1"
+        resource = parts[0] if parts else ""
+        if resource in ("customers", "invoiceitems", "invoices") and len(parts) == 1:
+            params = SPECS[(method, resource)].check(data) if (method, resource) in SPECS else None
+            if params is not None:
+                if method == "GET":
+                    return self._list(account, resource, params)
+                return getattr(self, f"_create_{resource}")(account, params)
+        elif resource in ("customers", "invoiceitems", "invoices") and len(parts) == 2 and method == "GET":
+            SPECS[("GET", "retrieve")].check(data)
+            return self._get(account, _KIND[resource], parts[1])
+        elif resource == "invoices" and len(parts) == 3 and method == "POST" and parts[2] in ("finalize", "void"):
+            params = SPECS[("POST", parts[2])].check(data)
+            return getattr(self, f"_{parts[2]}")(account, parts[1], params)
+        raise StripeError(404, f"Unrecognized request URL ({method}: {path}). This fake implements only the "
+                               f"endpoints the infermeter adapter uses.", saved=False)
+
+    # ------------------------------------------------------------ objects
+
+    def _new_id(self, account: Account, prefix: str) -> str:
+        self._seq += 1
+        obj_id = prefix + secrets.token_hex(7)
+        account.order[obj_id] = self._seq
+        return obj_id
+
+    def _get(self, account: Account, kind: str, obj_id: str, param: str | None = None) -> dict[str, Any]:
+        obj = account.objects[kind].get(obj_id)
+        if obj is None:
+            raise StripeError(404, f"No such {kind}: '{obj_id}'", param=param or "id", code="resource_missing")
+        if kind == "invoice":
+            return self._invoice_view(account, obj)
+        return dict(obj)
+
+    def _list(self, account: Account, resource: str, params: dict[str, Any]) -> dict[str, Any]:
+        kind = _KIND[resource]
+        rows = sorted(account.objects[kind].values(), key=lambda o: -account.order[o["id"]])
+        for name in ("customer", "email", "status", "invoice"):
+            if name in params:
+                rows = [o for o in rows if o.get(name) == params[name]]
+        if "pending" in params:
+            rows = [o for o in rows if (o.get("invoice") is None) == params["pending"]]
+        if "starting_after" in params:
+            ids = [o["id"] for o in rows]
+            if params["starting_after"] not in ids:
+                raise StripeError(400, f"starting_after {params['starting_after']} is not in this list",
+                                  param="starting_after", saved=False)
+            rows = rows[ids.index(params["starting_after"]) + 1:]
+        limit = params.get("limit", 10)
+        page = rows[:limit]
+        data = [self._invoice_view(account, o) if kind == "invoice" else dict(o) for o in page]
+        return {"object": "list", "url": f"/v1/{resource}", "has_more": len(rows) > limit, "data": data}
+
+    def _create_customers(self, account: Account, p: dict[str, Any]) -> dict[str, Any]:
+        obj = {"id": self._new_id(account, "cus_"), "object": "customer", "created": int(self.clock()),
+               "livemode": False, "name": p.get("name"), "email": p.get("email"),
+               "description": p.get("description"), "metadata": p.get("metadata", {}), "currency": None}
+        account.objects["customer"][obj["id"]] = obj
+        return dict(obj)
+
+    def _create_invoiceitems(self, account: Account, p: dict[str, Any]) -> dict[str, Any]:
+        customer = self._get(account, "customer", p["customer"], "customer")
+        now = int(self.clock())
+        obj = {"id": self._new_id(account, "ii_"), "object": "invoiceitem", "amount": p["amount"],
+               "currency": p["currency"], "customer": customer["id"], "date": now, "livemode": False,
+               "description": p.get("description"), "metadata": p.get("metadata", {}), "invoice": None,
+               "period": {"start": now, "end": now}, "quantity": 1}
+        account.objects["invoiceitem"][obj["id"]] = obj
+        account.objects["customer"][customer["id"]]["currency"] = customer["currency"] or p["currency"]
+        return dict(obj)
+
+    def _create_invoices(self, account: Account, p: dict[str, Any]) -> dict[str, Any]:
+        customer = self._get(account, "customer", p["customer"], "customer")
+        currency = p.get("currency") or customer["currency"]
+        if currency is None:
+            raise StripeError(400, "The customer has no currency yet: pass currency", param="currency")
+        invoice_id = self._new_id(account, "in_")
+        items = []
+        if p.get("pending_invoice_items_behavior", "exclude") == "include":
+            items = [i for i in account.objects["invoiceitem"].values()
+                     if i["customer"] == customer["id"] and i["invoice"] is None and i["currency"] == currency]
+        obj = {"id": invoice_id, "object": "invoice", "customer": customer["id"], "currency": currency,
+               "status": "draft", "auto_advance": p.get("auto_advance", False), "number": p.get("number"),
+               "description": p.get("description"), "metadata": p.get("metadata", {}), "livemode": False,
+               "created": int(self.clock()), "amount_paid": 0,
+               "status_transitions": {"finalized_at": None, "paid_at": None, "voided_at": None}}
+        for item in sorted(items, key=lambda i: account.order[i["id"]]):
+            item["invoice"] = invoice_id
+        account.objects["invoice"][invoice_id] = obj
+        return self._invoice_view(account, obj)
+
+    def _invoice_view(self, account: Account, obj: dict[str, Any]) -> dict[str, Any]:
+        items = sorted((i for i in account.objects["invoiceitem"].values() if i["invoice"] == obj["id"]),
+                       key=lambda i: account.order[i["id"]])
+        lines = [{"id": "il_" + i["id"][3:], "object": "line_item", "amount": i["amount"],
+                  "currency": i["currency"], "description": i["description"], "metadata": dict(i["metadata"]),
+                  "invoice": obj["id"],
+                  "parent": {"type": "invoice_item_details", "invoice_item_details": {"invoice_item": i["id"]}}}
+                 for i in items]
+        total = sum(i["amount"] for i in items)
+        due = 0 if obj["status"] == "void" else max(total, 0)
+        return {**obj, "subtotal": total, "total": total, "amount_due": due,
+                "amount_remaining": due - obj["amount_paid"],
+                "lines": {"object": "list", "url": f"/v1/invoices/{obj['id']}/lines", "has_more": False,
+                          "total_count": len(lines), "data": lines}}
+
+    def _finalize(self, account: Account, invoice_id: str, p: dict[str, Any]) -> dict[str, Any]:
+        self._get(account, "invoice", invoice_id)
+        obj = account.objects["invoice"][invoice_id]
+        if obj["status"] != "draft":
+            raise StripeError(400, f"Invoice {invoice_id} is already finalized (status {obj['status']}): "
+                                   f"only a draft can be finalized", code="invoice_not_editable")
+        if obj["number"] is None:
+            account.invoice_numbers += 1
+            obj["number"] = f"FAKE-{account.invoice_numbers:04d}"
+        obj["status"] = "open"
+        if "auto_advance" in p:
+            obj["auto_advance"] = p["auto_advance"]
+        obj["status_transitions"] = {**obj["status_transitions"], "finalized_at": int(self.clock())}
+        return self._invoice_view(account, obj)
+
+    def _void(self, account: Account, invoice_id: str, p: dict[str, Any]) -> dict[str, Any]:
+        self._get(account, "invoice", invoice_id)
+        obj = account.objects["invoice"][invoice_id]
+        if obj["status"] not in ("open", "uncollectible"):
+            raise StripeError(400, f"Invoice {invoice_id} is {obj['status']}: only a finalized (open or "
+                                   f"uncollectible) invoice can be voided")
+        obj["status"] = "void"
+        obj["status_transitions"] = {**obj["status_transitions"], "voided_at": int(self.clock())}
+        return self._invoice_view(account, obj)
+
+
+_KIND = {"customers": "customer", "invoiceitems": "invoiceitem", "invoices": "invoice"}
+
+
+def _api_key(header: str | None) -> str:
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.startswith(("sk_test_", "sk_live_", "rk_test_")):
+        raise StripeError(401, "Invalid API Key provided (send Authorization: Bearer sk_test_...)", saved=False)
+    return token
