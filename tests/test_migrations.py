@@ -103,8 +103,9 @@ def _downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-# Points of the history every downgrade passes through (0002 and 0003 are branches merged by 0004).
-STEPS = ("0005", "0004", "0001")
+# Points of the history every downgrade passes through, head first (0002 and 0003 are branches
+# merged by 0004).
+STEPS = ("0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -118,12 +119,17 @@ def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drif
             url = _fresh_database(pg_server_url, f"t_mig_at_{revision}")
             upgrade(url, revision)
             expected[revision] = _schema(url)
-        assert expected["0005"] != expected["0004"] != expected["0001"]
+        from alembic.script import ScriptDirectory
+
+        from infermeter.db import alembic_config
+
+        assert ScriptDirectory.from_config(alembic_config(pg_server_url)).get_heads() == [STEPS[0]]
+        assert all(expected[a] != expected[b] for a, b in zip(STEPS, STEPS[1:], strict=False))
 
         url = _fresh_database(pg_server_url, "t_mig_round_trip")
         upgrade(url, "heads")
         head = _schema(url)
-        assert head == expected["0005"]
+        assert head == expected[STEPS[0]]
         with psycopg.connect(to_libpq_url(url)) as conn:  # data, and a partition made at run time
             conn.execute("CREATE TABLE raw_events_2026_11 PARTITION OF raw_events "
                          "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
