@@ -56,3 +56,50 @@ def test_a_deliberate_violation_breaks_its_contract(tmp_path, path, line, verdic
     result = lint_imports(copy)
     assert result.returncode == 1, result.stdout + result.stderr
     assert verdict in result.stdout, result.stdout
+
+
+# Metering owns its tables: SQL naming one of them (FROM, JOIN, INTO, UPDATE, ...) lives in metering/,
+# or in migrations/ (which create them); tests/ and bench/ set up and measure. Any other directory of
+# the project, present or future, is scanned (metering's reads for others: metering/period_reads.py,
+# metering/queries.py).
+NOT_SCANNED = {"metering", "migrations", "tests", "bench"}
+
+
+def _metering_tables() -> list[str]:
+    from sqlalchemy import Table
+
+    import metering.tables
+
+    mine = {v.name for v in vars(metering.tables).values() if isinstance(v, Table)}
+    return [t.name for t in metering.tables.metadata.sorted_tables if t.name in mine]
+
+
+def _project_sources() -> list[Path]:
+    def skipped(part: str) -> bool:
+        return part.startswith(".") or part in {"__pycache__", "node_modules", "build", "dist"} or part.endswith(
+            ".egg-info")
+
+    return sorted(p for p in ROOT.rglob("*.py")
+                  if not any(skipped(part) for part in p.relative_to(ROOT).parts[:-1])
+                  and p.relative_to(ROOT).parts[0] not in NOT_SCANNED)
+
+
+def test_no_sql_on_metering_tables_outside_metering():
+    import re
+
+    tables = _metering_tables()
+    assert {"raw_events", "request_rollup_hourly", "gpu_ledger_hourly", "consumer_offsets"} <= set(tables)
+    clause = re.compile(
+        r"\b(?:FROM|JOIN|INTO|UPDATE|TRUNCATE|COPY)\s+(?:TABLE\s+)?(?:ONLY\s+)?(?:\w+\.)?(" + "|".join(tables) + r")\b"
+    )
+    sample = 'x = """\nSELECT 1\nFROM\n    request_rollup_hourly r LEFT JOIN public.task_usage u"""\ncur.execute("INSERT INTO raw_events ...")'
+    assert [m.group(1) for m in clause.finditer(sample)] == ["request_rollup_hourly", "task_usage", "raw_events"]
+    sources = _project_sources()
+    assert any(p.parts[-2:] == ("pricing_service", "rate_period.py") for p in sources)  # the scan sees the code
+    found = []
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        for match in clause.finditer(text):
+            line = text.count("\n", 0, match.start(1)) + 1
+            found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0).split()[0]} {match.group(1)}")
+    assert not found, "SQL on metering's tables outside metering/ (read them through metering):\n" + "\n".join(found)

@@ -1,0 +1,365 @@
+"""Reads for rating a period: metering's SQL over its tables for pricing (invoices, shadow rating,
+experiments). Metering owns its tables, so the statements that read them live here; callers get
+plain rows and do the pricing.
+
+Windows are [start, end) on whole UTC hours (the rollups are hourly): callers check them
+(`pricing_service.source.check_window`). With `customer_id`, a read is limited to that customer
+(and, for GPU time, to the deployment-hours it was served in or owns).
+
+- `request_sums`: per customer x model (x deployment), the request-meter sums of the period, streamed
+  in customer order by a reading thread (what an invoice run rates; `python -m bench.rating`).
+- `task_totals`, `meter_totals`: tasks finished in the window, usage-meter quantities.
+- `has_gpu_time`, `gpu_ms_attribution`: GPU-ms of each deployment-hour attributed by weighted tokens
+  (the cost model's method, docs/cost-model.md).
+- `hourly_requests`, `hourly_gpu`, `task_usage`, `task_attempts`, `hourly_meters`: the hourly
+  records of the window (`pricing_service.source.load_dataset`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+
+import psycopg
+
+# The request meters and the rollup sums they come from; only the meters asked for are summed.
+REQUEST_METER_SUMS = {
+    "uncached_input_tokens": "sum(input_tokens - cached_input_tokens)::bigint",
+    "cached_input_tokens": "sum(cached_input_tokens)::bigint",
+    "output_tokens": "sum(output_tokens)::bigint",
+    "requests": "sum(requests)::bigint",
+}
+REQUEST_METERS = tuple(REQUEST_METER_SUMS)
+# With cached input summed anyway, uncached input is the difference of two sums (PostgreSQL computes
+# the shared sum(cached_input_tokens) once): one subtraction per group instead of one per row.
+UNCACHED_FROM_SUMS = "(sum(input_tokens) - sum(cached_input_tokens))::bigint"
+# The sums come in customer order, read from the primary key's index alone (it carries the summed
+# columns, migration 0005): no hash table over every group, and a customer's sums are complete as
+# soon as the next customer's rows start, so the caller rates one customer while PostgreSQL sums
+# the next. Settings for that query only (SET LOCAL): random_page_cost 1.1 because the rollups of a
+# period being rated are in memory (at the default 4 the planner prefers a hash aggregate that emits
+# nothing until it has read every row); no parallel workers, the other core rates; work_mem for the
+# plans PostgreSQL falls back to when the index cannot be read alone (pages not yet vacuumed).
+REQUEST_SUMS_SETTINGS = (("random_page_cost", "1.1"), ("max_parallel_workers_per_gather", "0"), ("work_mem", "64MB"))
+REQUEST_TOTALS_SQL = """
+SELECT customer_id, model, {deployment}, {sums}
+FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
+GROUP BY customer_id, model{group_deployment}
+ORDER BY customer_id, model{group_deployment}
+"""
+# Rows per chunk handed from the reading thread to the caller, and chunks it may read ahead.
+STREAM_CHUNK_ROWS = 1000
+STREAM_CHUNKS_AHEAD = 64
+
+
+def request_sums(
+    conn: psycopg.Connection,
+    start: datetime,
+    end: datetime,
+    meters: Sequence[str],
+    *,
+    by_deployment: bool = True,
+    customer_id: str | None = None,
+    sql_template: str = REQUEST_TOTALS_SQL,
+    chunk_rows: int = STREAM_CHUNK_ROWS,
+    chunks_ahead: int = STREAM_CHUNKS_AHEAD,
+) -> Iterator[tuple[str, list[tuple]]]:
+    """(customer, its rows) for each customer served in [start, end), in customer order, each customer
+    once and complete. A row is (customer, model, deployment, one sum per meter of `meters`, in that
+    order): one row per model (and deployment; deployment '' with `by_deployment=False`). `meters`
+    are request meters (REQUEST_METERS); none, no rows. A thread reads the rows, so PostgreSQL keeps
+    summing the next customers while the caller works on this one; `conn` is the thread's until the
+    iterator ends. `sql_template` (formatted with deployment, sums, group_deployment and only),
+    `chunk_rows` (rows per chunk handed over) and `chunks_ahead` (chunks the thread may read ahead)
+    default to the module's constants; tests pass others."""
+    unknown = [m for m in meters if m not in REQUEST_METER_SUMS]
+    if unknown:
+        raise ValueError(f"not request meters: {', '.join(unknown)}")
+    if not meters:
+        return
+    sums = {m: REQUEST_METER_SUMS[m] for m in meters}
+    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
+        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
+    sql = sql_template.format(
+        deployment="deployment_id" if by_deployment else "''",
+        sums=", ".join(sums.values()),
+        group_deployment=", deployment_id" if by_deployment else "",
+        only="" if customer_id is None else "AND customer_id = %(customer)s",
+    )
+    params = {"start": start, "end": end, "customer": customer_id}
+    current: str | None = None
+    rows: list[tuple] = []
+    chunks = _read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
+    try:
+        for chunk in chunks:
+            for row in chunk:
+                if row[0] != current:
+                    if current is not None:
+                        yield current, rows
+                    current, rows = row[0], []
+                rows.append(row)
+        if current is not None:
+            yield current, rows
+    finally:
+        chunks.close()  # the caller stopped early: stop the reading thread now
+
+
+_END = object()
+
+
+def _read_ahead(
+    conn: psycopg.Connection, sql: str, params: Mapping[str, object], *, chunk_rows: int, chunks_ahead: int
+) -> Iterator[list[tuple]]:
+    """The rows of `sql`, in chunks of `chunk_rows` read by a thread (up to `chunks_ahead` chunks ahead
+    of the caller)."""
+    chunks: queue.Queue = queue.Queue(maxsize=chunks_ahead)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                # SET LOCAL would outlive a savepoint in the caller's transaction: put them back after
+                before = [(name, cur.execute("SELECT current_setting(%s)", (name,)).fetchone()[0])
+                          for name, _ in REQUEST_SUMS_SETTINGS]
+                for name, value in REQUEST_SUMS_SETTINGS:
+                    cur.execute("SELECT set_config(%s, %s, true)", (name, value))
+                chunk: list[tuple] = []
+                rows = cur.stream(sql, params, size=chunk_rows)
+                for row in rows:
+                    chunk.append(row)
+                    if len(chunk) == chunk_rows:
+                        chunks.put(chunk)
+                        chunk = []
+                        if stop.is_set():  # the caller stopped reading: end the query
+                            break
+                rows.close()
+                for name, value in before:
+                    cur.execute("SELECT set_config(%s, %s, true)", (name, value))
+                if not stop.is_set():
+                    chunks.put(chunk)
+            chunks.put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            chunks.put(exc)
+
+    reader = threading.Thread(target=read, name="request-sums", daemon=True)
+    reader.start()
+    try:
+        while (item := chunks.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                chunks.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        reader.join()
+
+
+TASK_TOTALS_SQL = """
+SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), count(*) FILTER (WHERE o.outcome = 'failed'),
+       coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id)), 0)
+FROM task_outcomes o WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s {only}
+GROUP BY o.customer_id
+"""
+METER_TOTALS_SQL = """
+SELECT customer_id, meter, sum(quantity) FROM usage_rollup_hourly
+WHERE hour >= %(start)s AND hour < %(end)s {only} GROUP BY customer_id, meter
+"""
+
+
+def task_totals(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> list[tuple[str, int, int, int]]:
+    """(customer, tasks succeeded, tasks failed, their attempts) of the tasks that finished in
+    [start, end), per customer with any."""
+    only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
+    params = {"start": start, "end": end, "customer": customer_id}
+    return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()
+
+
+def meter_totals(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> list[tuple[str, str, Decimal]]:
+    """(customer, meter, quantity) of the usage meters (infermeter.usage.v1) in [start, end)."""
+    only = "" if customer_id is None else "AND customer_id = %(customer)s"
+    params = {"start": start, "end": end, "customer": customer_id}
+    return conn.execute(METER_TOTALS_SQL.format(only=only), params).fetchall()
+
+
+# GPU-ms of each deployment-hour shared by weighted tokens; idle dedicated hours to their owner.
+# With a customer, only the deployment-hours that customer was served in (or owns) are read.
+# `weight` is what was served; `scenario` the same with prefix caching off for the models in %(off)s
+# (their cached input counted as uncached; equal to `weight` when %(off)s is empty): a deployment-
+# hour's GPU time grows by scenario / weight and is shared by scenario, i.e. each share is
+# gpu_ms x scenario / total weight (pricing.cost.attribute, caching_off_for). 20 decimal places per
+# deployment-hour share (numeric): far below the 12-place scale of the quantities.
+GPU_ATTRIBUTION_SQL = """
+WITH hours AS (
+    SELECT DISTINCT deployment_id, hour FROM gpu_ledger_hourly
+    WHERE hour >= %(start)s AND hour < %(end)s {gpu_only}
+), weights AS (
+    SELECT r.customer_id, r.deployment_id, r.hour,
+           sum(%(pw)s * (r.input_tokens - r.cached_input_tokens) + %(dw)s * r.output_tokens) AS weight,
+           sum(%(pw)s * (r.input_tokens - CASE WHEN r.model = ANY(%(off)s::text[]) THEN 0 ELSE r.cached_input_tokens END)
+               + %(dw)s * r.output_tokens) AS scenario
+    FROM request_rollup_hourly r JOIN hours h ON h.deployment_id = r.deployment_id AND h.hour = r.hour
+    GROUP BY r.customer_id, r.deployment_id, r.hour
+), totals AS (
+    SELECT deployment_id, hour, sum(weight) AS total FROM weights GROUP BY deployment_id, hour
+), gpu AS (
+    SELECT g.customer_id AS owner, g.deployment_id, g.gpu_type, g.hour, sum(g.gpu_ms) AS gpu_ms
+    FROM gpu_ledger_hourly g JOIN hours h ON h.deployment_id = g.deployment_id AND h.hour = g.hour
+    GROUP BY g.customer_id, g.deployment_id, g.gpu_type, g.hour
+)
+SELECT w.customer_id, g.deployment_id, g.gpu_type, sum((g.gpu_ms * w.scenario)::numeric(70, 20) / t.total)
+FROM gpu g
+JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour AND t.total > 0
+JOIN weights w ON w.deployment_id = g.deployment_id AND w.hour = g.hour AND w.scenario > 0 {weights_only}
+GROUP BY w.customer_id, g.deployment_id, g.gpu_type
+UNION ALL
+SELECT g.owner, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
+FROM gpu g LEFT JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour
+WHERE g.owner <> '' AND coalesce(t.total, 0) = 0 {owner_only}
+GROUP BY g.owner, g.deployment_id, g.gpu_type
+"""
+CUSTOMER_GPU_HOURS = """AND (customer_id = %(customer)s OR (deployment_id, hour) IN (
+        SELECT deployment_id, hour FROM request_rollup_hourly
+        WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s))"""
+HAS_GPU_SQL = "SELECT EXISTS (SELECT 1 FROM gpu_ledger_hourly WHERE hour >= %s AND hour < %s)"
+
+
+def has_gpu_time(conn: psycopg.Connection, start: datetime, end: datetime) -> bool:
+    """Whether the GPU ledger has any hour in [start, end)."""
+    return conn.execute(HAS_GPU_SQL, (start, end)).fetchone()[0]
+
+
+def gpu_ms_attribution(
+    conn: psycopg.Connection,
+    start: datetime,
+    end: datetime,
+    *,
+    prefill_weight: object,
+    decode_weight: object,
+    customer_id: str | None = None,
+    caching_off_for: Iterable[str] = (),
+) -> list[tuple[str, str, str, Decimal]]:
+    """(customer, deployment, gpu_type, GPU-ms) attributed over [start, end): each deployment-hour's
+    GPU-ms shared by the customers served in it in proportion to prefill_weight x uncached input +
+    decode_weight x output tokens (with prefix caching off for the models `caching_off_for`: the
+    hour's GPU time grown by the extra weight and shared by it); the idle hours of a dedicated
+    deployment are its owner's. GPU-ms are numeric (up to 20 decimal places), 0 included."""
+    mine = customer_id is not None
+    sql = GPU_ATTRIBUTION_SQL.format(
+        gpu_only=CUSTOMER_GPU_HOURS if mine else "",
+        weights_only="AND w.customer_id = %(customer)s" if mine else "",
+        owner_only="AND g.owner = %(customer)s" if mine else "",
+    )
+    params = {"start": start, "end": end, "customer": customer_id, "off": list(caching_off_for),
+              "pw": prefill_weight, "dw": decode_weight}
+    return conn.execute(sql, params).fetchall()
+
+
+# The hourly records of a window. With a customer: its own rows, plus every row of the deployment-
+# hours it was served in (the shared pool's GPU time is attributed across everyone served in the same
+# deployment-hour).
+REQUESTS_SQL = """
+SELECT customer_id, model, deployment_id, hour, requests, input_tokens, cached_input_tokens, output_tokens
+FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s
+"""
+GPU_SQL = """
+SELECT customer_id, deployment_id, gpu_type, hour, sum(gpu_ms)::bigint
+FROM gpu_ledger_hourly WHERE hour >= %(start)s AND hour < %(end)s
+GROUP BY customer_id, deployment_id, gpu_type, hour
+"""
+TASKS_SQL = """
+SELECT o.customer_id, o.task_id, o.outcome, o.finished_at,
+       a.attempt, a.requests, a.input_tokens, a.cached_input_tokens, a.output_tokens
+FROM task_outcomes o LEFT JOIN task_attempts a ON a.customer_id = o.customer_id AND a.task_id = o.task_id
+WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s
+ORDER BY o.customer_id, o.task_id, a.attempt
+"""
+TASK_USAGE_SQL = """
+SELECT u.customer_id, u.task_id, u.meter, u.quantity
+FROM task_usage u JOIN task_outcomes o ON o.customer_id = u.customer_id AND o.task_id = u.task_id
+WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s
+"""
+METERS_SQL = """
+SELECT customer_id, meter, hour, quantity FROM usage_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s
+"""
+CUSTOMER_REQUESTS_SQL = """
+WITH mine AS (
+    SELECT DISTINCT deployment_id, hour FROM request_rollup_hourly
+    WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s
+)
+SELECT r.customer_id, r.model, r.deployment_id, r.hour, r.requests, r.input_tokens, r.cached_input_tokens,
+       r.output_tokens
+FROM request_rollup_hourly r JOIN mine m ON m.deployment_id = r.deployment_id AND m.hour = r.hour
+"""
+CUSTOMER_GPU_SQL = """
+WITH mine AS (
+    SELECT DISTINCT deployment_id, hour FROM request_rollup_hourly
+    WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s
+)
+SELECT g.customer_id, g.deployment_id, g.gpu_type, g.hour, sum(g.gpu_ms)::bigint
+FROM gpu_ledger_hourly g
+WHERE g.hour >= %(start)s AND g.hour < %(end)s
+  AND (g.customer_id = %(customer)s OR (g.deployment_id, g.hour) IN (SELECT deployment_id, hour FROM mine))
+GROUP BY g.customer_id, g.deployment_id, g.gpu_type, g.hour
+"""
+
+
+def _only(sql: str, alias: str) -> str:
+    return sql.replace("WHERE ", f"WHERE {alias}customer_id = %(customer)s AND ", 1)
+
+
+def _rows(conn: psycopg.Connection, sql: str, start: datetime, end: datetime, customer_id: str | None) -> Iterator[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql, {"start": start, "end": end, "customer": customer_id})
+        yield from cur
+
+
+def hourly_requests(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> Iterator[tuple]:
+    """request_rollup_hourly rows of [start, end): (customer, model, deployment, hour, requests,
+    input_tokens, cached_input_tokens, output_tokens); with a customer, the rows of the
+    deployment-hours it was served in (its own and the others')."""
+    return _rows(conn, CUSTOMER_REQUESTS_SQL if customer_id is not None else REQUESTS_SQL, start, end, customer_id)
+
+
+def hourly_gpu(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> Iterator[tuple]:
+    """(customer ('' = shared pool), deployment, gpu_type, hour, gpu_ms summed over replicas) of
+    [start, end); with a customer, its own rows and those of the deployment-hours it was served in."""
+    return _rows(conn, CUSTOMER_GPU_SQL if customer_id is not None else GPU_SQL, start, end, customer_id)
+
+
+def task_usage(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> Iterator[tuple]:
+    """(customer, task, meter, quantity) of the tasks that finished in [start, end)."""
+    return _rows(conn, _only(TASK_USAGE_SQL, "u.") if customer_id is not None else TASK_USAGE_SQL,
+                 start, end, customer_id)
+
+
+def task_attempts(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> Iterator[tuple]:
+    """The tasks that finished in [start, end), one row per attempt in (customer, task, attempt) order:
+    (customer, task, outcome, finished_at, attempt, requests, input_tokens, cached_input_tokens,
+    output_tokens); a task with no attempt has one row with attempt and its counts None."""
+    return _rows(conn, _only(TASKS_SQL, "o.") if customer_id is not None else TASKS_SQL, start, end, customer_id)
+
+
+def hourly_meters(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
+) -> Iterator[tuple]:
+    """usage_rollup_hourly rows of [start, end): (customer, meter, hour, quantity)."""
+    return _rows(conn, _only(METERS_SQL, "") if customer_id is not None else METERS_SQL, start, end, customer_id)
