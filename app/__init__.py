@@ -4,8 +4,8 @@ router, and the demo and replay orchestration that start the whole local stack.
 Layers (enforced by import-linter, see `[tool.importlinter]` in pyproject.toml):
 
     app                                   roof: imports anything below, imported by nothing
-    dashboards · billing                  domain packages that read the ones below
-    serving · pricing_service             adapters around pricing; the serving tier
+    dashboards · billing_service          pages; billing's adapters (tables, runs, Stripe)
+    serving · pricing_service · billing   the serving tier; pricing's adapters; the pure billing domain
     metering · pricing                    the event contract and ledgers; pure rating
     infermeter                            ground: settings, database, local stack, time, HTTP auth
 """
