@@ -120,18 +120,19 @@ def intervals(steps: list[tuple], until_s: float, interval_s: float = 10.0) -> l
     return out
 
 
-def events(requests: list[Request], replica_intervals, base: datetime) -> list[dict]:
+def events(requests: list[Request], replica_intervals, base: datetime, *, deployment: str = DEPLOYMENT,
+           replica: str = REPLICA) -> list[dict]:
     """The request events (the gateway's builder) and replica intervals (the agent's builder)."""
     at = lambda s: base + timedelta(microseconds=round(s * 1_000_000))  # noqa: E731
     out = [
-        request_event(source="//test/sim-gateway", request_id=f"sim-{i}", customer_id=CUSTOMER, model="sim-model",
-                      deployment_id=DEPLOYMENT, replica_id=REPLICA, status="ok", input_tokens=r.prompt,
+        request_event(source="//test/sim-gateway", request_id=f"{deployment}-{i}", customer_id=CUSTOMER, model="sim-model",
+                      deployment_id=deployment, replica_id=replica, status="ok", input_tokens=r.prompt,
                       cached_input_tokens=0, output_tokens=r.output, started_at=at(r.arrival),
                       first_token_at=at(r.first_token), finished_at=at(r.finish))
         for i, r in enumerate(requests)
     ]
     out += [
-        replica_event(source="//test/sim-agent", replica_id=REPLICA, deployment_id=DEPLOYMENT, customer_id=None,
+        replica_event(source="//test/sim-agent", replica_id=replica, deployment_id=deployment, customer_id=None,
                       gpu_type="sim", gpu_count=1, interval_start=at(a), interval_end=at(b),
                       busy_seconds=f"{busy:.6f}", prompt_tokens=p, generation_tokens=g)
         for a, b, busy, p, g in replica_intervals
