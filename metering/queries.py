@@ -318,11 +318,10 @@ def customers_with_usage(conn: psycopg.Connection, window: Window) -> list[str]:
 # ---------------------------------------------------------------- reads for capacity (serving.capacity)
 # Minute-level demand and replica busy time over a short trailing window (an hour), from raw events.
 # Index-friendly: the only predicate on an indexed column is the range on `occurred_at` (the event
-# time), which prunes raw_events to its monthly partition(s) and to the BRIN block ranges of the last
-# hour (rows arrive roughly in event-time order, so the BRIN ranges are tight; the planner may still
-# prefer a plain scan of a small partition); the type, status and
-# deployment are filtered on those rows only. Minutes are UTC minutes (date_bin from a UTC origin,
-# independent of the session time zone).
+# time), which prunes raw_events to its monthly partition(s) and lets the BRIN index skip to the block
+# ranges of the last hour (rows arrive roughly in event-time order, so the ranges are tight; on a small
+# partition the planner may prefer a plain scan); type, status and deployment are filtered on those
+# rows only. Minutes are UTC minutes (date_bin from a UTC origin, whatever the session time zone).
 
 _MINUTE_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 

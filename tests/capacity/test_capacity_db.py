@@ -195,3 +195,26 @@ def test_the_refresher_publishes_the_gauges(replay):
         assert samples[("infermeter_deployment_demand_tokens_per_second", dep)] == reports[dep]["demand"]["tokens_per_s"]
         assert samples[("infermeter_deployment_capacity_tokens_per_second", dep)] > 0
         assert ("infermeter_deployment_demand_forecast_tokens_per_second", dep) in samples
+
+
+def test_the_refresher_runs_every_period_and_stops(replay):
+    import asyncio
+
+    db_url, _ = replay
+    engine = create_engine(db_url)
+    clock = lambda: BASE + timedelta(minutes=20, seconds=SETTLE_S)  # noqa: E731
+
+    async def run(period: str) -> int:
+        refresher = CapacityRefresher(engine, Settings(DATABASE_URL=db_url, INFERMETER_CAPACITY_REFRESH_S=period),
+                                      clock=clock)
+        refresher.start()
+        await asyncio.sleep(1.0)
+        await refresher.aclose()
+        assert refresher.task is None
+        return refresher.rounds
+
+    try:
+        assert asyncio.run(run("0.1")) >= 3
+        assert asyncio.run(run("0")) == 0  # 0 turns it off
+    finally:
+        engine.dispose()
