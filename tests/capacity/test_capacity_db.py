@@ -177,6 +177,9 @@ def test_the_cli_json(replay, tmp_path):
                           "2026-11-02T08:20:10Z", "--json"], env=env, capture_output=True, text=True, timeout=120)
     assert json.loads(one.stdout)["deployments"] == [reports[1]]
     assert {"demand", "forecast", "capacity", "utilisation", "recommended_replicas"} <= set(reports[1])
+    table = subprocess.run([sys.executable, "-m", "app.cli", "capacity", "--at", "2026-11-02T08:20:10Z"],
+                           env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and RAMP in table.stdout and "recommended" in table.stdout, table.stderr
 
 
 def test_the_refresher_publishes_the_gauges(replay):
