@@ -4,6 +4,7 @@
     metering.api          POST /v1/events, GET /v1/usage, /v1/tasks, /v1/tasks/{id}, /v1/dead-letters
     pricing_service.api   GET /v1/pricing/shadow
     billing_service.api   GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits)
+    serving.capacity_api  GET /v1/deployments/{id}/capacity (admin)
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
 resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker).
@@ -24,9 +25,10 @@ from infermeter.stack import to_libpq_url
 from metering.api import Publisher
 from metering.api import router as metering_router
 from pricing_service.api import router as pricing_router
+from serving.capacity_api import router as capacity_router
 from serving.keys import KeyStore
 
-ROUTERS = (metering_router, pricing_router, billing_router)
+ROUTERS = (metering_router, pricing_router, billing_router, capacity_router)
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:

@@ -435,6 +435,7 @@ def _mount_optional_apps() -> None:
     from app.replay import replay_app
     from billing_service.cli import APPS as billing_apps
     from pricing_service.cli import app as pricing_cli
+    from serving.capacity_api import capacity_command
     from serving.cli import bench_app, serve_app
     from serving.control_cli import budgets_app, keys_app
 
@@ -444,6 +445,7 @@ def _mount_optional_apps() -> None:
     app.add_typer(bench_app, name="bench")
     app.add_typer(keys_app, name="keys")
     app.add_typer(budgets_app, name="budgets")
+    app.command("capacity")(capacity_command)
     for name, billing_group in billing_apps.items():  # customers, plans, billing, invoices, invoice, credits
         app.add_typer(billing_group, name=name)
     _mount_optional_apps.done = True

@@ -204,6 +204,35 @@ class Settings(BaseSettings):
         description="How often the replica agent scrapes vLLM /metrics inside an interval (busy-time resolution).",
     )
 
+    # --- serving: the capacity signal (serving/capacity.py, serving/capacity_service.py) -----------
+    target_utilisation: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        validation_alias="INFERMETER_TARGET_UTILISATION",
+        description="Capacity signal: busy share a replica should run at; recommended replicas = "
+        "ceil(forecast tokens/s / (tokens/s per busy replica x this)).",
+    )
+    capacity_refresh_s: float = Field(
+        default=60.0,
+        ge=0,
+        validation_alias="INFERMETER_CAPACITY_REFRESH_S",
+        description="How often the gateway recomputes the capacity gauges on /metrics from metering (0: never).",
+    )
+    capacity_horizon_min: float = Field(
+        default=3.0,
+        ge=0,
+        validation_alias="INFERMETER_CAPACITY_HORIZON_MIN",
+        description="Capacity signal: minutes ahead the demand forecast looks (about a new replica's start-up time).",
+    )
+    capacity_scale_down_min: int = Field(
+        default=5,
+        ge=1,
+        validation_alias="INFERMETER_CAPACITY_SCALE_DOWN_MIN",
+        description="Capacity signal: consecutive minutes demand must fit in fewer replicas (at 0.8 x the target "
+        "utilisation) before the recommendation goes down.",
+    )
+
     # --- pricing: price books, cost model, shadow rating (pricing_service/) ----------------------
     pricing_books: str | None = Field(
         default=None,

@@ -7,7 +7,7 @@ window edge inside an hour is answered exactly from raw events for that part.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import psycopg
 from psycopg.rows import dict_row
@@ -313,3 +313,78 @@ def customers_with_usage(conn: psycopg.Connection, window: Window) -> list[str]:
         {"s": start, "e": end},
     ).fetchall()
     return [r[0] for r in rows]
+
+
+# ---------------------------------------------------------------- reads for capacity (serving.capacity)
+# Minute-level demand and replica busy time over a short trailing window (an hour), from raw events.
+# Index-friendly: the only predicate on an indexed column is the range on `occurred_at` (the event
+# time), which prunes raw_events to its monthly partition(s) and lets the BRIN index skip to the block
+# ranges of the last hour (rows arrive roughly in event-time order, so the ranges are tight; on a small
+# partition the planner may prefer a plain scan); type, status and deployment are filtered on those
+# rows only. Minutes are UTC minutes (date_bin from a UTC origin, whatever the session time zone).
+
+_MINUTE_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
+
+REQUEST_MINUTES_SQL = """
+SELECT payload->'data'->>'deployment_id' AS deployment_id,
+       date_bin('1 minute', occurred_at, %(origin)s) AS minute,
+       count(*) AS requests,
+       sum((payload->'data'->>'input_tokens')::bigint) AS input_tokens,
+       sum((payload->'data'->>'output_tokens')::bigint) AS output_tokens,
+       percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM
+           (payload->'data'->>'first_token_at')::timestamptz - (payload->'data'->>'started_at')::timestamptz)
+       ) AS ttft_p90_s
+FROM raw_events
+WHERE occurred_at >= %(start)s AND occurred_at < %(end)s AND type = 'infermeter.request.v1'
+  AND payload->'data'->>'status' <> 'rejected'
+  AND (%(deployment)s::text IS NULL OR payload->'data'->>'deployment_id' = %(deployment)s::text)
+GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+
+def request_minutes(conn: psycopg.Connection, window: Window, *, deployment_id: str | None = None) -> list[dict]:
+    """Served demand per deployment and UTC minute of event time (a request's `finished_at`) in
+    [start, end): [{deployment_id, minute, requests, input_tokens, output_tokens, ttft_p90_s}], sorted.
+
+    Every request status but `rejected` counts (a refused request asked for nothing the engine did).
+    `input_tokens` are all prompt tokens, cached ones included (the engine's prompt token counter
+    counts them too). `ttft_p90_s`: the 90th percentile of `first_token_at - started_at` over the
+    minute's requests that have a first token (None if none has). Minutes without requests are absent."""
+    params = {"origin": _MINUTE_ORIGIN, "start": window.start, "end": window.end, "deployment": deployment_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(REQUEST_MINUTES_SQL, params)
+        rows = cur.fetchall()
+    return [{"deployment_id": r["deployment_id"], "minute": r["minute"].astimezone(UTC), "requests": int(r["requests"]),
+             "input_tokens": int(r["input_tokens"]), "output_tokens": int(r["output_tokens"]),
+             "ttft_p90_s": None if r["ttft_p90_s"] is None else float(r["ttft_p90_s"])} for r in rows]
+
+
+REPLICA_SUMS_SQL = """
+SELECT payload->'data'->>'deployment_id' AS deployment_id, payload->'data'->>'replica_id' AS replica_id,
+       count(*) AS intervals,
+       sum(extract(epoch FROM (payload->'data'->>'interval_end')::timestamptz
+                              - (payload->'data'->>'interval_start')::timestamptz))::float8 AS interval_s,
+       sum((payload->'data'->>'busy_seconds')::numeric)::float8 AS busy_s,
+       sum((payload->'data'->>'prompt_tokens')::bigint) AS prompt_tokens,
+       sum((payload->'data'->>'generation_tokens')::bigint) AS generation_tokens,
+       max(occurred_at) AS last_interval_end
+FROM raw_events
+WHERE occurred_at >= %(start)s AND occurred_at < %(end)s AND type = 'infermeter.replica.v1'
+  AND (%(deployment)s::text IS NULL OR payload->'data'->>'deployment_id' = %(deployment)s::text)
+GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+
+def replica_interval_sums(conn: psycopg.Connection, window: Window, *, deployment_id: str | None = None) -> list[dict]:
+    """Per deployment and replica, the `infermeter.replica.v1` intervals whose event time (the
+    interval's end) is in [start, end): [{deployment_id, replica_id, intervals, interval_s, busy_s,
+    prompt_tokens, generation_tokens, last_interval_end}], sorted. Seconds are wall-clock seconds of
+    the replica (not multiplied by its GPU count) as floats: capacity planning, not billing."""
+    params = {"start": window.start, "end": window.end, "deployment": deployment_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(REPLICA_SUMS_SQL, params)
+        rows = cur.fetchall()
+    return [{"deployment_id": r["deployment_id"], "replica_id": r["replica_id"], "intervals": int(r["intervals"]),
+             "interval_s": float(r["interval_s"]), "busy_s": float(r["busy_s"]),
+             "prompt_tokens": int(r["prompt_tokens"]), "generation_tokens": int(r["generation_tokens"]),
+             "last_interval_end": r["last_interval_end"].astimezone(UTC)} for r in rows]

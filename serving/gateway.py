@@ -16,7 +16,8 @@ Endpoints
 - `POST /v1/events` `{"meter", "quantity", "task_id"?, "id"?}`: tool / verification usage as
   `infermeter.usage.v1` for the caller's customer (`id` makes client retries idempotent).
   Both in serving/task_endpoints.py.
-- `GET /metrics` (Prometheus, serving/metrics.py), `GET /health`.
+- `GET /metrics` (Prometheus, serving/metrics.py; the capacity gauges are recomputed from metering
+  every INFERMETER_CAPACITY_REFRESH_S by serving/capacity_service.py), `GET /health`.
 
 Errors always have the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
@@ -265,11 +266,17 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     from serving.emitter import Emitter, default_spool_dir
 
     emitter = Emitter(default_spool_dir(settings), bootstrap, settings, name=settings.gateway_id)
+    from serving.capacity_service import CapacityRefresher
+
+    # the capacity gauges on /metrics, recomputed from metering every INFERMETER_CAPACITY_REFRESH_S
+    refresher = CapacityRefresher(engine, settings)
 
     async def start() -> None:
         emitter.start()
+        refresher.start()
 
     async def stop() -> None:
+        await refresher.aclose()
         await emitter.aclose()
         if admission is not None and hasattr(admission, "close"):
             await asyncio.to_thread(admission.close)
@@ -285,6 +292,7 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
         on_shutdown=stop,
     )
     app.state.emitter = emitter
+    app.state.capacity_refresher = refresher
     return app
 
 

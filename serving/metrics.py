@@ -25,6 +25,10 @@ Metric names (each gateway process exposes its own; Prometheus sums across proce
 | infermeter_emitter_publish_failures_total | counter | spool | publish attempts that failed (they are retried) |
 | infermeter_replica_agent_scrapes_total | counter | deployment, result | vLLM /metrics scrapes (ok, error) |
 | infermeter_replica_agent_intervals_total | counter | deployment | replica intervals emitted |
+| infermeter_deployment_demand_tokens_per_second | gauge | deployment | metered prompt + output tokens/s of the last complete minute (serving/capacity.py) |
+| infermeter_deployment_demand_forecast_tokens_per_second | gauge | deployment | Holt forecast of that demand at the horizon |
+| infermeter_deployment_capacity_tokens_per_second | gauge | deployment | tokens/s one replica sustains while busy (trailing hour) |
+| infermeter_deployment_recommended_replicas | gauge | deployment | replicas for the target utilisation, with hysteresis (autoscalers read this) |
 """
 
 from __future__ import annotations
@@ -84,6 +88,31 @@ REPLICA_SCRAPES = Counter(
 REPLICA_INTERVALS = Counter(
     "infermeter_replica_agent_intervals_total",
     "infermeter.replica.v1 intervals emitted.",
+    ["deployment"],
+    registry=REGISTRY,
+)
+# capacity signal (serving/capacity_service.py refreshes them every INFERMETER_CAPACITY_REFRESH_S)
+DEMAND_TOKENS = Gauge(
+    "infermeter_deployment_demand_tokens_per_second",
+    "Metered prompt + output tokens per second of the deployment's last complete minute.",
+    ["deployment"],
+    registry=REGISTRY,
+)
+DEMAND_FORECAST_TOKENS = Gauge(
+    "infermeter_deployment_demand_forecast_tokens_per_second",
+    "Holt's forecast of the deployment's tokens per second at the capacity horizon.",
+    ["deployment"],
+    registry=REGISTRY,
+)
+CAPACITY_TOKENS = Gauge(
+    "infermeter_deployment_capacity_tokens_per_second",
+    "Tokens per second one replica of the deployment sustains while busy (trailing hour of intervals).",
+    ["deployment"],
+    registry=REGISTRY,
+)
+RECOMMENDED_REPLICAS = Gauge(
+    "infermeter_deployment_recommended_replicas",
+    "Replicas the deployment needs for the target utilisation (with scale-down hysteresis).",
     ["deployment"],
     registry=REGISTRY,
 )

@@ -1,0 +1,144 @@
+"""The capacity signal's I/O: read metering (metering.queries), build the reports (serving.capacity),
+set the Prometheus gauges, and the gateway's background refresher.
+
+Public API:
+
+    policy_from_settings(settings) -> capacity.Policy
+    as_of_for(now) -> datetime          # end of the last complete minute, SETTLE_S behind `now`
+    capacity_reports(conn, *, now, policy, deployment_id=None, history=False) -> list[dict]
+    publish_gauges(reports)             # the infermeter_deployment_* gauges of serving/metrics.py
+    CapacityRefresher(engine, settings) # .start() / await .aclose(); .refresh_once() (tests)
+
+Every reader (GET /v1/deployments/{id}/capacity, `infermeter capacity`, the gauges) computes the
+same report from the same window, statelessly: the last HISTORY_MIN minutes of demand are replayed
+through Holt and the hysteresis each time, so two gateways, the API and the CLI agree without
+sharing state, and a restart changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from infermeter.settings import Settings
+from metering import queries
+from serving import capacity, metrics
+
+log = logging.getLogger("serving.capacity")
+
+HISTORY_MIN = 60  # minutes of demand replayed through Holt and the hysteresis
+CAPACITY_WINDOW_MIN = 60  # trailing replica intervals for tokens per busy second
+LIVE_WINDOW_MIN = 2  # a replica with an interval ending in the last 2 minutes is running
+SETTLE_S = 10  # the last minute counts once it ended this long ago (spool -> Kafka -> metering lag)
+
+
+def policy_from_settings(settings: Settings) -> capacity.Policy:
+    return capacity.Policy(target_utilisation=settings.target_utilisation, horizon_min=settings.capacity_horizon_min,
+                           down_after_min=settings.capacity_scale_down_min)
+
+
+def as_of_for(now: datetime) -> datetime:
+    """The end of the last complete minute at least SETTLE_S before `now`."""
+    settled = now.astimezone(UTC) - timedelta(seconds=SETTLE_S)
+    return settled.replace(second=0, microsecond=0)
+
+
+def capacity_reports(conn: psycopg.Connection, *, now: datetime, policy: capacity.Policy,
+                     deployment_id: str | None = None, history: bool = False) -> list[dict]:
+    """One report per deployment with metered requests or replica intervals in the history window
+    (only `deployment_id` if given; [] when it has none), sorted by deployment."""
+    as_of = as_of_for(now)
+    start = as_of - timedelta(minutes=HISTORY_MIN)
+    request_rows = queries.request_minutes(conn, queries.Window(start, as_of), deployment_id=deployment_id)
+    capacity_rows = queries.replica_interval_sums(
+        conn, queries.Window(as_of - timedelta(minutes=CAPACITY_WINDOW_MIN), as_of), deployment_id=deployment_id)
+    recent_rows = queries.replica_interval_sums(
+        conn, queries.Window(as_of - timedelta(minutes=LIVE_WINDOW_MIN), as_of), deployment_id=deployment_id)
+    deployments = sorted({r["deployment_id"] for r in request_rows} | {r["deployment_id"] for r in capacity_rows})
+    reports = []
+    for dep in deployments:
+        rows = [capacity.Minute(r["minute"], r["requests"], r["input_tokens"], r["output_tokens"], r["ttft_p90_s"])
+                for r in request_rows if r["deployment_id"] == dep]
+        minutes = capacity.fill_minutes(rows, start, as_of)
+        reports.append(capacity.report(
+            dep, as_of, minutes, [r for r in capacity_rows if r["deployment_id"] == dep],
+            [r for r in recent_rows if r["deployment_id"] == dep], policy, history=history))
+    return reports
+
+
+_GAUGES = (metrics.DEMAND_TOKENS, metrics.DEMAND_FORECAST_TOKENS, metrics.CAPACITY_TOKENS,
+           metrics.RECOMMENDED_REPLICAS)
+_published: set[str] = set()
+
+
+def publish_gauges(reports: list[dict]) -> None:
+    """Set the four infermeter_deployment_* gauges per deployment; a deployment that left the window
+    loses its series (an autoscaler then sees no data, not a stale value). A deployment without a
+    measured capacity gets demand gauges only."""
+    seen = set()
+    for r in reports:
+        dep = r["deployment_id"]
+        seen.add(dep)
+        metrics.DEMAND_TOKENS.labels(deployment=dep).set(r["demand"]["tokens_per_s"])
+        metrics.DEMAND_FORECAST_TOKENS.labels(deployment=dep).set(r["forecast"].get("tokens_per_s", 0.0))
+        for gauge, value in ((metrics.CAPACITY_TOKENS, r["capacity"]["tokens_per_busy_s"]),
+                             (metrics.RECOMMENDED_REPLICAS, r["recommended_replicas"])):
+            if value is None:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(dep)
+            else:
+                gauge.labels(deployment=dep).set(value)
+    for dep in _published - seen:
+        for gauge in _GAUGES:
+            with contextlib.suppress(KeyError):
+                gauge.remove(dep)
+    _published.clear()
+    _published.update(seen)
+
+
+class CapacityRefresher:
+    """Recomputes every deployment's report every `settings.capacity_refresh_s` seconds (first at
+    start) on a worker thread, reading metering through the gateway's SQLAlchemy engine, and
+    publishes the gauges. A failed round is logged and the gauges keep their last values."""
+
+    def __init__(self, engine, settings: Settings, *, clock=None) -> None:
+        self.engine = engine
+        self.period_s = settings.capacity_refresh_s
+        self.policy = policy_from_settings(settings)
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.task: asyncio.Task | None = None
+        self.rounds = 0
+
+    def refresh_once(self) -> list[dict]:
+        raw = self.engine.raw_connection()  # the pool's psycopg connection
+        try:
+            reports = capacity_reports(raw.driver_connection, now=self.clock(), policy=self.policy)
+            raw.driver_connection.rollback()  # read-only: end the snapshot, return the connection clean
+        finally:
+            raw.close()
+        publish_gauges(reports)
+        self.rounds += 1
+        return reports
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.refresh_once)
+            except Exception:
+                log.exception("capacity refresh failed; gauges keep their last values")
+            await asyncio.sleep(self.period_s)
+
+    def start(self) -> None:
+        if self.period_s > 0 and self.engine is not None and self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="capacity-refresher")
+
+    async def aclose(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
