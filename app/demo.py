@@ -1,28 +1,43 @@
-"""`infermeter demo`: the bundled Mooncake trace, replayed through the real local stack.
+"""`infermeter demo`: a month of usage built from the bundled Mooncake trace, through the real stack.
 
 Events -> Kafka -> metering consumer -> Postgres, then a usage summary, the reconcile check
-(events emitted == raw events == rollups), and the pricing comparison of the example books.
+(events emitted == raw events == rollups), and the pricing comparison of the example books over
+the month. run_demo's steps: generate -> _meter (+ ANALYZE) -> _usage_and_reconcile -> _pricing
+-> summary.json; later steps take the same stack, month window and output folder.
 
-How the trace becomes usage (seeded; docs/demo.md says the same):
-- time: trace `timestamp` (ms from start) after 2026-11-02T00:00:00Z is `started_at`;
-  a request takes input/8000 + output/40 seconds; the event time is `finished_at`.
-- conversation: the trace's second prompt block (`hash_ids[1]`; block 0 is a system prompt shared
-  by every request) identifies a conversation; each conversation belongs to one customer, drawn
-  from 50 customers with a Zipf(1.1) share (the top customer carries about a quarter).
+How the trace becomes a month (seeded; docs/demo.md says the same, with the numbers):
+- pool: the first N trace requests (default 4,000; --full all 12,031). The trace's second prompt
+  block (`hash_ids[1]`; block 0 is a system prompt shared by every request) identifies a
+  conversation.
+- month: November 2026, [2026-11-01, 2026-12-01) UTC. Each hour weighs weekday factor (Mon-Thu 1.0,
+  Fri 0.9, Sat 0.45, Sun 0.35) x daily curve 0.2 + 0.8 sin^2(pi (h - 3) / 24) (0.2 at 03:00, 1.0 at
+  15:00 UTC) x the day's jitter uniform(0.85, 1.15).
+- occurrences: the pool's conversations are dealt OCCURRENCES (3) times, each time in a fresh
+  seeded shuffle; each occurrence starts at a time drawn from the hour weights (uniform within
+  the hour) and keeps the trace's offsets between its turns; one that would end less than
+  END_MARGIN before the month's end is moved back. The month holds exactly 3 x N requests,
+  taken in time order for the rules below.
+- time: a request takes input/8000 + output/40 seconds; the event time is `finished_at`.
+- customer: each conversation (all its occurrences) belongs to one customer, drawn from 50
+  customers with a Zipf(1.1) share (the top customer carries about a quarter).
 - model: a customer uses `kimi-chat` (70% of customers) or `kimi-chat-lite`.
 - deployment: `kimi-chat` -> shared `dep-kimi-a`, `kimi-chat-lite` -> shared `dep-kimi-b`, except
   `cust-001`, whose traffic runs on its dedicated `dep-cust-001`.
 - cached input tokens: within a deployment, the longest run of leading prompt blocks already seen
-  earlier counts as cached, 512 tokens a block, never the last prompt token (prefix caching reuses
-  whole blocks of a prefix; this is the unlimited-cache upper bound of the trace).
-- tasks: customers 2, 5, 8, … (every third) are agent customers: their consecutive requests form
-  tasks of 1-4 requests; 12% of tasks retry once and 4% twice (the request of a retry gets the next
-  attempt number); outcome succeeded 85%, failed 10%, abandoned 5%, reported 2 s after the task's
-  last request; each task also reports 1-5 `tool_calls`.
+  earlier counts as cached, 512 tokens a block, never the last prompt token (the unlimited-cache
+  upper bound). Block 0 is the same content everywhere; other blocks are their occurrence's own
+  (a recurring conversation is new content), so hits come from earlier turns, as in the trace.
+- tasks: customers 2, 5, 8, ... (every third) are agent customers: their consecutive requests (month
+  order) form tasks of 1-4 requests; 12% of tasks retry once and 4% twice (the request of a retry
+  gets the next attempt number); outcome succeeded 85%, failed 10%, abandoned 5%, reported 2 s
+  after the task's last request finished; each task also reports 1-5 `tool_calls`.
 - status: 1% of requests `error` (no output), 0.5% `cancelled` (half the output).
-- GPU time: every deployment's replicas report 60 s intervals (`gpu_type` H100): dep-kimi-a 4
-  replicas x 8 GPUs, dep-kimi-b 2 x 4, dep-cust-001 1 x 8 (dedicated to cust-001); busy seconds and
-  engine token counters are those of the requests finishing in the interval.
+- GPU time: every replica reports a 3600 s interval for every hour of the month, idle hours
+  included (`gpu_type` H100): dep-kimi-a 4 replicas x 8 GPUs, dep-kimi-b 2 x 4, dep-cust-001 1 x 8
+  (dedicated to cust-001); busy seconds and engine token counters are those of the requests
+  finishing in the hour, shared by the replicas.
+- ids (deterministic per seed, unique): request `mooncake-<occurrence>-<trace index>`, task
+  `task-<n>`, replica interval `<replica>/<interval start>`.
 """
 
 from __future__ import annotations
@@ -399,10 +414,12 @@ def usage_tables(rows: list[dict], window) -> list[Table]:
     for customer, (n, unc, cac, out) in sorted(by_customer.items(), key=lambda kv: -sum(kv[1][1:]))[:10]:
         table.add_row(customer, f"{n:,}", f"{unc:,}", f"{cac:,}", f"{out:,}", f"{(unc + cac + out) / total:.1%}")
     tables.append(table)
-    for table in tables:
+    for table in tables:  # numbers are never cut: headings wrap instead
         for column in table.columns:
-            column.justify = "left" if column.header in ("model", "customer") else "right"
-            column.no_wrap = column.header in ("model", "customer")
+            label = column.header in ("model", "customer")
+            column.justify = "left" if label else "right"
+            column.no_wrap = label
+            column.min_width = max((len(str(cell)) for cell in column.cells), default=0)
     return tables
 
 

@@ -1,7 +1,7 @@
 """Every table `infermeter demo` prints stays readable in an 80-column terminal: rendered into a
 rich Console(width=80), no heading or cell is cut ("…") and no line is wider than 80 columns.
 
-The tables are filled with the demo's own month (the default pool of 4,000 trace requests), rolled up
+The tables are filled with the demo's own month (default pool of 4,000 trace requests, and --full), rolled up
 in Python as the metering rollups would be and priced with the example books (no database needed)."""
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ def _hour(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).replace(minute=0, second=0, microsecond=0)
 
 
-@pytest.fixture(scope="module")
-def month():
-    """The demo month as hourly records (what pricing reads) and as `queries.usage` rows by model."""
-    events, _, (start, end) = generate(DEFAULT_REQUESTS, seed=7)
+@pytest.fixture(scope="module", params=[DEFAULT_REQUESTS, None], ids=["default", "full"])
+def month(request):
+    """The demo month (default pool and --full) as hourly records (what pricing reads) and as
+    `queries.usage` rows by model."""
+    events, _, (start, end) = generate(request.param, seed=7)
     requests = defaultdict(lambda: [0, 0, 0, 0])
     gpu = defaultdict(int)
     attempts = defaultdict(lambda: [0, 0, 0, 0])
