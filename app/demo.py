@@ -1,33 +1,50 @@
-"""`infermeter demo`: the bundled Mooncake trace, replayed through the real local stack.
+"""`infermeter demo`: a month of usage built from the bundled Mooncake trace, through the real stack.
 
 Events -> Kafka -> metering consumer -> Postgres, then a usage summary, the reconcile check
-(events emitted == raw events == rollups), and the pricing comparison of the example books.
+(events emitted == raw events == rollups), and the pricing comparison of the example books over
+the month. run_demo's steps: generate -> _meter (+ ANALYZE) -> _usage_and_reconcile -> _pricing
+-> summary.json; later steps take the same stack, month window and output folder.
 
-How the trace becomes usage (seeded; docs/demo.md says the same):
-- time: trace `timestamp` (ms from start) after 2026-11-02T00:00:00Z is `started_at`;
-  a request takes input/8000 + output/40 seconds; the event time is `finished_at`.
-- conversation: the trace's second prompt block (`hash_ids[1]`; block 0 is a system prompt shared
-  by every request) identifies a conversation; each conversation belongs to one customer, drawn
-  from 50 customers with a Zipf(1.1) share (the top customer carries about a quarter).
+How the trace becomes a month (seeded; docs/demo.md says the same, with the numbers):
+- pool: the first N trace requests (default 4,000; --full all 12,031). The trace's second prompt
+  block (`hash_ids[1]`; block 0 is a system prompt shared by every request) identifies a
+  conversation.
+- month: November 2026, [2026-11-01, 2026-12-01) UTC. Each hour weighs weekday factor (Mon-Thu 1.0,
+  Fri 0.9, Sat 0.45, Sun 0.35) x daily curve 0.2 + 0.8 sin^2(pi (h - 3) / 24) (0.2 at 03:00, 1.0 at
+  15:00 UTC) x the day's jitter uniform(0.85, 1.15).
+- occurrences: the pool's conversations are dealt OCCURRENCES (3) times, each time in a fresh
+  seeded shuffle; each occurrence starts at a time drawn from the hour weights (uniform within
+  the hour) and keeps the trace's offsets between its turns; one that would end less than
+  END_MARGIN before the month's end is moved back. The month holds exactly 3 x N requests,
+  taken in time order for the rules below.
+- time: a request takes input/8000 + output/40 seconds; the event time is `finished_at`.
+- customer: each conversation (all its occurrences) belongs to one customer, drawn from 50
+  customers with a Zipf(1.1) share (the top customer carries about a quarter).
 - model: a customer uses `kimi-chat` (70% of customers) or `kimi-chat-lite`.
 - deployment: `kimi-chat` -> shared `dep-kimi-a`, `kimi-chat-lite` -> shared `dep-kimi-b`, except
   `cust-001`, whose traffic runs on its dedicated `dep-cust-001`.
 - cached input tokens: within a deployment, the longest run of leading prompt blocks already seen
-  earlier counts as cached, 512 tokens a block, never the last prompt token (prefix caching reuses
-  whole blocks of a prefix; this is the unlimited-cache upper bound of the trace).
-- tasks: customers 2, 5, 8, … (every third) are agent customers: their consecutive requests form
-  tasks of 1-4 requests; 12% of tasks retry once and 4% twice (the request of a retry gets the next
-  attempt number); outcome succeeded 85%, failed 10%, abandoned 5%, reported 2 s after the task's
-  last request; each task also reports 1-5 `tool_calls`.
+  earlier counts as cached, 512 tokens a block, never the last prompt token (the unlimited-cache
+  upper bound). Block 0 is the same content everywhere; other blocks are their occurrence's own
+  (a recurring conversation is new content), so hits come from earlier turns, as in the trace.
+- tasks: customers 2, 5, 8, ... (every third) are agent customers: their consecutive requests (month
+  order) form tasks of 1-4 requests; 12% of tasks retry once and 4% twice (the request of a retry
+  gets the next attempt number); outcome succeeded 85%, failed 10%, abandoned 5%, reported 2 s
+  after the task's last request finished; each task also reports 1-5 `tool_calls`.
 - status: 1% of requests `error` (no output), 0.5% `cancelled` (half the output).
-- GPU time: every deployment's replicas report 60 s intervals (`gpu_type` H100): dep-kimi-a 4
-  replicas x 8 GPUs, dep-kimi-b 2 x 4, dep-cust-001 1 x 8 (dedicated to cust-001); busy seconds and
-  engine token counters are those of the requests finishing in the interval.
+- GPU time: every replica reports a 3600 s interval for every hour of the month, idle hours
+  included (`gpu_type` H100): dep-kimi-a 4 replicas x 8 GPUs, dep-kimi-b 2 x 4, dep-cust-001 1 x 8
+  (dedicated to cust-001); busy seconds and engine token counters are those of the requests
+  finishing in the hour, shared by the replicas.
+- ids (deterministic per seed, unique): request `mooncake-<occurrence>-<trace index>`, task
+  `task-<n>`, replica interval `<replica>/<interval start>`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import random
 import uuid
 from collections import defaultdict
@@ -42,13 +59,18 @@ from rich.table import Table
 from infermeter.settings import Settings
 from infermeter.stack import open_stack, to_libpq_url
 from metering.contract import encode_event, replica_event, request_event, task_event, usage_event
-from serving.replay import load_trace, trace_path
+from serving.replay import TraceRequest, load_trace, trace_path
 
-TRACE_START = datetime(2026, 11, 2, tzinfo=UTC)
+MONTH_START = datetime(2026, 11, 1, tzinfo=UTC)  # a Sunday
+MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)
 BLOCK_TOKENS = 512
 CUSTOMERS = 50
-DEFAULT_REQUESTS = 4000
-INTERVAL = timedelta(seconds=60)
+DEFAULT_REQUESTS = 4000  # the pool: the first N requests of the trace (about 20 minutes of it)
+OCCURRENCES = 3  # each conversation of the pool occurs this many times in the month
+WEEKDAY_WEIGHT = (1.0, 1.0, 1.0, 1.0, 0.9, 0.45, 0.35)  # Monday .. Sunday
+DAY_JITTER = 0.15  # each day's weight x uniform(1 - DAY_JITTER, 1 + DAY_JITTER)
+END_MARGIN = timedelta(minutes=1)  # every conversation (and its task outcome) ends this long before the month
+INTERVAL = timedelta(hours=1)  # replica intervals
 REPLICAS = {  # deployment -> (replicas, gpus per replica, dedicated customer)
     "dep-kimi-a": (4, 8, None),
     "dep-kimi-b": (2, 4, None),
@@ -67,6 +89,23 @@ class DemoTotals:
     tasks: int = 0
     replica_intervals: int = 0
     tool_calls: int = 0
+    conversations: int = 0
+
+
+def hour_weight(hour: int) -> float:
+    """The daily curve (UTC hour): 0.2 at 03:00, rising to 1.0 at 15:00 and back."""
+    return 0.2 + 0.8 * math.sin(math.pi * (hour - 3) / 24) ** 2
+
+
+def month_hour_weights(rng: random.Random) -> list[float]:
+    """The weight of each hour of the month: weekday x daily curve x the day's jitter."""
+    weights = []
+    day = MONTH_START
+    while day < MONTH_END:
+        level = WEEKDAY_WEIGHT[day.weekday()] * rng.uniform(1 - DAY_JITTER, 1 + DAY_JITTER)
+        weights.extend(level * hour_weight(h) for h in range(24))
+        day += timedelta(days=1)
+    return weights
 
 
 def zipf_customer(rng: random.Random) -> str:
@@ -74,23 +113,83 @@ def zipf_customer(rng: random.Random) -> str:
     return f"cust-{rng.choices(range(1, CUSTOMERS + 1), weights)[0]:03d}"
 
 
+def latency_s(input_tokens: int, output_tokens: int) -> float:
+    return input_tokens / 8000 + output_tokens / 40
+
+
+@dataclass(frozen=True)
+class MonthRequest:
+    """One request of the month: trace row `index` in occurrence `occurrence` of its conversation."""
+
+    started: datetime
+    occurrence: int
+    index: int
+    row: TraceRequest
+    conversation: int
+
+
+def lay_out_month(trace: list[TraceRequest], seed: int) -> tuple[list[MonthRequest], int]:
+    """The month's requests in time order, and how many conversation occurrences they form.
+
+    The pool's conversations (requests sharing `hash_ids[1]`), in order of first appearance, are
+    dealt OCCURRENCES times, each time in a fresh seeded shuffle; each occurrence starts at a time
+    drawn from the month's hour weights (uniform within the hour) and keeps the trace's offsets
+    between its turns. One that would end less than END_MARGIN before the month's end (last turn
+    + its latency + 2 s for a task outcome) is moved back to end there."""
+    rng = random.Random(f"{seed}/month")
+    conversations: dict[int, list[tuple[int, TraceRequest]]] = defaultdict(list)
+    for index, row in enumerate(trace):
+        conversations[conversation_of(row)].append((index, row))
+    weights = month_hour_weights(rng)
+    cumulative = list(itertools.accumulate(weights))
+    out: list[MonthRequest] = []
+    occurrence = 0
+    for _ in range(OCCURRENCES):
+        order = list(conversations)
+        rng.shuffle(order)
+        for conversation in order:
+            turns = conversations[conversation]
+            first_ms = turns[0][1].timestamp_ms
+            hour = rng.choices(range(len(weights)), cum_weights=cumulative)[0]
+            start = MONTH_START + timedelta(hours=hour, milliseconds=rng.randrange(3_600_000))
+            length = max(timedelta(milliseconds=row.timestamp_ms - first_ms)
+                         + timedelta(seconds=latency_s(row.input_length, row.output_length) + 2)
+                         for _, row in turns)
+            start = min(start, MONTH_END - END_MARGIN - length)
+            for index, row in turns:
+                out.append(MonthRequest(start + timedelta(milliseconds=row.timestamp_ms - first_ms), occurrence,
+                                        index, row, conversation))
+            occurrence += 1
+    out.sort(key=lambda r: (r.started, r.occurrence, r.index))
+    return out, occurrence
+
+
+def conversation_of(row: TraceRequest) -> int:
+    return row.hash_ids[1] if len(row.hash_ids) > 1 else -1
+
+
 def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tuple[datetime, datetime]]:
+    """The month's events (shuffled), what they add up to, and the month [start, end)."""
     rng = random.Random(seed)
     trace = load_trace(trace_path("mooncake"), limit=limit)
+    month, occurrences = lay_out_month(trace, seed)
     owner: dict[int, str] = {}
+    for row in trace:  # conversations -> customers, in order of first appearance in the trace
+        conversation = conversation_of(row)
+        if conversation not in owner:
+            owner[conversation] = zipf_customer(rng)
     model_of = {f"cust-{k:03d}": ("kimi-chat" if random.Random(seed * 1000 + k).random() < 0.7 else "kimi-chat-lite")
                 for k in range(1, CUSTOMERS + 1)}
     model_of["cust-001"] = "kimi-chat"
     agents = {f"cust-{k:03d}" for k in range(2, CUSTOMERS + 1, 3)}
-    seen_blocks: dict[str, set[int]] = defaultdict(set)
+    seen_blocks: dict[str, set] = defaultdict(set)
     open_task: dict[str, dict] = {}
     events: list[bytes] = []
-    totals = DemoTotals()
+    totals = DemoTotals(conversations=occurrences)
     served = defaultdict(list)  # deployment -> [(finished_at, busy_s, prompt, generation)]
     task_counter = 0
 
     def close_task(customer: str, task: dict) -> None:
-        nonlocal totals
         roll = rng.random()
         outcome = "succeeded" if roll < 0.85 else "failed" if roll < 0.95 else "abandoned"
         finished = task["last_finished"] + timedelta(seconds=2)
@@ -106,14 +205,14 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
         totals.tasks += 1
         totals.tool_calls += calls
 
-    for index, row in enumerate(trace):
-        conversation = row.hash_ids[1] if len(row.hash_ids) > 1 else -1
-        if conversation not in owner:
-            owner[conversation] = zipf_customer(rng)
-        customer = owner[conversation]
+    for request in month:
+        row = request.row
+        customer = owner[request.conversation]
         model = model_of[customer]
         deployment = "dep-cust-001" if customer == "cust-001" else ("dep-kimi-a" if model == "kimi-chat" else "dep-kimi-b")
-        blocks = row.hash_ids
+        # the shared system prompt (block 0) is the same text in every conversation; every other
+        # block is this occurrence's own (a conversation that recurs is new content)
+        blocks = [row.hash_ids[0], *((request.occurrence, b) for b in row.hash_ids[1:])] if row.hash_ids else []
         cache = seen_blocks[deployment]
         leading = 0
         for block in blocks:
@@ -130,8 +229,8 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
             output = 0
         elif status == "cancelled":
             output //= 2
-        started = TRACE_START + timedelta(milliseconds=row.timestamp_ms)
-        busy = input_tokens / 8000 + output / 40
+        started = request.started
+        busy = latency_s(input_tokens, output)
         finished = started + timedelta(seconds=round(busy, 3))
         task_id = attempt = None
         if customer in agents:
@@ -141,7 +240,7 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
                     close_task(customer, task)
                 task_counter += 1
                 retries = 2 if rng.random() < 0.04 else 1 if rng.random() < 0.125 else 0
-                task = {"id": f"task-{task_counter:05d}", "left": rng.randint(1, 4) + retries, "attempt": 1,
+                task = {"id": f"task-{task_counter:06d}", "left": rng.randint(1, 4) + retries, "attempt": 1,
                         "retries": retries}
                 open_task[customer] = task
             if task["retries"] and task["left"] <= task["retries"]:
@@ -149,11 +248,11 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
                 task["retries"] -= 1
             task_id, attempt = task["id"], task["attempt"]
             task["left"] -= 1
-            task["last_finished"] = finished
+            task["last_finished"] = max(finished, task.get("last_finished", finished))
         events.append(encode_event(request_event(
-            source="//demo/gateway", request_id=f"mooncake-{index:05d}", customer_id=customer,
-            api_key_id=f"key-{customer}", model=model, deployment_id=deployment, status=status,
-            input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output,
+            source="//demo/gateway", request_id=f"mooncake-{request.occurrence:06d}-{request.index:05d}",
+            customer_id=customer, api_key_id=f"key-{customer}", model=model, deployment_id=deployment,
+            status=status, input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output,
             task_id=task_id, attempt=attempt or 1, started_at=started,
             first_token_at=started + timedelta(seconds=round(input_tokens / 8000, 3)), finished_at=finished,
             tags={"trace": "mooncake"},
@@ -166,22 +265,20 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
     for customer, task in open_task.items():
         close_task(customer, task)
 
-    last = max((f for items in served.values() for f, *_ in items), default=TRACE_START)
-    end = TRACE_START + INTERVAL * (int((last - TRACE_START) / INTERVAL) + 1)
+    slots = int((MONTH_END - MONTH_START) / INTERVAL)
     for deployment, (replicas, gpus, dedicated) in REPLICAS.items():
         buckets = defaultdict(lambda: [0.0, 0, 0])
         for finished, busy, prompt, generation in served[deployment]:
-            bucket = buckets[int((finished - TRACE_START) / INTERVAL)]
+            bucket = buckets[int((finished - MONTH_START) / INTERVAL)]
             bucket[0] += busy
             bucket[1] += prompt
             bucket[2] += generation
         for replica in range(replicas):
-            start = TRACE_START
-            while start < end:
-                slot = int((start - TRACE_START) / INTERVAL)
+            replica_id = f"{deployment}-{replica}"
+            for slot in range(slots):
+                start = MONTH_START + slot * INTERVAL
                 busy, prompt, generation = buckets.get(slot, [0.0, 0, 0])
                 share_busy = min(busy / replicas, INTERVAL.total_seconds())
-                replica_id = f"{deployment}-{replica}"
                 events.append(encode_event(replica_event(
                     source=f"//demo/replica-agent/{replica_id}", replica_id=replica_id, deployment_id=deployment,
                     customer_id=dedicated, gpu_type="H100", gpu_count=gpus, interval_start=start,
@@ -189,78 +286,29 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
                     prompt_tokens=prompt // replicas, generation_tokens=generation // replicas,
                 )))
                 totals.replica_intervals += 1
-                start += INTERVAL
-    window_end = TRACE_START + timedelta(hours=int((end - TRACE_START) / timedelta(hours=1)) + 1)
     rng.shuffle(events)  # the bus does not keep global order; neither does the demo
-    return events, totals, (TRACE_START, window_end)
+    return events, totals, (MONTH_START, MONTH_END)
 
 
 def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, out_dir: Path,
              console: Console, pricing: bool = True) -> dict:
-    from metering import queries
-    from metering.consumer import MeteringConsumer, run_in_thread
-    from metering.ingest import publish_lines, wait_for_receipt
-    from metering.kafka import ensure_topics, make_producer
-    from metering.reconcile import reconcile
-
+    """The demo's steps, in order, on one stack: build the month's events, meter them, report usage
+    and reconcile, compare the price books; each step adds its part to `summary` (summary.json).
+    Later steps take the same stack, the month [start, end) and out_dir."""
     limit = None if full else (limit or DEFAULT_REQUESTS)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with console.status("reading the Mooncake trace and building events…"):
+    with console.status("reading the Mooncake trace and laying out the month…"):
         events, totals, (start, end) = generate(limit, seed)
     events_file = out_dir / "events.jsonl"
     events_file.write_bytes(b"\n".join(events) + b"\n")
-    console.print(f"[bold]demo[/]: {totals.requests:,} requests, {totals.tasks:,} tasks, "
-                  f"{totals.replica_intervals:,} replica intervals -> {len(events):,} events ({events_file})")
+    console.print(f"[bold]demo[/]: {start:%B %Y}: {totals.requests:,} requests in {totals.conversations:,} "
+                  f"conversations, {totals.tasks:,} tasks, {totals.replica_intervals:,} replica intervals "
+                  f"-> {len(events):,} events ({events_file})")
 
     with open_stack(settings) as stack:
-        run_settings = stack.settings_for(settings)
-        consumer = None
-        thread = None
-        if stack.owns_broker:
-            consumer = MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
-            thread = run_in_thread(consumer)
-        ensure_topics(stack.kafka_bootstrap, settings)
-        producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
-        ingest_id = f"demo-{uuid.uuid4().hex[:12]}"
-        from rich.progress import Progress
-
-        with Progress(console=console, transient=True) as progress:
-            sent = progress.add_task("publishing to Kafka", total=len(events))
-            publication = publish_lines(producer, settings.events_topic, enumerate(events, 1), ingest_id=ingest_id,
-                                        on_progress=lambda n: progress.update(sent, completed=n))
-            producer.close()
-            metered = progress.add_task("metering into Postgres", total=publication.published)
-            counts = wait_for_receipt(
-                to_libpq_url(stack.database_url), ingest_id, publication.published, timeout_s=900,
-                on_progress=lambda c: progress.update(metered, completed=c.total),
-                still_running=(thread.is_alive if thread else None),
-            )
-        if consumer is not None:
-            consumer.stop()
-            thread.join(30)
-        console.print(f"metered: accepted={counts.accepted:,} duplicates={counts.duplicates:,} "
-                      f"rejected={counts.rejected:,}")
-        window = queries.Window(start, end)
-        with psycopg.connect(to_libpq_url(stack.database_url)) as conn:
-            rows = queries.usage(conn, window, group_by=["model"])
-            check = reconcile(conn, window)
-        _print_usage(console, rows, window)
-        pipeline = {
-            "requests": sum(r["requests"] for r in rows),
-            "input_tokens": sum(r["input_tokens"] for r in rows),
-            "cached_input_tokens": sum(r["cached_input_tokens"] for r in rows),
-            "output_tokens": sum(r["output_tokens"] for r in rows),
-        }
-        emitted = {"requests": totals.requests, "input_tokens": totals.input_tokens,
-                   "cached_input_tokens": totals.cached_input_tokens, "output_tokens": totals.output_tokens}
-        agree = pipeline == emitted and check.ok
-        # A second run on the same database finds everything already metered: rollups hold
-        # every run's events once, so they match what this run emitted only on a fresh database.
-        status = "[green]match[/]" if agree else "[red]MISMATCH[/]"
-        console.print(f"emitted {emitted} | metered {pipeline} | raw vs rollups: "
-                      f"{'ok' if check.ok else f'{len(check.differences)} differences'} -> {status}")
-        summary = {"window": [start.isoformat(), end.isoformat()], "emitted": emitted, "metered": pipeline,
-                   "counts": counts.as_dict(), "reconcile_ok": check.ok}
+        counts = _meter(settings, stack, events, console)
+        summary = {"window": [start.isoformat(), end.isoformat()], "counts": counts.as_dict()}
+        agree = _usage_and_reconcile(stack.database_url, totals, start, end, console, summary)
         if pricing:
             summary["pricing"] = _pricing(stack.database_url, start, end, out_dir, console)
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -270,7 +318,82 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
         return summary
 
 
-def _print_usage(console: Console, rows: list[dict], window) -> None:
+def _meter(settings: Settings, stack, events: list[bytes], console: Console):
+    """Publish the events to Kafka and wait until the metering consumer has written them all."""
+    from rich.progress import Progress
+
+    from metering.consumer import MeteringConsumer, run_in_thread
+    from metering.ingest import publish_lines, wait_for_receipt
+    from metering.kafka import ensure_topics, make_producer
+
+    consumer = None
+    thread = None
+    if stack.owns_broker:
+        consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
+        thread = run_in_thread(consumer)
+    ensure_topics(stack.kafka_bootstrap, settings)
+    producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
+    ingest_id = f"demo-{uuid.uuid4().hex[:12]}"
+    with Progress(console=console, transient=True) as progress:
+        sent = progress.add_task("publishing to Kafka", total=len(events))
+        publication = publish_lines(producer, settings.events_topic, enumerate(events, 1), ingest_id=ingest_id,
+                                    on_progress=lambda n: progress.update(sent, completed=n))
+        producer.close()
+        metered = progress.add_task("metering into Postgres", total=publication.published)
+        counts = wait_for_receipt(
+            to_libpq_url(stack.database_url), ingest_id, publication.published, timeout_s=900,
+            on_progress=lambda c: progress.update(metered, completed=c.total),
+            still_running=(thread.is_alive if thread else None),
+        )
+    if consumer is not None:
+        consumer.stop()
+        thread.join(30)
+    console.print(f"metered: accepted={counts.accepted:,} duplicates={counts.duplicates:,} "
+                  f"rejected={counts.rejected:,}")
+    analyze(stack.database_url)
+    return counts
+
+
+def analyze(database_url: str) -> None:
+    """ANALYZE after the bulk load: until autovacuum gets to it, the planner believes the rollups
+    are empty and plans the month's pricing queries (CTE joins over thousands of deployment-hours)
+    as nested loops that run for many minutes."""
+    with psycopg.connect(to_libpq_url(database_url), autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def _usage_and_reconcile(database_url: str, totals: DemoTotals, start: datetime, end: datetime,
+                         console: Console, summary: dict) -> bool:
+    """Print usage by model and top customers; True if metered == emitted and raw events == rollups."""
+    from metering import queries
+    from metering.reconcile import reconcile
+
+    window = queries.Window(start, end)
+    with psycopg.connect(to_libpq_url(database_url)) as conn:
+        rows = queries.usage(conn, window, group_by=["model"])
+        check = reconcile(conn, window)
+    for table in usage_tables(rows, window):
+        console.print(table)
+    pipeline = {
+        "requests": sum(r["requests"] for r in rows),
+        "input_tokens": sum(r["input_tokens"] for r in rows),
+        "cached_input_tokens": sum(r["cached_input_tokens"] for r in rows),
+        "output_tokens": sum(r["output_tokens"] for r in rows),
+    }
+    emitted = {"requests": totals.requests, "input_tokens": totals.input_tokens,
+               "cached_input_tokens": totals.cached_input_tokens, "output_tokens": totals.output_tokens}
+    agree = pipeline == emitted and check.ok
+    # A second run on the same database finds everything already metered: rollups hold
+    # every run's events once, so they match what this run emitted only on a fresh database.
+    status = "[green]match[/]" if agree else "[red]MISMATCH[/]"
+    console.print(f"emitted {emitted} | metered {pipeline} | raw vs rollups: "
+                  f"{'ok' if check.ok else f'{len(check.differences)} differences'} -> {status}")
+    summary.update(emitted=emitted, metered=pipeline, reconcile_ok=check.ok)
+    return agree
+
+
+def usage_tables(rows: list[dict], window) -> list[Table]:
+    """Usage by model and the top 10 customers by tokens (fits 80 columns)."""
     by_customer = defaultdict(lambda: [0, 0, 0, 0])
     by_model = defaultdict(lambda: [0, 0, 0, 0])
     for r in rows:
@@ -279,17 +402,25 @@ def _print_usage(console: Console, rows: list[dict], window) -> None:
             agg[1] += r["uncached_input_tokens"]
             agg[2] += r["cached_input_tokens"]
             agg[3] += r["output_tokens"]
+    period = f"[{window.start:%Y-%m-%d %H:%M}, {window.end:%Y-%m-%d %H:%M}) UTC"
     table = Table("model", "requests", "uncached input", "cached input", "output", "cache hit",
-                  title=f"usage by model [{window.start:%Y-%m-%d %H:%M}, {window.end:%H:%M}) UTC")
+                  title=f"usage by model {period}")
     for model, (n, unc, cac, out) in sorted(by_model.items()):
         table.add_row(model, f"{n:,}", f"{unc:,}", f"{cac:,}", f"{out:,}", f"{cac / max(unc + cac, 1):.1%}")
-    console.print(table)
+    tables = [table]
     table = Table("customer", "requests", "uncached input", "cached input", "output", "share of tokens",
                   title="top customers")
     total = sum(v[1] + v[2] + v[3] for v in by_customer.values()) or 1
     for customer, (n, unc, cac, out) in sorted(by_customer.items(), key=lambda kv: -sum(kv[1][1:]))[:10]:
         table.add_row(customer, f"{n:,}", f"{unc:,}", f"{cac:,}", f"{out:,}", f"{(unc + cac + out) / total:.1%}")
-    console.print(table)
+    tables.append(table)
+    for table in tables:  # numbers are never cut: headings wrap instead
+        for column in table.columns:
+            label = column.header in ("model", "customer")
+            column.justify = "left" if label else "right"
+            column.no_wrap = label
+            column.min_width = max((len(str(cell)) for cell in column.cells), default=0)
+    return tables
 
 
 def _pricing(database_url: str, start: datetime, end: datetime, out_dir: Path, console: Console) -> dict | None:

@@ -209,57 +209,77 @@ def _nonzero(usages: dict[str, Usage]) -> dict[str, Usage]:
 
 
 def render_console(report: ComparisonReport, console: Console) -> None:
+    """The comparison as terminal tables, each readable in 80 columns: figures that do not depend on
+    the book (cached tokens, what caching and retries cost) are printed once, not per book."""
     c = report.comparison
     cur = c.currency
+    baseline = c.books[0]
     console.print(
         f"[bold]Pricing comparison[/bold] {_iso(c.start)} .. {_iso(c.end)} ({cur}); "
-        f"baseline: [bold]{c.books[0].book.id}[/bold]"
+        f"baseline: [bold]{baseline.book.id}[/bold]"
     )
-    if not c.books[0].customers:
+    if not baseline.customers:
         console.print(
             "[yellow]No metered usage in this window[/yellow] (request, task, usage or GPU rollups): "
             "check --from/--to against `infermeter usage`."
         )
     t = Table(title="Revenue, cost and gross margin per book")
-    for col in ("book", "revenue", "cost", "margin", "margin %", "pay more", "pay less", f"{c.books[0].risk.bucket}ly margin sd", "loss-making customers"):
-        t.add_column(col, justify="right" if col != "book" else "left")
+    for col in ("book", "revenue", "cost", "margin", "margin %"):
+        t.add_column(col, justify="left" if col == "book" else "right", no_wrap=col == "book")
     for b in c.books:
         pct = _pct(b.margin, b.revenue)
-        t.add_row(b.book.id, str(b.revenue), str(b.cost), str(b.margin), "-" if pct is None else f"{pct}%",
-                  str(len(b.pays_more)), str(len(b.pays_less)), str(b.risk.margin_stdev.quantize(Decimal("0.01"))),
-                  str(b.risk.loss_making_customers))
+        t.add_row(b.book.id, str(b.revenue), str(b.cost), str(b.margin), "-" if pct is None else f"{pct}%")
     console.print(t)
 
-    t = Table(title="Top customers by baseline revenue (revenue under each book)")
-    t.add_column("customer")
+    per = {"day": "daily", "hour": "hourly"}.get(baseline.risk.bucket, f"per {baseline.risk.bucket}")
+    t = Table(title="Customers versus the baseline, and margin risk")
+    for col in ("book", "pay more", "pay less", f"{per} margin sd", "loss-making customers"):
+        t.add_column(col, justify="left" if col == "book" else "right", no_wrap=col == "book")
     for b in c.books:
-        t.add_column(b.book.id, justify="right")
+        t.add_row(b.book.id, str(len(b.pays_more)), str(len(b.pays_less)),
+                  str(b.risk.margin_stdev.quantize(Decimal("0.01"))), str(b.risk.loss_making_customers))
+    console.print(t)
+
+    t = Table(title="Top customers by baseline revenue: revenue under each book (change versus the baseline)")
+    t.add_column("customer", no_wrap=True)
+    for b in c.books:
+        t.add_column(b.book.name or b.book.id, justify="right")
     t.add_column("cost", justify="right")
-    base = sorted(c.books[0].customers, key=lambda x: x.revenue, reverse=True)[:10]
-    for cr in base:
+    for cr in sorted(baseline.customers, key=lambda x: x.revenue, reverse=True)[:10]:
         row = [cr.customer_id]
         for b in c.books:
             other = next(x for x in b.customers if x.customer_id == cr.customer_id)
             delta = other.versus_baseline
-            row.append(f"{other.revenue}" + ("" if b is c.books[0] else f" ({'+' if delta >= 0 else ''}{delta})"))
+            row.append(f"{other.revenue}" + ("" if b is baseline else f"\n({'+' if delta >= 0 else ''}{delta})"))
         row.append(str(cr.cost))
         t.add_row(*row)
     console.print(t)
+    console.print("columns: " + "; ".join(f"{b.book.name or b.book.id} = {b.book.id}" for b in c.books))
 
-    t = Table(title="Prefix caching: cost it saved, and who gets the gain")
-    for col in ("book", "model", "cached tokens", "cost saved", "passed to customers", "kept by platform"):
-        t.add_column(col, justify="left" if col in ("book", "model") else "right")
+    t = Table(title="Prefix caching: the cost it saved per model")
+    for col in ("model", "cached tokens", "cost saved"):
+        t.add_column(col, justify="left" if col == "model" else "right", no_wrap=col == "model")
+    for g in baseline.caching:
+        t.add_row(g.model, f"{g.cached_input_tokens:,}", str(g.cost_gain))
+    console.print(t)
+    t = Table(title="Prefix caching: who gets the gain")
+    for col in ("book", "model", "passed to customers", "kept by platform"):
+        t.add_column(col, justify="left" if col in ("book", "model") else "right", no_wrap=col in ("book", "model"))
     for b in c.books:
         for g in b.caching:
-            t.add_row(b.book.id, g.model, f"{g.cached_input_tokens:,}", str(g.cost_gain), str(g.passed_to_customers), str(g.kept_by_platform))
+            t.add_row(b.book.id, g.model, str(g.passed_to_customers), str(g.kept_by_platform))
     console.print(t)
 
-    t = Table(title="Retried task attempts: what they cost and who pays")
-    for col in ("book", "retried attempts", "cost", "revenue from retries", "absorbed by platform", "paid by"):
-        t.add_column(col, justify="left" if col in ("book", "paid by") else "right")
+    r0 = baseline.retries
+    if r0 is not None:
+        console.print(f"Retried task attempts: {r0.retried_attempts} costing {r0.retried_cost} {cur}.")
+    t = Table(title="Retried task attempts: who pays")
+    for col in ("book", "revenue from retries", "absorbed by platform", "paid by"):
+        t.add_column(col, justify="left" if col in ("book", "paid by") else "right", no_wrap=col == "book")
     for b in c.books:
         r = b.retries
-        t.add_row(b.book.id, str(r.retried_attempts), str(r.retried_cost), str(r.revenue_from_retries), str(r.absorbed_by_platform), r.paid_by)
+        t.add_row(b.book.id, *(["-", "-", "-"] if r is None else
+                               [str(r.revenue_from_retries), str(r.absorbed_by_platform), r.paid_by]))
     console.print(t)
     cpt = c.cost_per_successful_task
     console.print(

@@ -1,4 +1,5 @@
-"""`infermeter demo`, the main job, on a fresh home: the trace through Kafka and metering, exact."""
+"""`infermeter demo`, the main job, on a fresh home: a month built from the trace, through Kafka and
+metering, exact."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from app.demo import OCCURRENCES
 from tests.cli.test_cli import run
 
 
@@ -17,10 +19,13 @@ def test_demo_replays_the_trace_and_everything_reconciles():
     summary = json.loads((home / "demo" / "summary.json").read_text())
     assert summary["reconcile_ok"] is True
     assert summary["emitted"] == summary["metered"]
-    assert summary["emitted"]["requests"] == 600
+    assert summary["window"] == ["2026-11-01T00:00:00+00:00", "2026-12-01T00:00:00+00:00"]
+    assert summary["emitted"]["requests"] == 600 * OCCURRENCES  # each conversation of the pool recurs
     assert 0 < summary["emitted"]["cached_input_tokens"] < summary["emitted"]["input_tokens"]
     assert summary["counts"]["rejected"] == 0
     assert {book["id"] for book in summary["pricing"]["books"]} >= {"per-token-2026-11"}
+    risk = summary["pricing"]["books"][0]["risk"]
+    assert risk["bucket"] == "day" and len(risk["buckets"]) == 30
     assert (home / "demo" / "pricing.html").stat().st_size > 10_000
 
     # A second run on the same home meters nothing twice.

@@ -1,5 +1,5 @@
-"""The experiment on a demo replay (a sample of the Mooncake trace through the real broker, consumer and
-Postgres): its quantities reconcile with `infermeter usage` for the same window, and its HTML report
+"""The experiment on a demo replay (a month built from a sample of the Mooncake trace, through the real
+broker, consumer and Postgres): its quantities reconcile with `infermeter usage` for the same window, and its HTML report
 renders in headless Chromium without console errors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from decimal import Decimal
 import psycopg
 from playwright.sync_api import sync_playwright
 
-from app.demo import generate
+from app.demo import OCCURRENCES, analyze, generate
 from infermeter.stack import to_libpq_url
 from metering import queries
 from metering.consumer import MeteringConsumer, run_in_thread
@@ -39,6 +39,7 @@ def test_demo_replay_pricing_reconciles_and_renders(settings, tmp_path):
         consumer.stop()
         thread.join(30)
     assert counts.rejected == 0
+    analyze(settings.database_url)  # as the demo does after its bulk load
 
     report = run_comparison(settings.database_url, start, end, default_book_paths())
     data = report.to_json()
@@ -50,7 +51,8 @@ def test_demo_replay_pricing_reconciles_and_renders(settings, tmp_path):
                                  "AND finished_at < %s", (start, end)).fetchone()[0]
     for field in ("requests", "uncached_input_tokens", "cached_input_tokens", "output_tokens"):
         assert Decimal(data["usage"][field]) == sum(r[field] for r in usage_rows), field
-    assert sum(r["requests"] for r in usage_rows) == totals.requests
+    assert sum(r["requests"] for r in usage_rows) == totals.requests == 800 * OCCURRENCES
+    assert data["books"][0]["risk"]["bucket"] == "day" and len(data["books"][0]["risk"]["buckets"]) == 30
     # every GPU-second is either billable to a customer or idle time of the shared pool
     with connect(settings.database_url) as conn:
         attribution = attribute(load_dataset(conn, start, end), read_cost_model(None))
