@@ -32,10 +32,15 @@ How the trace becomes a month (seeded; docs/demo.md says the same, with the numb
   gets the next attempt number); outcome succeeded 85%, failed 10%, abandoned 5%, reported 2 s
   after the task's last request finished; each task also reports 1-5 `tool_calls`.
 - status: 1% of requests `error` (no output), 0.5% `cancelled` (half the output).
-- GPU time: every replica reports a 3600 s interval for every hour of the month, idle hours
-  included (`gpu_type` H100): dep-kimi-a 4 replicas x 8 GPUs, dep-kimi-b 2 x 4, dep-cust-001 1 x 8
-  (dedicated to cust-001); busy seconds and engine token counters are those of the requests
-  finishing in the hour, shared by the replicas.
+- GPU time: replicas report one interval an hour starting on the hour (busy seconds and engine
+  token counters are those of the requests finishing in the hour, shared by the replicas). The
+  shared pools (dep-kimi-a, dep-kimi-b; one H100 a replica) are serverless: a GPU is up busy
+  seconds / 0.6 in the hour (in as many replicas as that takes), none in an hour without traffic.
+  The dedicated deployment dep-cust-001 (one L4, cust-001's own) runs on a schedule, Monday-Friday
+  07:00-19:00 UTC, idle time included (what the GPU-hour book passes to its customer and the
+  per-token book absorbs); outside it cust-001's traffic goes to the shared pools. (A fixed fleet
+  sized for the trace's busiest hour, running all month, would cost ~400x the month's revenue: the
+  demo's month has ~12k requests.)
 - ids (deterministic per seed, unique): request `mooncake-<occurrence>-<trace index>`, task
   `task-<n>`, replica interval `<replica>/<interval start>`.
 """
@@ -50,6 +55,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -71,11 +77,18 @@ WEEKDAY_WEIGHT = (1.0, 1.0, 1.0, 1.0, 0.9, 0.45, 0.35)  # Monday .. Sunday
 DAY_JITTER = 0.15  # each day's weight x uniform(1 - DAY_JITTER, 1 + DAY_JITTER)
 END_MARGIN = timedelta(minutes=1)  # every conversation (and its task outcome) ends this long before the month
 INTERVAL = timedelta(hours=1)  # replica intervals
-REPLICAS = {  # deployment -> (replicas, gpus per replica, dedicated customer)
-    "dep-kimi-a": (4, 8, None),
-    "dep-kimi-b": (2, 4, None),
-    "dep-cust-001": (1, 8, "cust-001"),
+POOL_UTILISATION = "0.6"  # a shared pool's GPU is up busy seconds / this in an hour (serverless pool)
+DEDICATED_CUSTOMER = "cust-001"
+REPLICAS = {  # deployment -> (gpu type, dedicated customer); one GPU per replica
+    "dep-kimi-a": ("H100", None),
+    "dep-kimi-b": ("H100", None),
+    "dep-cust-001": ("L4", DEDICATED_CUSTOMER),
 }
+
+
+def dedicated_hours(moment: datetime) -> bool:
+    """The dedicated deployment's schedule: Monday-Friday, 07:00-19:00 UTC."""
+    return moment.weekday() < 5 and 7 <= moment.hour < 19
 
 
 @dataclass
@@ -209,7 +222,10 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
         row = request.row
         customer = owner[request.conversation]
         model = model_of[customer]
-        deployment = "dep-cust-001" if customer == "cust-001" else ("dep-kimi-a" if model == "kimi-chat" else "dep-kimi-b")
+        if customer == DEDICATED_CUSTOMER and dedicated_hours(request.started):
+            deployment = "dep-cust-001"
+        else:
+            deployment = "dep-kimi-a" if model == "kimi-chat" else "dep-kimi-b"
         # the shared system prompt (block 0) is the same text in every conversation; every other
         # block is this occurrence's own (a conversation that recurs is new content)
         blocks = [row.hash_ids[0], *((request.occurrence, b) for b in row.hash_ids[1:])] if row.hash_ids else []
@@ -266,23 +282,34 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
         close_task(customer, task)
 
     slots = int((MONTH_END - MONTH_START) / INTERVAL)
-    for deployment, (replicas, gpus, dedicated) in REPLICAS.items():
+    hour_s = INTERVAL.total_seconds()
+    for deployment, (gpu_type, dedicated) in REPLICAS.items():
         buckets = defaultdict(lambda: [0.0, 0, 0])
         for finished, busy, prompt, generation in served[deployment]:
             bucket = buckets[int((finished - MONTH_START) / INTERVAL)]
             bucket[0] += busy
             bucket[1] += prompt
             bucket[2] += generation
-        for replica in range(replicas):
-            replica_id = f"{deployment}-{replica}"
-            for slot in range(slots):
-                start = MONTH_START + slot * INTERVAL
-                busy, prompt, generation = buckets.get(slot, [0.0, 0, 0])
-                share_busy = min(busy / replicas, INTERVAL.total_seconds())
+        for slot in range(slots):
+            busy, prompt, generation = buckets.get(slot, [0.0, 0, 0])
+            start = MONTH_START + slot * INTERVAL
+            if dedicated:  # up for its whole schedule, idle or not
+                if not dedicated_hours(start):
+                    continue
+                replicas, up_ms = 1, int(hour_s * 1000)
+            else:  # up while serving (at the pool's utilisation), in as many replicas as that takes
+                if busy <= 0:
+                    continue
+                up_ms = int(Decimal(f"{busy:.3f}") * 1000 / Decimal(POOL_UTILISATION))
+                replicas = math.ceil(up_ms / (hour_s * 1000))
+            for replica in range(replicas):
+                replica_id = f"{deployment}-{replica}"
+                length_ms = min(up_ms - replica * int(hour_s * 1000), int(hour_s * 1000))
+                share_busy = min(Decimal(f"{busy:.3f}") / replicas, Decimal(length_ms) / 1000)
                 events.append(encode_event(replica_event(
                     source=f"//demo/replica-agent/{replica_id}", replica_id=replica_id, deployment_id=deployment,
-                    customer_id=dedicated, gpu_type="H100", gpu_count=gpus, interval_start=start,
-                    interval_end=start + INTERVAL, busy_seconds=f"{share_busy:.3f}",
+                    customer_id=dedicated, gpu_type=gpu_type, gpu_count=1, interval_start=start,
+                    interval_end=start + timedelta(milliseconds=length_ms), busy_seconds=f"{share_busy:.3f}",
                     prompt_tokens=prompt // replicas, generation_tokens=generation // replicas,
                 )))
                 totals.replica_intervals += 1

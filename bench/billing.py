@@ -1,0 +1,98 @@
+"""Benchmark: a billing run (drafts + finalization) for a month of hourly rollups, next to rating the
+same month by the invoice path, in one run (target: billing <= 1.5x rating).
+
+    python -m bench.billing [--customers 10000] [--models 5] [--active-hours 72]
+
+Rows as in bench.rating (10k customers x 5 models x 72 active hours of November 2026 = 3.6M
+request_rollup_hourly rows, written hour by hour, then VACUUM ANALYZE). Every customer gets a
+billing record (UTC, USD, anchor day 1) and the example per-token book from 2026-11-01. Then, in
+the same run:
+- rating: `pricing_service.rate_period.rate_period` over the month (every customer's lines);
+- billing: `billing_service.run.billing_run` for 2026-11 with the clock past the grace window, so
+  each customer's draft is created and finalized (gapless number, history, credits check).
+Prints invoices/s and the ratio billing time / rating time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench.rating import END, START, generate
+from billing_service.run import assign_plan, billing_run, set_customer
+from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
+from pricing_service.rate_period import rate_period
+
+SETUP_AT = datetime(2026, 10, 20, tzinfo=UTC)
+RUN_AT = datetime(2026, 12, 3, tzinfo=UTC)  # past the period end + the 24 h grace window
+
+
+def setup_customers(url: str, customers: int, console: Console) -> None:
+    book_path = EXAMPLE_BOOKS_DIR / "per-token.yaml"
+    text = book_path.read_text()
+    with psycopg.connect(to_libpq_url(url)) as conn, Progress(
+        TextColumn("customers and plans"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as progress:
+        task = progress.add_task("setup", total=customers)
+        for c in range(customers):
+            customer = f"cust-{c:05d}"
+            set_customer(conn, customer, now=SETUP_AT)
+            assign_plan(conn, customer, text, str(book_path), "2026-11-01", now=SETUP_AT)
+            conn.commit()
+            progress.update(task, completed=c + 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--customers", type=int, default=10_000)
+    parser.add_argument("--models", type=int, default=5)
+    parser.add_argument("--active-hours", type=int, default=72, help="active hours per customer x model (of 720)")
+    args = parser.parse_args()
+    console = Console()
+    folder = None if os.environ.get("DATABASE_URL") else Path(tempfile.mkdtemp(prefix="bench-billing-"))
+    url = os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg")
+    try:
+        t0 = time.perf_counter()
+        rows = generate(url, args.customers, args.models, args.active_hours, console)
+        setup_customers(url, args.customers, console)
+        console.print(f"generated {rows:,} hourly rollup rows and {args.customers:,} customers with a plan "
+                      f"in {time.perf_counter() - t0:.1f} s")
+        book = read_price_book(EXAMPLE_BOOKS_DIR / "per-token.yaml")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            conn.execute("SET TIME ZONE 'UTC'")
+            rate_period(conn, book, START, END)  # warm the cache for both sides
+            t = time.perf_counter()
+            rated = rate_period(conn, book, START, END)
+            rating = time.perf_counter() - t
+            revenue = sum(r.total for r in rated.values())
+            t = time.perf_counter()
+            result = billing_run(conn, "2026-11", now=RUN_AT)
+            conn.commit()
+            billing = time.perf_counter() - t
+        finalized = [o for o in result.invoices if o.action == "finalized"]
+        invoiced = sum(o.total for o in finalized)
+        console.print(f"rating the month: {rating:.2f} s ({len(rated):,} customers, revenue {revenue} USD)")
+        console.print(f"billing run: {billing:.2f} s, {len(finalized):,} invoices finalized "
+                      f"({len(finalized) / billing:,.0f} invoices/s), invoiced {invoiced} USD")
+        ratio = billing / rating
+        verdict = "[green]within[/]" if ratio <= 1.5 else "[red]over[/]"
+        console.print(f"ratio billing / rating: [bold]{ratio:.2f}x[/] ({verdict} the 1.5x target)")
+        if invoiced != revenue:
+            console.print(f"[red]invoiced {invoiced} != rated {revenue}[/]")
+    finally:
+        if folder is not None:
+            remove_scratch(folder)
+
+
+if __name__ == "__main__":
+    main()
