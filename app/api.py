@@ -3,6 +3,7 @@
     GET  /healthz
     metering.api          POST /v1/events, GET /v1/usage, /v1/tasks, /v1/tasks/{id}, /v1/dead-letters
     pricing_service.api   GET /v1/pricing/shadow
+    dashboards.web        the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
 resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker).
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, HTTPException
 from psycopg_pool import ConnectionPool
 
+from dashboards.web import router as dashboards_router
 from infermeter.db import get_engine
 from infermeter.http import error_handler
 from infermeter.settings import Settings
@@ -24,7 +26,7 @@ from metering.api import router as metering_router
 from pricing_service.api import router as pricing_router
 from serving.keys import KeyStore
 
-ROUTERS = (metering_router, pricing_router)
+ROUTERS = (metering_router, pricing_router, dashboards_router)
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
@@ -37,6 +39,7 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
 
     app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan)
     app.state.settings = settings
+    app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
     app.state.keys = KeyStore(get_engine(database_url), settings=settings)
     app.state.publisher = (

@@ -449,7 +449,21 @@ def _mount_optional_apps() -> None:
     app.add_typer(bench_app, name="bench")
     app.add_typer(keys_app, name="keys")
     app.add_typer(budgets_app, name="budgets")
+    serve_app.command("dashboards")(_serve_dashboards())
     _mount_optional_apps.done = True
+
+
+def _serve_dashboards():
+    """`infermeter serve dashboards`, with the serving key store dashboards may not import itself."""
+    from dashboards.cli import serve_command
+
+    def key_store(settings, database_url):
+        from infermeter.db import get_engine
+        from serving.keys import KeyStore
+
+        return KeyStore(get_engine(database_url), settings=settings)
+
+    return serve_command(key_store)
 
 
 def main() -> None:
