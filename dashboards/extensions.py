@@ -50,5 +50,4 @@ def register_finance_page(fn: Callable[..., dict]) -> None:
 
 def reset() -> None:
     """Forget every provider (tests)."""
-    global PROVIDERS
     PROVIDERS.__init__()

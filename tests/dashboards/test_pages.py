@@ -336,3 +336,35 @@ def test_signin_page_screenshot(site, web):
     p.goto("/signin")
     shoot(p, "signin")
     assert datetime.now(UTC)  # the page rendered
+
+
+def test_billing_extension_points_show_their_sections_only_when_registered(site, web):
+    from dashboards import extensions
+
+    p = web()
+    p.admin_sign_in(site.keys["admin"])
+    p.goto(f"/dashboard?{Q}")  # an admin picks a customer first
+    options = p.page.eval_on_selector_all("select[name=customer_id] option", "os => os.map(o => o.value)")
+    assert options == ["cust-a", "cust-b"]
+    p.goto(f"/dashboard?{Q}&customer_id=cust-b")
+    p.wait_for_charts(5)
+    assert num(p.text("total-output")) == 7 * 999
+    assert p.page.query_selector("[data-testid=invoices]") is None
+    assert p.page.query_selector("[data-testid=current-period]") is None
+    try:
+        extensions.register_invoices(lambda conn, customer: [
+            {"number": f"INV-2026-{customer}", "period": "2026-11", "status": "open", "total": "1.00", "currency": "USD"}])
+        extensions.register_current_period_spend(lambda conn, customer, now: {
+            "period_from": "2026-12-01", "period_to": "2027-01-01", "amount": "2.50", "currency": "USD"})
+        extensions.register_finance_page(lambda conn, settings: {
+            "title": "Revenue", "sections": [{"title": "Invoices", "columns": ["number"], "rows": [["INV-1"]]}]})
+        p.goto(f"/dashboard?{Q}&customer_id=cust-b")
+        p.wait_for_charts(5)
+        assert "INV-2026-cust-b" in p.text("invoices")
+        assert "2.50 USD" in p.text("current-period")
+        p.goto("/admin/finance")
+        assert "INV-1" in p.page.inner_text("main")
+        assert p.page.query_selector("[data-testid=finance-placeholder]") is None
+    finally:
+        extensions.reset()
+    assert p.problems == []
