@@ -88,3 +88,19 @@ def test_metering_metrics_come_from_the_tables(site):
     consumed = [line for line in text.splitlines() if line.startswith("infermeter_metering_consumed_messages_total{")]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in consumed) == 38 + 2
     assert "infermeter_metering_event_delay_seconds" in text
+
+
+def test_the_pages_alone_serve_sign_in_and_data(site):
+    """`infermeter serve dashboards` runs create_dashboard_app: pages and their data, no /v1 API."""
+    from fastapi.testclient import TestClient
+
+    from dashboards.web import create_dashboard_app
+
+    app = create_dashboard_app(site.settings, site.settings.database_url, site.store)
+    with TestClient(app) as client:
+        assert client.get("/", follow_redirects=False).headers["location"] == "/dashboard"
+        assert client.get("/signin").status_code == 200
+        assert client.get("/v1/usage").status_code == 404
+        got = client.get("/dashboard/data/tokens.json?from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z",
+                         headers={"Authorization": f"Bearer {site.keys['a']}"})
+        assert got.status_code == 200 and sum(r["requests"] for r in got.json()["rows"]) == 18
