@@ -5,6 +5,7 @@
     pricing_service.api   GET /v1/pricing/shadow
     billing_service.api   GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits)
     serving.capacity_api  GET /v1/deployments/{id}/capacity (admin)
+    dashboards.web        the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
 resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker).
@@ -18,6 +19,7 @@ from fastapi import FastAPI, HTTPException
 from psycopg_pool import ConnectionPool
 
 from billing_service.api import router as billing_router
+from dashboards.web import router as dashboards_router
 from infermeter.db import get_engine
 from infermeter.http import error_handler
 from infermeter.settings import Settings
@@ -28,7 +30,7 @@ from pricing_service.api import router as pricing_router
 from serving.capacity_api import router as capacity_router
 from serving.keys import KeyStore
 
-ROUTERS = (metering_router, pricing_router, billing_router, capacity_router)
+ROUTERS = (metering_router, pricing_router, billing_router, capacity_router, dashboards_router)
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
@@ -41,6 +43,7 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
 
     app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan)
     app.state.settings = settings
+    app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
     app.state.keys = KeyStore(get_engine(database_url), settings=settings)
     app.state.publisher = (

@@ -88,6 +88,8 @@ def up(
 
 def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
     settings.home.mkdir(parents=True, exist_ok=True)
+    if api:
+        settings.check_listen_address(settings.api_host)  # no development credentials off loopback
     pid_file = pid_file_for(settings)
     for line in clean_stale(settings, pid_file):
         console.print(line, soft_wrap=True, highlight=False)
@@ -111,6 +113,8 @@ def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
             table.add_row("stack file", str(path))
             if api:
                 table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
+                table.add_row("dashboards", f"http://{settings.api_host}:{settings.api_port}/dashboard")
+                table.add_row("admin token", settings.credentials_note())
             console.print(table)
             try:
                 if api:
@@ -155,6 +159,8 @@ def serve_api(
     from app.api import create_app
 
     settings = get_settings()
+    settings.check_listen_address(host or settings.api_host)  # no development credentials off loopback
+    err_console.print(f"admin token: {settings.credentials_note()}", highlight=False, soft_wrap=True)
     with stop_on_signals(), contextlib.suppress(KeyboardInterrupt), open_stack(settings) as stack:
         # SIGINT, SIGTERM, SIGHUP: uvicorn shuts down, then the broker this command started stops
         serve_http(create_app(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap),
@@ -448,7 +454,21 @@ def _mount_optional_apps() -> None:
     app.command("capacity")(capacity_command)
     for name, billing_group in billing_apps.items():  # customers, plans, billing, invoices, invoice, credits
         app.add_typer(billing_group, name=name)
+    serve_app.command("dashboards")(_serve_dashboards())
     _mount_optional_apps.done = True
+
+
+def _serve_dashboards():
+    """`infermeter serve dashboards`, with the serving key store dashboards may not import itself."""
+    from dashboards.cli import serve_command
+
+    def key_store(settings, database_url):
+        from infermeter.db import get_engine
+        from serving.keys import KeyStore
+
+        return KeyStore(get_engine(database_url), settings=settings)
+
+    return serve_command(key_store)
 
 
 def main() -> None:

@@ -5,10 +5,14 @@ docs/settings.md lists them; `infermeter settings` prints the values in force.
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import os
+import secrets
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -77,15 +81,18 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_FUTURE_TOLERANCE_S",
         description="An event dated more than this many seconds in the future is rejected.",
     )
-    admin_token: str = Field(
-        default="dev-admin-token",
+    admin_token_configured: str | None = Field(
+        default=None,
         validation_alias="INFERMETER_ADMIN_TOKEN",
-        description="Bearer token with admin rights on every API (change it outside development).",
+        description="Bearer token with admin rights on every API and the admin dashboards. Unset: a random "
+        "token generated on first start and kept in INFERMETER_HOME/credentials.json (mode 0600); servers "
+        "then refuse to listen on a non-loopback address.",
     )
-    producer_token: str = Field(
-        default="dev-producer-token",
+    producer_token_configured: str | None = Field(
+        default=None,
         validation_alias="INFERMETER_PRODUCER_TOKEN",
-        description="Bearer token allowed to POST /v1/events for any customer.",
+        description="Bearer token allowed to POST /v1/events for any customer. Unset: generated like the "
+        "admin token, in INFERMETER_HOME/credentials.json.",
     )
     api_host: str = Field(default="127.0.0.1", validation_alias="INFERMETER_API_HOST", description="API bind address.")
     api_port: int = Field(default=8600, validation_alias="INFERMETER_API_PORT", description="API port.")
@@ -278,6 +285,80 @@ class Settings(BaseSettings):
         description="Signing secret (whsec_...) of the Stripe webhook endpoint POST /v1/stripe/webhook. "
         "Unset: the endpoint answers 503.",
     )
+    # --- dashboards: web pages, sessions (dashboards/) -------------------------------------------
+    dashboard_port: int = Field(
+        default=8601,
+        validation_alias="INFERMETER_DASHBOARD_PORT",
+        description="Port of `infermeter serve dashboards` (the pages alone; `infermeter up` serves them on the API port).",
+    )
+    session_ttl_s: int = Field(
+        default=3600,
+        validation_alias="INFERMETER_SESSION_TTL_S",
+        description="Seconds a dashboard sign-in lasts; then the browser is sent back to sign in.",
+    )
+    session_secret_configured: str | None = Field(
+        default=None,
+        validation_alias="INFERMETER_SESSION_SECRET",
+        description="Secret that signs dashboard session cookies and CSRF tokens. Unset: generated on first "
+        "start and kept in INFERMETER_HOME/credentials.json (set it when several API processes serve the pages).",
+    )
+    gateway_metrics_urls: str = Field(
+        default="",
+        validation_alias="INFERMETER_GATEWAY_METRICS_URLS",
+        description="Comma-separated gateway /metrics URLs the operations page reads spool depth and publish lag "
+        "from. Empty: the page says none is configured.",
+    )
+
+    # --- credentials: configured, or generated once per INFERMETER_HOME ------------------------------
+    _credentials: dict[str, str] | None = PrivateAttr(default=None)
+
+    @property
+    def admin_token(self) -> str:
+        return self.admin_token_configured or self._generated("admin_token")
+
+    @property
+    def producer_token(self) -> str:
+        return self.producer_token_configured or self._generated("producer_token")
+
+    @property
+    def session_secret(self) -> str:
+        return self.session_secret_configured or self._generated("session_secret")
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.home / CREDENTIALS_FILE
+
+    def development_credentials(self) -> list[str]:
+        """The variables whose credentials are not deliberately configured: generated in INFERMETER_HOME
+        (or the old well-known development values)."""
+        out = []
+        for variable, value in (("INFERMETER_ADMIN_TOKEN", self.admin_token_configured),
+                                ("INFERMETER_PRODUCER_TOKEN", self.producer_token_configured)):
+            if not value or value in WELL_KNOWN_DEV_TOKENS:
+                out.append(variable)
+        return out
+
+    def credentials_note(self) -> str:
+        """Where the admin token comes from, for the start-up banner (never the token itself)."""
+        if self.admin_token_configured:
+            return "from INFERMETER_ADMIN_TOKEN"
+        self.admin_token  # noqa: B018 - generate it now, so the file exists when we point at it
+        return f"generated, in {self.credentials_file.resolve()} (mode 0600)"
+
+    def check_listen_address(self, host: str) -> None:
+        """Refuse (ValueError) to serve on a non-loopback address with development credentials."""
+        dev = self.development_credentials()
+        if dev and not is_loopback(host):
+            raise ValueError(
+                f"refusing to listen on {host}: {' and '.join(dev)} not set, so development credentials are in use "
+                f"(generated in {self.credentials_file}). Set them to secrets of your own (e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`) or listen on 127.0.0.1."
+            )
+
+    def _generated(self, name: str) -> str:
+        if self._credentials is None or name not in self._credentials:
+            self._credentials = load_or_create_credentials(self.credentials_file)
+        return self._credentials[name]
 
     @property
     def events_topic(self) -> str:
@@ -286,6 +367,52 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letter"
+
+
+CREDENTIALS_FILE = "credentials.json"
+CREDENTIAL_NAMES = ("admin_token", "producer_token", "session_secret")
+# The defaults of earlier versions: whoever sets them explicitly is still using development credentials.
+WELL_KNOWN_DEV_TOKENS = frozenset({"dev-admin-token", "dev-producer-token"})
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def load_or_create_credentials(path: Path) -> dict[str, str]:
+    """The generated credentials of one INFERMETER_HOME: read them, or create the file (mode 0600,
+    random tokens) on first use. Every process on the same home reads the same tokens; concurrent
+    first starts agree because the file is created with O_EXCL semantics (link of a finished file)."""
+    for _ in range(3):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            data = None
+        if isinstance(data, dict) and all(isinstance(data.get(n), str) and data[n] for n in CREDENTIAL_NAMES):
+            return {n: data[n] for n in CREDENTIAL_NAMES}
+        fresh = {n: (data or {}).get(n) or secrets.token_urlsafe(32) for n in CREDENTIAL_NAMES}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(fresh, fh, indent=2)
+            fh.write("\n")
+        try:
+            if data is None:
+                os.link(tmp, path)  # fails if another process created it first: then read theirs
+            else:
+                os.replace(tmp, path)  # an incomplete file from an older version: complete it
+            return fresh
+        except FileExistsError:
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise RuntimeError(f"cannot read or create {path}")
 
 
 @lru_cache(maxsize=1)

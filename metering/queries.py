@@ -388,3 +388,171 @@ def replica_interval_sums(conn: psycopg.Connection, window: Window, *, deploymen
              "interval_s": float(r["interval_s"]), "busy_s": float(r["busy_s"]),
              "prompt_tokens": int(r["prompt_tokens"]), "generation_tokens": int(r["generation_tokens"]),
              "last_interval_end": r["last_interval_end"].astimezone(UTC)} for r in rows]
+
+
+# --- dashboards' reads (dashboards/): GPU time, task outcomes, ingest health -----------------------
+
+_BUCKETS = {"hour": "hour", "day": "day", "minute": "minute"}
+
+
+def _bucket_expr(bucket: str | None, column: str) -> str | None:
+    if bucket is None:
+        return None
+    if bucket not in _BUCKETS:
+        raise QueryError(f"bucket: choose hour, day or minute, not {bucket!r}")
+    return f"date_trunc('{_BUCKETS[bucket]}', {column})"
+
+
+def gpu_usage(
+    conn: psycopg.Connection,
+    window: Window,
+    *,
+    customer_id: str | None = None,
+    bucket: str | None = None,
+) -> list[dict]:
+    """GPU time from the hourly GPU ledger (replica intervals split at hours), per owner, deployment
+    and GPU type (and `bucket`: hour or day): GPU-ms, busy GPU-ms, prompt and generation tokens, replicas.
+
+    The ledger is hourly: the hours counted are those starting in [floor(window.start), window.end).
+    `customer_id` limits it to that customer's dedicated deployments ('' is the shared pool)."""
+    b = _bucket_expr(bucket, "hour")
+    cols = ["customer_id", "deployment_id", "gpu_type"] + ([f"{b} AS {bucket}"] if b else [])
+    group = ["customer_id", "deployment_id", "gpu_type"] + ([b] if b else [])
+    sql = (
+        f"SELECT {', '.join(cols)}, sum(gpu_ms)::bigint AS gpu_ms, sum(busy_ms)::bigint AS busy_ms, "
+        "sum(prompt_tokens)::bigint AS prompt_tokens, sum(generation_tokens)::bigint AS generation_tokens, "
+        "count(DISTINCT replica_id) AS replicas, sum(intervals)::bigint AS intervals "
+        "FROM gpu_ledger_hourly WHERE hour >= date_trunc('hour', %(start)s::timestamptz) AND hour < %(end)s "
+        "AND (%(customer)s::text IS NULL OR customer_id = %(customer)s) "
+        f"GROUP BY {', '.join(group)} ORDER BY {', '.join(group)}"
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+        cur.execute(sql, {"start": window.start, "end": window.end, "customer": customer_id})
+        rows = cur.fetchall()
+    for row in rows:
+        for key in ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "replicas", "intervals"):
+            row[key] = int(row[key])
+        if bucket and isinstance(row.get(bucket), datetime):
+            row[bucket] = utc_text(row[bucket])
+    return rows
+
+
+TASK_SUMMARY_SQL = """
+WITH finished AS (
+    SELECT customer_id, task_id, outcome, finished_at FROM task_outcomes
+    WHERE customer_id = %(customer)s AND finished_at >= %(start)s AND finished_at < %(end)s
+), attempts AS (
+    SELECT a.task_id, count(*) AS attempts, sum(a.requests) AS requests
+    FROM task_attempts a JOIN finished f ON f.customer_id = a.customer_id AND f.task_id = a.task_id
+    WHERE a.customer_id = %(customer)s GROUP BY a.task_id
+)
+SELECT {bucket_cols} count(*) AS tasks,
+       count(*) FILTER (WHERE f.outcome = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE f.outcome = 'failed') AS failed,
+       count(*) FILTER (WHERE f.outcome NOT IN ('succeeded', 'failed')) AS other_outcomes,
+       coalesce(sum(a.attempts), 0) AS attempts,
+       coalesce(sum(greatest(a.attempts - 1, 0)), 0) AS retried_attempts,
+       coalesce(sum(a.requests), 0) AS requests
+FROM finished f LEFT JOIN attempts a ON a.task_id = f.task_id
+{group_by}
+"""
+
+
+def task_summary(
+    conn: psycopg.Connection, window: Window, customer_id: str, *, bucket: str | None = None
+) -> list[dict]:
+    """A customer's tasks that finished (task_outcomes.finished_at) in the window: how many, by
+    outcome, with their attempts (every attempt metered for them) and retried attempts (all but one
+    per task); per `bucket` (hour or day of finishing) or one row. Tasks still running are not counted."""
+    b = _bucket_expr(bucket, "f.finished_at")
+    sql = TASK_SUMMARY_SQL.format(
+        bucket_cols=f"{b} AS {bucket}," if b else "",
+        group_by=f"GROUP BY {b} ORDER BY {b}" if b else "",
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+        cur.execute(sql, {"customer": customer_id, "start": window.start, "end": window.end})
+        rows = cur.fetchall()
+    out = []
+    for row in rows:
+        out.append({k: (utc_text(v) if isinstance(v, datetime) else int(v)) for k, v in row.items()})
+    return out
+
+
+def ingest_rate(
+    conn: psycopg.Connection, since: datetime, until: datetime, *, max_event_age_days: int = 62
+) -> list[dict]:
+    """Events metering wrote per minute of their arrival (raw_events.received_at, the write
+    transaction's time) and events dead-lettered per minute, over [since, until).
+
+    raw_events is partitioned by event time, not arrival: only events whose event time is at most
+    `max_event_age_days` before `since` are counted, so the scan stays within recent partitions."""
+    sql = """
+    SELECT minute, sum(events)::bigint AS events, sum(dead_letters)::bigint AS dead_letters FROM (
+        SELECT date_trunc('minute', received_at) AS minute, count(*) AS events, 0 AS dead_letters
+        FROM raw_events WHERE received_at >= %(since)s AND received_at < %(until)s
+          AND occurred_at >= %(since)s::timestamptz - make_interval(days => %(age)s)
+        GROUP BY 1
+        UNION ALL
+        SELECT date_trunc('minute', received_at), 0, count(*) FROM dead_letters
+        WHERE received_at >= %(since)s AND received_at < %(until)s GROUP BY 1
+    ) AS m GROUP BY minute ORDER BY minute
+    """
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+        cur.execute(sql, {"since": since, "until": until, "age": max_event_age_days})
+        rows = cur.fetchall()
+    return [{"minute": utc_text(r["minute"]), "events": int(r["events"]), "dead_letters": int(r["dead_letters"])}
+            for r in rows]
+
+
+def metering_delay(
+    conn: psycopg.Connection, since: datetime, until: datetime, *, max_event_age_days: int = 62
+) -> dict:
+    """How long after their event time the events that arrived in [since, until) were written:
+    received_at - occurred_at, in seconds (p50, p95, max). Consumer lag as metering's own tables
+    see it (it includes time spent in the gateway's spool and on the bus)."""
+    row = conn.execute(
+        "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM received_at - occurred_at)),"
+        " percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM received_at - occurred_at)),"
+        " max(extract(epoch FROM received_at - occurred_at))"
+        " FROM raw_events WHERE received_at >= %(since)s AND received_at < %(until)s"
+        " AND occurred_at >= %(since)s::timestamptz - make_interval(days => %(age)s)",
+        {"since": since, "until": until, "age": max_event_age_days},
+    ).fetchone()
+    count, p50, p95, top = row
+    as_float = lambda v: None if v is None else round(float(v), 3)  # noqa: E731
+    return {"events": int(count), "p50_s": as_float(p50), "p95_s": as_float(p95), "max_s": as_float(top)}
+
+
+def consumer_progress(conn: psycopg.Connection) -> list[dict]:
+    """The metering consumers' committed positions (consumer_offsets, written in the same transaction
+    as the events): per group, topic and partition, the next offset and when it last moved."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            "SELECT group_id, topic, partition, next_offset, updated_at,"
+            " extract(epoch FROM clock_timestamp() - updated_at) AS seconds_since_commit"
+            " FROM consumer_offsets ORDER BY group_id, topic, partition"
+        )
+        rows = cur.fetchall()
+    for row in rows:
+        row["next_offset"] = int(row["next_offset"])
+        row["updated_at"] = utc_text(row["updated_at"])
+        row["seconds_since_commit"] = round(float(row["seconds_since_commit"]), 3)
+    return rows
+
+
+def dead_letter_reasons(conn: psycopg.Connection) -> list[dict]:
+    """Dead letters per reason: how many, first and last arrival."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            "SELECT reason, count(*) AS count, min(received_at) AS first_received_at,"
+            " max(received_at) AS last_received_at FROM dead_letters GROUP BY reason ORDER BY count(*) DESC, reason"
+        )
+        rows = cur.fetchall()
+    for row in rows:
+        row["count"] = int(row["count"])
+        row["first_received_at"] = utc_text(row["first_received_at"])
+        row["last_received_at"] = utc_text(row["last_received_at"])
+    return rows

@@ -40,7 +40,7 @@ def test_up_serves_metering_and_the_api_until_ctrl_c(tmp_path):
     home = Path(tempfile.mkdtemp(prefix="infermeter-up-")) / "home"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP")}
-    env.update(INFERMETER_HOME=str(home), INFERMETER_API_PORT=str(port))
+    env.update(INFERMETER_HOME=str(home), INFERMETER_API_PORT=str(port), INFERMETER_ADMIN_TOKEN="test-admin-token")
     up = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -59,7 +59,7 @@ def test_up_serves_metering_and_the_api_until_ctrl_c(tmp_path):
         url = f"http://127.0.0.1:{port}/v1/usage?from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z"
         for _ in range(100):
             try:
-                request = urllib.request.Request(url, headers={"Authorization": "Bearer dev-admin-token"})
+                request = urllib.request.Request(url, headers={"Authorization": "Bearer test-admin-token"})
                 body = json.loads(urllib.request.urlopen(request, timeout=5).read())
                 break
             except OSError:

@@ -1,0 +1,725 @@
+"""The dashboards' web pages, their JSON and CSV endpoints, sign-in and the static assets.
+
+Mount `router` on an app whose state has `settings`, `pool` (psycopg ConnectionPool) and `keys`
+(a key store: `async authenticate(token) -> Principal`, `get(key_id) -> ApiKey | None`), as
+app.api.create_app does; or run `create_dashboard_app` (`infermeter serve dashboards`).
+
+    GET  /signin, POST /signin                customer sign-in with an API key
+    GET  /admin/signin, POST /admin/signin    admin sign-in with INFERMETER_ADMIN_TOKEN
+    POST /signout
+    GET  /dashboard                           the customer dashboard (?from=&to=&model=; admins add &customer_id=)
+    GET  /dashboard/data/{chart}.{json|csv}   tokens, requests, cache_hit, gpu, tasks, summary
+    GET  /admin/pricing                       pricing experiments (?from=&to=&book=...), live shadow rating
+    GET  /admin/pricing/data/{chart}.{json|csv}  overview, customers, caching, retries, shadow, comparison (json)
+    POST /admin/pricing/books                 store an uploaded price book version (YAML)
+    GET  /admin/ops                           operations (?from=&to= for deployments; ?reconcile_from=&reconcile_to=)
+    GET  /admin/ops/data/{chart}.{json|csv}   ingest, deployments, dead_letters, consumers, gateways, reconcile
+    GET  /admin/finance                       billing's page (placeholder until billing registers one)
+    GET  /metrics/metering                    metering's Prometheus metrics (dashboards.metering_metrics)
+    GET  /static/plotly.min.js, /static/dashboards.js, /static/dashboards.css
+
+Pages sign in with a session cookie (dashboards.sessions); the data endpoints also take
+`Authorization: Bearer <API key or admin token>`. A customer sees only itself everywhere: asking
+for another customer id answers 404, and admin pages answer 403.
+"""
+
+from __future__ import annotations
+
+import csv
+import hmac
+import io
+import json
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
+from starlette.concurrency import run_in_threadpool
+
+from dashboards import extensions, gateway_metrics, metering_metrics, views
+from dashboards.sessions import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    Session,
+    Signer,
+    new_nonce,
+    read_session,
+)
+from infermeter.auth import AuthError, Principal, bearer_token
+from infermeter.times import TimeInputError, Window, parse_time, utc_text
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+MAX_FORM_BYTES = 1_000_000
+
+router = APIRouter(include_in_schema=False)
+_templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+)
+_templates.filters["num"] = lambda v: "-" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))
+_templates.filters["pct"] = lambda v: "-" if v is None else f"{float(v) * 100:.1f}%"
+_templates.filters["duration"] = lambda s: views.duration_text(s)
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; object-src 'none'; "
+    "frame-ancestors 'none'; base-uri 'self'; form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def now() -> datetime:
+    """The current time (tests override the module attribute)."""
+    return views.now_utc()
+
+
+def plotly_js_path() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+
+def _signer(request: Request) -> Signer:
+    state = request.app.state
+    signer = getattr(state, "dashboards_signer", None)
+    if signer is None:
+        signer = state.dashboards_signer = Signer(state.settings.session_secret)
+    return signer
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def _set_cookie(response: Response, request: Request, name: str, value: str, max_age: int | None) -> None:
+    response.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="lax", secure=_secure(request))
+
+
+def _csrf_nonce(request: Request) -> tuple[str, bool]:
+    """The browser's CSRF nonce, or a new one (True: set it in the response)."""
+    nonce = request.cookies.get(CSRF_COOKIE)
+    if nonce and 16 <= len(nonce) <= 64:
+        return nonce, False
+    return new_nonce(), True
+
+
+def render(request: Request, template: str, status: int = 200, *, viewer: Viewer | None = None,
+           nonce: str | None = None, **context: Any) -> HTMLResponse:
+    fresh = False
+    if nonce is None:
+        nonce, fresh = _csrf_nonce(request)
+    body = _templates.get_template(template).render(
+        viewer=viewer, csrf_field=CSRF_FIELD, csrf=_signer(request).csrf_token(nonce), path=request.url.path,
+        **context,
+    )
+    response = HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
+    if fresh or nonce != request.cookies.get(CSRF_COOKIE):
+        _set_cookie(response, request, CSRF_COOKIE, nonce, None)
+    return response
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An application/x-www-form-urlencoded body (the only kind the pages post)."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return {}
+    parsed = urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[-1] for k, v in parsed.items()}
+
+
+def _csrf_refused(request: Request, form: dict[str, str]) -> Response | None:
+    if _signer(request).csrf_ok(request.cookies.get(CSRF_COOKIE), form.get(CSRF_FIELD)):
+        return None
+    return render(request, "message.html", 403, title="Form refused",
+                  message="This form's CSRF token is missing or does not match this browser. "
+                  "Reload the page and submit the form again.")
+
+
+@dataclass(frozen=True)
+class Viewer:
+    principal: Principal
+    session: Session | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.principal.is_admin
+
+    @property
+    def customer_id(self) -> str | None:
+        return self.principal.customer_id
+
+
+class SignInNeeded(Exception):
+    def __init__(self, reason: str, admin: bool):
+        self.reason, self.admin = reason, admin
+
+
+async def _viewer(request: Request, *, admin: bool) -> Viewer:
+    """Who is asking: a bearer token (data endpoints), else the session cookie. SignInNeeded when
+    neither holds a live sign-in; a customer on an admin page gets Viewer and the caller answers 403."""
+    keys = request.app.state.keys
+    settings = request.app.state.settings
+    if request.headers.get("authorization"):
+        try:
+            return Viewer(await keys.authenticate(bearer_token(request.headers["authorization"])), None)
+        except AuthError as exc:
+            raise SignInNeeded(str(exc) or "invalid credentials", admin) from None
+    state, session = read_session(_signer(request), request.cookies.get(SESSION_COOKIE))
+    if state == "none":
+        raise SignInNeeded("", admin)
+    if state == "invalid":
+        raise SignInNeeded("Your session is not valid any more; sign in again.", admin)
+    if state == "expired":
+        raise SignInNeeded("Your session expired; sign in again.", admin or session.kind == "admin")
+    if session.kind == "admin":
+        if not hmac.compare_digest(session.admin_fingerprint or "", _signer(request).admin_fingerprint(settings.admin_token)):
+            raise SignInNeeded("The admin token changed; sign in again.", True)
+        return Viewer(Principal(kind="admin"), session)
+    key = await run_in_threadpool(keys.get, session.key_id) if session.key_id else None
+    if key is None or not key.active or key.customer_id != session.customer_id:
+        raise SignInNeeded("The API key of this session has been revoked; sign in with a valid key.", admin)
+    return Viewer(Principal(kind="customer", customer_id=key.customer_id, api_key_id=key.key_id,
+                            project_id=key.project_id), session)
+
+
+def _sign_in_response(request: Request, exc: SignInNeeded, data: bool) -> Response:
+    if data:
+        return JSONResponse({"error": {"message": exc.reason or "sign in first", "code": "unauthenticated"}},
+                            status_code=401)
+    target = "/admin/signin" if exc.admin else "/signin"
+    query = {"next": request.url.path + (f"?{request.url.query}" if request.url.query else "")}
+    if exc.reason:
+        query["reason"] = exc.reason
+    return RedirectResponse(f"{target}?{urllib.parse.urlencode(query)}", status_code=303)
+
+
+def _forbidden(request: Request, viewer: Viewer, data: bool) -> Response:
+    message = "This page is for administrators. Sign in with the admin token at /admin/signin."
+    if data:
+        return JSONResponse({"error": {"message": message, "code": "forbidden"}}, status_code=403)
+    return render(request, "message.html", 403, viewer=viewer, title="Administrators only", message=message)
+
+
+def _not_found(request: Request, viewer: Viewer, data: bool) -> Response:
+    if data:
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    return render(request, "message.html", 404, viewer=viewer, title="Not found", message="There is nothing here.")
+
+
+def _bad_input(request: Request, viewer: Viewer, data: bool, message: str) -> Response:
+    if data:
+        return JSONResponse({"error": {"message": message, "code": "invalid_query"}}, status_code=400)
+    return render(request, "message.html", 400, viewer=viewer, title="Check the filters", message=message)
+
+
+def _safe_next(target: str | None, default: str) -> str:
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return default
+
+
+def _csv(rows: list[dict], name: str) -> Response:
+    columns: list[str] = []
+    for row in rows:
+        for key, value in row.items():
+            if key not in columns and not isinstance(value, list | dict):
+                columns.append(key)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="{name}.csv"', "Cache-Control": "no-store"})
+
+
+def _json(payload: Any) -> JSONResponse:
+    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+
+
+def _chart_context(charts: list[views.Chart], base: str, query: str) -> list[dict]:
+    suffix = f"?{query}" if query else ""
+    return [{"chart": c, "spec": json.dumps(c.spec(), default=str).replace("<", "\\u003c").replace("&", "\\u0026"),
+             "json_url": f"{base}/{c.id}.json{suffix}", "csv_url": f"{base}/{c.id}.csv{suffix}"} for c in charts]
+
+
+def _database_url(request: Request) -> str:
+    return getattr(request.app.state, "database_url", None) or request.app.state.settings.database_url
+
+
+# --- static ------------------------------------------------------------------------------------
+
+
+@router.get("/static/plotly.min.js")
+def plotly_js() -> FileResponse:
+    return FileResponse(plotly_js_path(), media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/static/{name}")
+def static_file(name: str) -> Response:
+    if name not in ("dashboards.js", "dashboards.css"):
+        return PlainTextResponse("not found", status_code=404)
+    media = "text/javascript" if name.endswith(".js") else "text/css"
+    return FileResponse(STATIC / name, media_type=media, headers={"Cache-Control": "no-cache"})
+
+
+# --- sign-in -----------------------------------------------------------------------------------
+
+
+@router.get("/signin")
+def signin_page(request: Request, next: str | None = None, reason: str | None = None,
+                signed_out: int = 0) -> Response:
+    return render(request, "signin.html", admin=False, error=None, next=_safe_next(next, "/dashboard"),
+                  reason=reason, signed_out=bool(signed_out))
+
+
+@router.get("/admin/signin")
+def admin_signin_page(request: Request, next: str | None = None, reason: str | None = None,
+                      signed_out: int = 0) -> Response:
+    return render(request, "signin.html", admin=True, error=None, next=_safe_next(next, "/admin/ops"),
+                  reason=reason, signed_out=bool(signed_out))
+
+
+def _start_session(request: Request, session: Session, target: str) -> Response:
+    response = RedirectResponse(target, status_code=303)
+    ttl = request.app.state.settings.session_ttl_s
+    _set_cookie(response, request, SESSION_COOKIE, _signer(request).sign(session.to_payload()), ttl)
+    _set_cookie(response, request, CSRF_COOKIE, new_nonce(), None)  # a new CSRF nonce with every sign-in
+    return response
+
+
+@router.post("/signin")
+async def signin(request: Request) -> Response:
+    form = await _form(request)
+    if (refused := _csrf_refused(request, form)) is not None:
+        return refused
+    target = _safe_next(form.get("next"), "/dashboard")
+    token = form.get("api_key", "").strip()
+    error = None
+    principal = None
+    if not token:
+        error = "Enter your API key."
+    else:
+        try:
+            principal = await request.app.state.keys.authenticate(token)
+        except AuthError as exc:
+            error = f"Sign-in failed: {exc or 'invalid API key'}. Check the key (`infermeter keys create` makes one)."
+    if principal is not None and principal.kind == "admin":
+        error, principal = "That is the admin token: sign in on the admin sign-in page (/admin/signin).", None
+    elif principal is not None and principal.kind != "customer":
+        error, principal = "Producer tokens cannot sign in to the dashboards.", None
+    if principal is None:
+        return render(request, "signin.html", 401, admin=False, error=error, next=target, reason=None,
+                      signed_out=False)
+    ttl = request.app.state.settings.session_ttl_s
+    session = Session("customer", time.time() + ttl, principal.customer_id, principal.api_key_id)
+    return _start_session(request, session, target if target.startswith("/dashboard") else "/dashboard")
+
+
+@router.post("/admin/signin")
+async def admin_signin(request: Request) -> Response:
+    form = await _form(request)
+    if (refused := _csrf_refused(request, form)) is not None:
+        return refused
+    target = _safe_next(form.get("next"), "/admin/ops")
+    token = form.get("admin_token", "").strip()
+    settings = request.app.state.settings
+    if not token or not hmac.compare_digest(token.encode(), settings.admin_token.encode()):
+        return render(request, "signin.html", 401, admin=True, next=target, reason=None, signed_out=False,
+                      error="Sign-in failed: that is not the admin token (INFERMETER_ADMIN_TOKEN).")
+    session = Session("admin", time.time() + settings.session_ttl_s,
+                      admin_fingerprint=_signer(request).admin_fingerprint(settings.admin_token))
+    return _start_session(request, session, target)
+
+
+@router.post("/signout")
+async def signout(request: Request) -> Response:
+    form = await _form(request)
+    if (refused := _csrf_refused(request, form)) is not None:
+        return refused
+    _, session = read_session(_signer(request), request.cookies.get(SESSION_COOKIE))
+    target = "/admin/signin?signed_out=1" if session and session.kind == "admin" else "/signin?signed_out=1"
+    response = RedirectResponse(target, status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax", secure=_secure(request))
+    _set_cookie(response, request, CSRF_COOKIE, new_nonce(), None)
+    return response
+
+
+# --- the customer dashboard ----------------------------------------------------------------------
+
+CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+
+
+def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool) -> dict:
+    window = views.page_window(params.get("from"), params.get("to"), now=now(), default=timedelta(days=7))
+    customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
+    model = params.get("model") or None
+    settings = request.app.state.settings
+    with request.app.state.pool.connection() as conn:
+        if customer is None:  # an admin who has not picked a customer yet
+            customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
+            return {"window": window, "customer_id": None, "customers": customers}
+        usage = views.customer_usage(conn, window, customer, model)
+        gpu = views.customer_gpu(conn, window, customer)
+        tasks = views.customer_tasks(conn, window, customer)
+        result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
+                  "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
+        if spend:
+            from pricing_service.books import read_cost_model
+
+            provided = extensions.PROVIDERS.customer_price_book
+            book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
+            result["spend"] = views.customer_spend(conn, window, customer, book,
+                                                   read_cost_model(settings.pricing_cost_model),
+                                                   tasks["totals"]["succeeded"])
+            if extensions.PROVIDERS.invoices:
+                result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
+            if extensions.PROVIDERS.current_period_spend:
+                result["current_period"] = extensions.PROVIDERS.current_period_spend(conn, customer, now())
+    return result
+
+
+def _summary(view: dict) -> dict:
+    return {"customer_id": view["customer_id"], "window": views.window_json(view["window"]), "model": view["model"],
+            "usage": view["usage"]["totals"], "gpu_hours": view["gpu"]["total_gpu_hours"],
+            "tasks": view["tasks"]["totals"], "spend": view["spend"],
+            "project_tracking": "usage is not tracked per project: every figure covers all of the customer's API keys"}
+
+
+def _customer_scope(viewer: Viewer, requested: str | None) -> bool:
+    """False when a customer asks for another customer's data (answered 404, existence not disclosed)."""
+    return viewer.is_admin or requested in (None, viewer.customer_id)
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request) -> Response:
+    params = dict(request.query_params)
+    try:
+        viewer = await _viewer(request, admin=False)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=False)
+    if not _customer_scope(viewer, params.get("customer_id")):
+        return _not_found(request, viewer, data=False)
+    try:
+        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=True)
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, False, str(exc))
+    query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("from", "to", "model", "customer_id") and v})
+    charts = []
+    if view["customer_id"] is not None:
+        charts = _chart_context(views.customer_charts(view["usage"], view["gpu"], view["tasks"]), "/dashboard/data", query)
+    return render(request, "customer.html", viewer=viewer, view=view, charts=charts, query=query,
+                  window=views.window_json(view["window"]), project_id=viewer.principal.project_id,
+                  project_asked=params.get("project"), summary_json=f"/dashboard/data/summary.json?{query}",
+                  summary_csv=f"/dashboard/data/summary.csv?{query}")
+
+
+@router.get("/dashboard/data/{name}")
+async def dashboard_data(request: Request, name: str) -> Response:
+    chart, _, fmt = name.partition(".")
+    params = dict(request.query_params)
+    if chart not in CUSTOMER_CHARTS or fmt not in ("json", "csv"):
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    try:
+        viewer = await _viewer(request, admin=False)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=True)
+    if not _customer_scope(viewer, params.get("customer_id")):
+        return _not_found(request, viewer, data=True)
+    if viewer.is_admin and not params.get("customer_id"):
+        return _bad_input(request, viewer, True, "customer_id is required for admin credentials")
+    try:
+        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary")
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, True, str(exc))
+    if chart == "summary":
+        summary = _summary(view)
+        if fmt == "json":
+            return _json(summary)
+        flat = {"customer_id": summary["customer_id"], **summary["window"],
+                **{k: v for k, v in summary["usage"].items()}, "gpu_hours": summary["gpu_hours"],
+                **{f"tasks_{k}": v for k, v in summary["tasks"].items()},
+                **{f"spend_{k}": v for k, v in (summary["spend"] or {}).items()}}
+        return _csv([flat], "summary")
+    found = {c.id: c for c in views.customer_charts(view["usage"], view["gpu"], view["tasks"])}[chart]
+    found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
+                   "model": view["model"]}
+    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+
+
+# --- admin: pricing experiments --------------------------------------------------------------------
+
+PRICING_CHARTS = ("overview", "customers", "caching", "retries", "shadow", "comparison")
+
+
+def _pricing_view(request: Request, params: list[tuple[str, str]]) -> dict:
+    single = dict(params)
+    window = views.page_window(single.get("from"), single.get("to"), now=now(), default=timedelta(hours=24))
+    specs = [v for k, v in params if k == "book" and v] or views.default_book_specs()
+    settings = request.app.state.settings
+    with request.app.state.pool.connection() as conn:
+        choices = views.book_choices(conn, settings)
+        shadow = views.live_shadow(conn, settings, now())
+        from pricing_service.books import list_versions
+
+        versions = list_versions(conn)
+    report = views.pricing_comparison(_database_url(request), window, specs, settings.pricing_cost_model)
+    return {"window": window, "specs": specs, "choices": choices, "report": report, "shadow": shadow,
+            "versions": versions, "charts": views.pricing_charts(report, shadow)}
+
+
+def _admin_only(viewer: Viewer, request: Request, data: bool) -> Response | None:
+    return None if viewer.is_admin else _forbidden(request, viewer, data)
+
+
+PRICING_ERRORS: tuple[type[Exception], ...] = (TimeInputError, ValueError)
+
+
+@router.get("/admin/pricing")
+async def pricing_page(request: Request, uploaded: str | None = None) -> Response:
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=False)
+    if (refused := _admin_only(viewer, request, False)) is not None:
+        return refused
+    params = list(request.query_params.multi_items())
+    try:
+        view = await run_in_threadpool(_pricing_view, request, params)
+    except PRICING_ERRORS as exc:
+        return _bad_input(request, viewer, False, str(exc))
+    query = urllib.parse.urlencode([(k, v) for k, v in params if k in ("from", "to", "book") and v])
+    return render(request, "pricing.html", viewer=viewer, view=view, uploaded=uploaded,
+                  window=views.window_json(view["window"]), query=query,
+                  charts=_chart_context(view["charts"], "/admin/pricing/data", query),
+                  default_effective=utc_text(view["window"].start))
+
+
+@router.get("/admin/pricing/data/{name}")
+async def pricing_data(request: Request, name: str) -> Response:
+    chart, _, fmt = name.partition(".")
+    if chart not in PRICING_CHARTS or fmt not in ("json", "csv") or (chart == "comparison" and fmt == "csv"):
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=True)
+    if (refused := _admin_only(viewer, request, True)) is not None:
+        return refused
+    try:
+        view = await run_in_threadpool(_pricing_view, request, list(request.query_params.multi_items()))
+    except PRICING_ERRORS as exc:
+        return _bad_input(request, viewer, True, str(exc))
+    if chart == "comparison":
+        return _json(view["report"])
+    found = {c.id: c for c in view["charts"]}[chart]
+    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+
+
+@router.post("/admin/pricing/books")
+async def upload_book(request: Request) -> Response:
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=False)
+    if (refused := _admin_only(viewer, request, False)) is not None:
+        return refused
+    form = await _form(request)
+    if (refused := _csrf_refused(request, form)) is not None:
+        return refused
+    text = form.get("yaml", "")
+    if not text.strip():
+        return _bad_input(request, viewer, False, "Paste a price book (YAML) or choose a file.")
+
+    def store() -> str:
+        from pricing_service.books import import_book
+
+        at = parse_time(form.get("effective_from") or "", "effective from")
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / (Path(form.get("filename") or "uploaded.yaml").name or "uploaded.yaml")
+            path.write_text(text, encoding="utf-8")
+            with request.app.state.pool.connection() as conn:
+                book, _ = import_book(conn, path, at)
+        return book.id
+
+    try:
+        book_id = await run_in_threadpool(store)
+    except (ValueError, OSError) as exc:
+        return _bad_input(request, viewer, False, f"The price book was not stored: {exc}")
+    query = urllib.parse.urlencode({"uploaded": book_id})
+    return RedirectResponse(f"/admin/pricing?{query}", status_code=303)
+
+
+# --- admin: operations -----------------------------------------------------------------------------
+
+OPS_CHARTS = ("ingest", "deployments", "dead_letters", "consumers", "gateways", "reconcile")
+
+
+def _reconcile(request: Request, from_text: str, to_text: str) -> dict:
+    from metering.reconcile import reconcile
+
+    window = Window(parse_time(from_text, "reconcile from"), parse_time(to_text, "reconcile to"))
+    with request.app.state.pool.connection() as conn:
+        result = reconcile(conn, window)
+    record = {"ran_at": utc_text(now()), "window": views.window_json(window), "ok": result.ok,
+              "checked": result.checked,
+              "differences": [{"customer_id": d.customer_id, "meter": d.meter, "raw": str(d.raw),
+                               "rollup": str(d.rollup)} for d in result.differences[:50]],
+              "difference_count": len(result.differences)}
+    request.app.state.dashboards_last_reconcile = record
+    return record
+
+
+def _ops_view(request: Request, params: dict[str, str]) -> dict:
+    at = now()
+    window = views.page_window(params.get("from"), params.get("to"), now=at, default=timedelta(hours=24))
+    settings = request.app.state.settings
+    with request.app.state.pool.connection() as conn:
+        ingest = views.ops_ingest(conn, at)
+        dead = views.ops_dead_letters(conn)
+        deployments = views.ops_deployments(conn, window)
+    urls = gateway_metrics.configured_urls(settings.gateway_metrics_urls)
+    return {"window": window, "ingest": ingest, "dead_letters": dead, "deployments": deployments,
+            "gateway_urls": urls, "gateways": gateway_metrics.scrape(urls) if urls else [],
+            "reconcile": getattr(request.app.state, "dashboards_last_reconcile", None),
+            "charts": views.ops_charts(ingest, deployments, dead)}
+
+
+@router.get("/admin/ops")
+async def ops_page(request: Request) -> Response:
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=False)
+    if (refused := _admin_only(viewer, request, False)) is not None:
+        return refused
+    params = dict(request.query_params)
+    try:
+        if params.get("reconcile_from") and params.get("reconcile_to"):
+            await run_in_threadpool(_reconcile, request, params["reconcile_from"], params["reconcile_to"])
+        view = await run_in_threadpool(_ops_view, request, params)
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, False, str(exc))
+    query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("from", "to") and v})
+    end = views.floor_hour(now())
+    return render(request, "ops.html", viewer=viewer, view=view, window=views.window_json(view["window"]),
+                  query=query, charts=_chart_context(view["charts"], "/admin/ops/data", query),
+                  reconcile_default={"from": utc_text(end - timedelta(hours=24)), "to": utc_text(end)})
+
+
+@router.get("/admin/ops/data/{name}")
+async def ops_data(request: Request, name: str) -> Response:
+    chart, _, fmt = name.partition(".")
+    if chart not in OPS_CHARTS or fmt not in ("json", "csv"):
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=True)
+    if (refused := _admin_only(viewer, request, True)) is not None:
+        return refused
+    try:
+        view = await run_in_threadpool(_ops_view, request, dict(request.query_params))
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, True, str(exc))
+    tables = {
+        "consumers": {"rows": view["ingest"]["consumers"], "delay": view["ingest"]["delay"]},
+        "gateways": {"configured": view["gateway_urls"], "rows": view["gateways"]},
+        "reconcile": {"recorded": view["reconcile"] is not None, "rows": [view["reconcile"]] if view["reconcile"] else []},
+        "dead_letters": {"rows": view["dead_letters"]},
+    }
+    if chart in tables:
+        payload = {"chart": chart, **tables[chart]}
+        if fmt == "json":
+            return _json(payload)
+        rows = payload["rows"]
+        if chart == "gateways":
+            rows = [{"url": g["url"], "ok": g["ok"], **s} for g in rows for s in (g["spools"] or [{}])]
+        return _csv(rows, chart)
+    found = {c.id: c for c in view["charts"]}[chart]
+    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+
+
+# --- admin: finance (billing's extension point) ----------------------------------------------------
+
+
+@router.get("/admin/finance")
+async def finance_page(request: Request) -> Response:
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=False)
+    if (refused := _admin_only(viewer, request, False)) is not None:
+        return refused
+    provider = extensions.PROVIDERS.finance_page
+    content = None
+    if provider is not None:
+        def build() -> dict:
+            with request.app.state.pool.connection() as conn:
+                return provider(conn, request.app.state.settings)
+
+        content = await run_in_threadpool(build)
+    return render(request, "finance.html", viewer=viewer, content=content)
+
+
+# --- metering's Prometheus metrics ---------------------------------------------------------------
+
+
+@router.get("/metrics/metering")
+def metering_prometheus(request: Request) -> Response:
+    state = request.app.state
+    reg = getattr(state, "dashboards_metering_registry", None)
+    if reg is None:
+        reg = state.dashboards_metering_registry = metering_metrics.registry(state.pool)
+    return Response(metering_metrics.render(reg), media_type=metering_metrics.CONTENT_TYPE)
+
+
+# --- a dashboards-only app ---------------------------------------------------------------------------
+
+
+def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
+    """The pages alone (no /v1 API): `infermeter serve dashboards`. `keys` is the key store."""
+    from contextlib import asynccontextmanager
+
+    from psycopg_pool import ConnectionPool
+
+    from infermeter.stack import to_libpq_url
+
+    @asynccontextmanager
+    async def lifespan(app_: FastAPI):
+        yield
+        app_.state.pool.close()
+
+    app = FastAPI(title="infermeter dashboards", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.settings = settings
+    app.state.database_url = database_url
+    app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
+    app.state.keys = keys
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard", status_code=303)
+
+    app.include_router(router)
+    return app

@@ -1,0 +1,370 @@
+"""The dashboards in Chromium against the real API app (uvicorn on 127.0.0.1) and real metered data:
+pages render with data, charts draw the numbers the query functions return, the browser reports no
+errors and fetches nothing from outside the site, filters change what is shown, and access holds."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dashboards.sessions import SESSION_COOKIE, Session, Signer
+from infermeter.stack import to_libpq_url
+from infermeter.times import Window, parse_time
+from metering import queries
+from tests.dashboards.conftest import ROOT, WINDOW
+
+Q = f"from={WINDOW['from']}&to={WINDOW['to']}"
+# INFERMETER_SCREENSHOTS=1 refreshes the committed screenshots of docs/dashboards.md; otherwise they
+# are still taken (the pages must render), into a scratch folder.
+
+
+def window() -> Window:
+    return Window(parse_time(WINDOW["from"], "from"), parse_time(WINDOW["to"], "to"))
+
+
+def usage(site, customer: str, group_by: list[str] | None = None, w: Window | None = None) -> list[dict]:
+    with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
+        return queries.usage(conn, w or window(), customer_id=customer, group_by=group_by or [])
+
+
+def num(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def shoot(page, name: str) -> None:
+    shots = ROOT / "docs" / "screenshots" if os.environ.get("INFERMETER_SCREENSHOTS") else Path(tempfile.gettempdir())
+    shots.mkdir(parents=True, exist_ok=True)
+    page.page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+
+def test_customer_page_shows_its_usage_as_metering_counts_it(web, site):
+    p = web()
+    p.sign_in(site.keys["a"])
+    p.goto(f"/dashboard?{Q}")
+    p.wait_for_charts(5)
+    # the numbers are metering.queries.usage's for the same customer and window
+    [total] = usage(site, "cust-a")
+    assert num(p.text("total-requests")) == total["requests"] == 18
+    assert num(p.text("total-uncached")) == total["uncached_input_tokens"]
+    assert num(p.text("total-cached")) == total["cached_input_tokens"]
+    assert num(p.text("total-output")) == total["output_tokens"]
+    assert p.text("cache-hit") == f"{total['cached_input_tokens'] / total['input_tokens'] * 100:.1f}%"
+    # the tokens chart drew one bar per hour and kind, with the hourly numbers
+    hourly = usage(site, "cust-a", ["hour"])
+    drawn = {t["name"]: t for t in p.chart_data("tokens")}
+    assert [h["hour"] for h in hourly] == drawn["output"]["x"]
+    assert drawn["uncached input"]["y"] == [h["uncached_input_tokens"] for h in hourly]
+    assert drawn["cached input"]["y"] == [h["cached_input_tokens"] for h in hourly]
+    assert drawn["output"]["y"] == [h["output_tokens"] for h in hourly]
+    assert p.svg_points("tokens") == 3 * len(hourly) == 12
+    assert p.svg_points("requests") == len(hourly)
+    assert p.svg_points("cache_hit", ".scatterlayer .point") == len(hourly)
+    assert p.chart_data("requests")[0]["y"] == [h["requests"] for h in hourly]
+    # GPU-hours of its dedicated deployment only (two half-hour intervals), tasks with retries
+    assert p.text("gpu-hours") == "1.0000"
+    assert p.svg_points("gpu") == 2
+    assert (num(p.text("tasks-total")), num(p.text("tasks-succeeded")), num(p.text("tasks-attempts")),
+            num(p.text("tasks-retries")), p.text("success-rate")) == (3, 2, 6, 3, "66.7%")
+    spend = p.text("spend")
+    assert spend.endswith("USD") and "per-token-2026-11" in p.text("spend-note")
+    per_task = p.text("spend-per-task")
+    from decimal import Decimal
+
+    assert Decimal(per_task.split()[0]) == (Decimal(spend.split()[0]) / 2).quantize(Decimal("0.0001"))
+    # nothing of the platform's cost or margin, no invoices section without billing
+    body = p.page.inner_text("main").lower()
+    assert "margin" not in body and "cost" not in body
+    assert p.page.query_selector("[data-testid=invoices]") is None
+    assert "not tracked per project" in body
+    assert p.problems == []
+    shoot(p, "customer")
+
+
+def test_filters_and_time_range_change_what_is_shown(web, site):
+    p = web()
+    p.sign_in(site.keys["a"])
+    p.goto(f"/dashboard?{Q}")
+    p.page.select_option("select[name=model]", "m2")
+    with p.page.expect_navigation():
+        p.page.click("form.filters button[type=submit]")
+    p.wait_for_charts(5)
+    assert "model=m2" in p.page.url
+    m2 = [r for r in usage(site, "cust-a", ["model"]) if r["model"] == "m2"][0]
+    assert num(p.text("total-requests")) == m2["requests"] == 6
+    assert p.chart_data("requests")[0]["y"] == [6]
+    # a narrower window: only 10:00-12:00 of m1
+    p.goto("/dashboard?from=2026-11-02T10:00:00Z&to=2026-11-02T12:00:00Z&model=m1")
+    p.wait_for_charts(5)
+    narrow = usage(site, "cust-a", ["model"], Window(parse_time("2026-11-02T10:00:00Z", "f"),
+                                                     parse_time("2026-11-02T12:00:00Z", "t")))
+    assert num(p.text("total-requests")) == narrow[0]["requests"] == 8
+    assert p.svg_points("tokens") == 6
+    # the default window (the last 7 days) shows only the recent traffic
+    p.goto("/dashboard")
+    p.wait_for_charts(5)
+    assert num(p.text("total-requests")) == 5
+    assert p.problems == []
+
+
+def test_json_and_csv_of_each_chart_match_the_page(web, site):
+    p = web()
+    p.sign_in(site.keys["a"])
+    p.goto(f"/dashboard?{Q}")
+    p.wait_for_charts(5)
+    for chart in ("tokens", "requests", "cache_hit", "gpu", "tasks"):
+        spec = json.loads(p.page.inner_text(f"#data-{chart}"))
+        got = p.context.request.get(f"{site.url}/dashboard/data/{chart}.json?{Q}")
+        assert got.status == 200
+        assert got.json()["rows"] == spec["rows"] and got.json()["customer_id"] == "cust-a"
+        table = list(csv.DictReader(io.StringIO(p.context.request.get(f"{site.url}/dashboard/data/{chart}.csv?{Q}").text())))
+        assert len(table) == len(spec["rows"])
+        for line, row in zip(table, spec["rows"], strict=True):
+            assert {k: ("" if v is None else str(v)) for k, v in row.items()} == line
+    summary = p.context.request.get(f"{site.url}/dashboard/data/summary.json?{Q}").json()
+    [total] = usage(site, "cust-a")
+    assert {k: summary["usage"][k] for k in total if k != "customer_id"} == {k: v for k, v in total.items() if k != "customer_id"}
+    assert summary["spend"]["spend"] + " USD" == p.text("spend")
+    assert "cost" not in json.dumps(summary).lower().replace("price", "")
+
+
+def test_a_customer_sees_only_itself(web, site):
+    p = web()
+    p.sign_in(site.keys["a"])
+    req = p.context.request
+    for path in (f"/dashboard?{Q}&customer_id=cust-b", f"/dashboard/data/tokens.json?{Q}&customer_id=cust-b",
+                 f"/dashboard/data/tokens.csv?{Q}&customer_id=cust-b", f"/dashboard/data/summary.json?{Q}&customer_id=cust-b"):
+        assert req.get(site.url + path).status == 404, path
+    # its own pages carry nothing of cust-b (model m3, 999-token outputs, deployment ded-b)
+    p.goto(f"/dashboard?{Q}")
+    p.wait_for_charts(5)
+    shown = p.page.inner_text("body") + "".join(
+        p.page.eval_on_selector_all("script[type='application/json']", "els => els.map(e => e.textContent)"))
+    assert "cust-a" in shown
+    for other in ("cust-b", "m3", "ded-b", "shared-1", "999"):
+        assert other not in shown, other
+    # admin pages and data: forbidden to a customer
+    for path in ("/admin/ops", "/admin/pricing", "/admin/finance", f"/admin/pricing/data/overview.json?{Q}",
+                 "/admin/ops/data/dead_letters.csv"):
+        assert req.get(site.url + path, max_redirects=0).status == 403, path
+    p.goto("/admin/ops")
+    assert "Administrators only" in p.page.inner_text("main")
+    # bearer tokens on the data endpoints: the same scope
+    bearer = {"Authorization": f"Bearer {site.keys['a']}"}
+    assert req.get(f"{site.url}/dashboard/data/tokens.json?{Q}&customer_id=cust-b", headers=bearer).status == 404
+    b_rows = req.get(f"{site.url}/dashboard/data/tokens.json?{Q}",
+                     headers={"Authorization": f"Bearer {site.keys['b']}"}).json()
+    assert b_rows["customer_id"] == "cust-b" and b_rows["rows"][0]["output_tokens"] == 7 * 999
+
+
+def test_forms_without_their_csrf_token_are_refused(web, site):
+    p = web()
+    p.goto("/signin")  # the browser now holds a CSRF cookie
+    req = p.context.request
+    refused = req.post(f"{site.url}/signin", form={"api_key": site.keys["a"]}, max_redirects=0)
+    assert refused.status == 403 and "CSRF" in refused.text()
+    forged = req.post(f"{site.url}/signin", form={"api_key": site.keys["a"], "csrf": "forged"}, max_redirects=0)
+    assert forged.status == 403
+    assert SESSION_COOKIE not in {c["name"] for c in p.context.cookies()}
+    p.admin_sign_in(site.keys["admin"])
+    refused = req.post(f"{site.url}/admin/pricing/books", form={"yaml": "id: x", "effective_from": "2026-11-01T00:00:00Z"})
+    assert refused.status == 403
+    assert req.post(f"{site.url}/signout", form={}, max_redirects=0).status == 403
+    p.goto("/admin/finance")
+    assert p.text("who") == "admin"  # still signed in
+    assert "Billing is not wired yet" in p.text("finance-placeholder")
+    # sign-out with its token works and ends the session
+    with p.page.expect_navigation():
+        p.page.click("form.signout button")
+    assert "/admin/signin" in p.page.url and "signed out" in p.text("info")
+    p.goto("/admin/ops")
+    assert "/admin/signin" in p.page.url
+
+
+def test_wrong_or_revoked_keys_and_expired_sessions_go_back_to_sign_in(web, site):
+    p = web()
+    p.sign_in("im_live_0123456789abcdef_" + "x" * 43)
+    assert "Sign-in failed" in p.text("error") and p.page.url.endswith("/signin")
+    p.sign_in(site.keys["revoked"])
+    assert "revoked" in p.text("error")
+    p.sign_in(site.keys["admin"])
+    assert "admin sign-in" in p.text("error")
+    p.admin_sign_in("not-the-admin-token")
+    assert "not the admin token" in p.text("error")
+    # an expired session (signed with the server's secret) is sent back to sign in, saying why
+    expired = Signer(site.settings.session_secret).sign(
+        Session("customer", time.time() - 5, "cust-a", site.store.list("cust-a")[0].key_id).to_payload())
+    p.context.add_cookies([{"name": SESSION_COOKIE, "value": expired, "url": site.url}])
+    p.goto(f"/dashboard?{Q}")
+    assert "/signin" in p.page.url and "expired" in p.text("info")
+    # a session whose key is revoked after sign-in ends too
+    key_id, secret = site.store.create("cust-a")
+    p.sign_in(secret)
+    assert p.page.url.endswith("/dashboard")
+    site.store.revoke(key_id)
+    p.goto("/dashboard")
+    assert "/signin" in p.page.url and "revoked" in p.text("info")
+    # a tampered cookie is no session
+    p.context.add_cookies([{"name": SESSION_COOKIE, "value": expired[:-3] + "abc", "url": site.url}])
+    p.goto("/dashboard")
+    assert "/signin" in p.page.url
+
+
+def test_session_cookies_are_http_only_and_same_site_lax(web, site):
+    p = web()
+    p.sign_in(site.keys["a"])
+    cookies = {c["name"]: c for c in p.context.cookies()}
+    session = cookies[SESSION_COOKIE]
+    assert session["httpOnly"] and session["sameSite"] == "Lax" and not session["secure"]  # plain http here
+    assert cookies["im_csrf"]["httpOnly"] and cookies["im_csrf"]["sameSite"] == "Lax"
+    assert 0 < session["expires"] - time.time() <= site.settings.session_ttl_s + 5
+    assert p.page.evaluate("document.cookie") == ""
+
+
+def test_operations_page(web, site):
+    p = web()
+    p.admin_sign_in(site.keys["admin"])
+    assert p.page.url.endswith("/admin/ops")
+    p.goto(f"/admin/ops?{Q}")
+    p.wait_for_charts(3)
+    assert num(p.text("events-last-hour")) == 38
+    drawn = {t["name"]: t for t in p.chart_data("ingest")}
+    assert sum(drawn["events"]["y"]) == 38 and sum(drawn["dead letters"]["y"]) == 2 and len(drawn["events"]["x"]) == 60
+    assert p.chart_data("dead_letters")[0]["x"] == ["invalid_envelope", "invalid_json"]
+    assert p.svg_points("dead_letters") == 2
+    rows = p.page.eval_on_selector_all("[data-testid=deployments] tbody tr",
+                                       "rs => rs.map(r => Array.from(r.cells).map(c => c.innerText))")
+    assert {r[0]: (r[1], r[4], r[5]) for r in rows} == {
+        "ded-a": ("cust-a", "3600", "58.3%"), "ded-b": ("cust-b", "3600", "83.3%"),
+        "shared-1": ("(shared pool)", "3600", "50.0%")}
+    assert p.svg_points("deployments") == 3
+    assert "none" not in p.text("consumers").lower()
+    assert "No gateway metrics URL is configured" in p.text("no-gateways")
+    assert "No reconcile result is recorded" in p.text("no-reconcile")
+    assert p.problems == []
+    shoot(p, "operations")
+    with p.page.expect_navigation():
+        p.page.click("text=Reconcile (read-only)")
+    p.wait_for_charts(3)
+    assert "ok" in p.text("reconcile")
+    data = p.context.request.get(f"{site.url}/admin/ops/data/deployments.json?{Q}").json()
+    assert sorted(r["deployment_id"] for r in data["rows"]) == ["ded-a", "ded-b", "shared-1"]
+    assert p.context.request.get(f"{site.url}/admin/ops/data/reconcile.json").json()["recorded"] is True
+    assert "deployment_id,owner" in p.context.request.get(f"{site.url}/admin/ops/data/deployments.csv?{Q}").text()
+
+
+def test_pricing_experiments_page(web, site):
+    p = web()
+    p.admin_sign_in(site.keys["admin"])
+    p.goto(f"/admin/pricing?{Q}")
+    p.wait_for_charts(5)
+    report = p.context.request.get(f"{site.url}/admin/pricing/data/comparison.json?{Q}").json()
+    ids = [b["id"] for b in report["books"]]
+    assert ids == ["per-token-2026-11", "gpu-hour-2026-11", "per-task-2026-11"]
+    drawn = {t["name"]: t for t in p.chart_data("overview")}
+    assert drawn["revenue"]["x"] == ids
+    assert drawn["revenue"]["y"] == [float(b["revenue"]) for b in report["books"]]
+    assert drawn["gross margin"]["y"] == [float(b["margin"]) for b in report["books"]]
+    assert p.svg_points("overview") == 9
+    assert {t["name"] for t in p.chart_data("customers")} == {"gpu-hour-2026-11 - per-token-2026-11",
+                                                              "per-task-2026-11 - per-token-2026-11"}
+    assert p.svg_points("caching") > 0 and p.svg_points("retries") == 6
+    shadow = p.context.request.get(f"{site.url}/admin/pricing/data/shadow.json").json()
+    assert [r["book"] for r in shadow["rows"]] and all(r["customers"] == 1 for r in shadow["rows"])  # cust-a, recent
+    assert p.svg_points("shadow") == 2 * len(shadow["rows"])
+    assert p.problems == []
+    shoot(p, "pricing")
+    # books: only the first two, per-task as baseline
+    p.goto(f"/admin/pricing?{Q}&book=" + report["books"][2]["source"] + "&book=" + report["books"][0]["source"])
+    p.wait_for_charts(5)
+    assert p.chart_data("overview")[0]["x"] == ["per-task-2026-11", "per-token-2026-11"]
+    # upload a book (a form POST with its CSRF token), then compare it as a stored book
+    text = (ROOT / "pricing_books" / "per-token.yaml").read_text().replace("id: per-token-2026-11", "id: cheaper-2026-11") \
+        .replace('amount: "7.00"', 'amount: "5.00"')
+    p.page.fill("[data-yaml-text]", text)
+    p.page.fill("input[name=effective_from]", "2026-11-01T00:00:00Z")
+    with p.page.expect_navigation():
+        p.page.click("[data-testid=upload] button")
+    assert "cheaper-2026-11" in p.text("uploaded")
+    assert "cheaper-2026-11" in p.text("versions")
+    p.goto(f"/admin/pricing?{Q}&book=" + report["books"][0]["source"] + "&book=stored:cheaper-2026-11")
+    p.wait_for_charts(5)
+    assert p.chart_data("overview")[0]["x"] == ["per-token-2026-11", "cheaper-2026-11"]
+    rows = p.context.request.get(
+        f"{site.url}/admin/pricing/data/customers.csv?{Q}&book={report['books'][0]['source']}&book=stored:cheaper-2026-11").text()
+    assert rows.splitlines()[0] == "customer_id,cheaper-2026-11"
+    # a bad book is refused with its reasons
+    p.page.fill("[data-yaml-text]", "id: broken\ncharges: nope\n")
+    with p.page.expect_navigation():
+        p.page.click("[data-testid=upload] button")
+    assert "not stored" in p.text("message")
+
+
+@pytest.mark.parametrize("path", ["/dashboard", "/admin/ops", "/admin/pricing", "/dashboard/data/tokens.json"])
+def test_signed_out_visitors_are_sent_to_sign_in(site, web, path):
+    p = web()
+    response = p.context.request.get(site.url + path, max_redirects=0)
+    if path.endswith(".json"):
+        assert response.status == 401
+    else:
+        assert response.status == 303
+        assert response.headers["location"].startswith("/admin/signin" if path.startswith("/admin") else "/signin")
+
+
+def test_nothing_leaves_the_site_and_plotly_is_served_locally(site, web):
+    p = web()
+    js = p.context.request.get(f"{site.url}/static/plotly.min.js")
+    assert js.status == 200 and b"plotly.js v" in js.body()[:200]
+    p.sign_in(site.keys["a"])
+    p.goto(f"/dashboard?{Q}")
+    p.wait_for_charts(5)
+    scripts = p.page.eval_on_selector_all("script[src]", "els => els.map(e => e.getAttribute('src'))")
+    assert scripts == ["/static/plotly.min.js", "/static/dashboards.js"]
+    assert p.problems == []
+
+
+def test_signin_page_screenshot(site, web):
+    p = web()
+    p.goto("/signin")
+    shoot(p, "signin")
+    assert datetime.now(UTC)  # the page rendered
+
+
+def test_billing_extension_points_show_their_sections_only_when_registered(site, web):
+    from dashboards import extensions
+
+    p = web()
+    p.admin_sign_in(site.keys["admin"])
+    p.goto(f"/dashboard?{Q}")  # an admin picks a customer first
+    options = p.page.eval_on_selector_all("select[name=customer_id] option", "os => os.map(o => o.value)")
+    assert options == ["cust-a", "cust-b"]
+    p.goto(f"/dashboard?{Q}&customer_id=cust-b")
+    p.wait_for_charts(5)
+    assert num(p.text("total-output")) == 7 * 999
+    assert p.page.query_selector("[data-testid=invoices]") is None
+    assert p.page.query_selector("[data-testid=current-period]") is None
+    try:
+        extensions.register_invoices(lambda conn, customer: [
+            {"number": f"INV-2026-{customer}", "period": "2026-11", "status": "open", "total": "1.00", "currency": "USD"}])
+        extensions.register_current_period_spend(lambda conn, customer, now: {
+            "period_from": "2026-12-01", "period_to": "2027-01-01", "amount": "2.50", "currency": "USD"})
+        extensions.register_finance_page(lambda conn, settings: {
+            "title": "Revenue", "sections": [{"title": "Invoices", "columns": ["number"], "rows": [["INV-1"]]}]})
+        p.goto(f"/dashboard?{Q}&customer_id=cust-b")
+        p.wait_for_charts(5)
+        assert "INV-2026-cust-b" in p.text("invoices")
+        assert "2.50 USD" in p.text("current-period")
+        p.goto("/admin/finance")
+        assert "INV-1" in p.page.inner_text("main")
+        assert p.page.query_selector("[data-testid=finance-placeholder]") is None
+    finally:
+        extensions.reset()
+    assert p.problems == []
