@@ -444,7 +444,8 @@ def _mount_optional_apps() -> None:
     app.add_typer(bench_app, name="bench")
     app.add_typer(keys_app, name="keys")
     app.add_typer(budgets_app, name="budgets")
-    for name, billing_group in billing_apps.items():  # customers, plans, billing, invoices, invoice, credits
+    # customers, plans, billing, invoices, invoice, credits, stripe (sync, status), export (finance exports)
+    for name, billing_group in billing_apps.items():
         app.add_typer(billing_group, name=name)
     _mount_optional_apps.done = True
 
