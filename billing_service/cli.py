@@ -501,3 +501,42 @@ def stripe_status(
                       f"{i['stripe_items']}/{i['items_expected']})", highlight=False, soft_wrap=True)
     if not found:
         console.print("no finalized invoices")
+
+
+# ---------------------------------------------------------------- finance exports
+
+
+def _export_command(kind: str, summary: str) -> None:
+    @export_app.command(kind, help=summary + " Same bytes for the same --as-of, whenever it is run; see docs/billing.md.")
+    def command(
+        period: Annotated[str, typer.Option("--period", help="Billing period YYYY-MM.")],
+        fmt: Annotated[str, typer.Option("--format", help="csv or parquet.")] = "csv",
+        out: Annotated[Path | None, typer.Option("--out", help="Write to this file (default: standard output).")] = None,
+        as_of: Annotated[str | None, typer.Option("--as-of", help="What was known at this time (RFC 3339); default: everything recorded so far.")] = None,
+    ) -> None:
+        from billing_service.exports import check_format, export
+
+        check_format(fmt)
+        at = parse_time(as_of, "--as-of") if as_of is not None else None
+        if out is None and fmt == "parquet" and sys.stdout.isatty():
+            raise ValueError("Parquet is binary: give --out FILE (or redirect standard output)")
+        with _connect() as conn:
+            data = export(conn, kind, period, fmt, at)
+        if out is None:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        else:
+            try:
+                Path(out).write_bytes(data)
+            except OSError as exc:
+                raise ValueError(f"{out}: cannot write the export: {exc.strerror or exc}") from None
+            err.print(f"{kind} {period}: {len(data)} bytes written to {out}", highlight=False, soft_wrap=True)
+
+    command.__name__ = f"export_{kind}"
+
+
+_export_command("invoices", "Invoices of a period (one row each, as known then).")
+_export_command("lines", "Invoice lines of a period's invoices.")
+_export_command("revenue", "Revenue of a service period by customer, model, meter and the period invoiced in.")
+_export_command("usage", "Metered usage of a period by customer, meter, model and deployment.")
