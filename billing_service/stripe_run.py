@@ -47,16 +47,23 @@ def _candidates(conn: psycopg.Connection, period: str | None, customer_id: str |
     return [store.get(i).invoice for i in ids]
 
 
-def _touched(state: SyncState, invoice: Invoice) -> bool:
+Recorded = Callable[[str, str], bool]  # (kind, local id) -> is it in stripe_objects?
+
+
+def recorded_in(state: SyncState) -> Recorded:
+    return lambda kind, local_id: state.get(kind, local_id) is not None
+
+
+def _touched(recorded: Recorded, invoice: Invoice) -> bool:
     """Did any part of the invoice reach Stripe (its invoice or one of its items recorded)?"""
-    return state.get("invoice", invoice.id) is not None or any(
-        state.get("invoiceitem", spec.local_id(invoice.id)) is not None for spec in item_specs(invoice))
+    return recorded("invoice", invoice.id) or any(
+        recorded("invoiceitem", spec.local_id(invoice.id)) for spec in item_specs(invoice))
 
 
-def in_sync(state: SyncState, invoice: Invoice) -> bool:
+def in_sync(recorded: Recorded, invoice: Invoice) -> bool:
     if invoice.status is InvoiceStatus.VOID:
-        return state.get("void", invoice.id) is not None or not _touched(state, invoice)
-    return state.get("finalize", invoice.id) is not None
+        return recorded("void", invoice.id) or not _touched(recorded, invoice)
+    return recorded("finalize", invoice.id)
 
 
 def customer_info(conn: psycopg.Connection, customer_id: str, currency: str) -> CustomerInfo:
@@ -130,7 +137,7 @@ def sync_invoices(
                 if failed is not None:
                     row.outcome, row.error = "skipped", f"an earlier invoice of {cid} failed: {failed}"
                     continue
-                if in_sync(sync.state, invoice):
+                if in_sync(recorded_in(sync.state), invoice):
                     record = sync.state.get("invoice", invoice.id)
                     row.stripe_invoice = record.stripe_id if record else None
                     continue
@@ -153,17 +160,11 @@ def sync_status(conn: psycopg.Connection, *, period: str | None = None,
         for kind, local_id, stripe_id in conn.execute("SELECT kind, local_id, stripe_id FROM stripe_objects")
     }
 
-    class _State:
-        def get(self, kind: str, local_id: str):
-            found = records.get((kind, local_id))
-            return None if found is None else _Rec(found)
-
-    state = _State()
     out = []
     for inv in invoices:
         items = [records[("invoiceitem", s.local_id(inv.id))] for s in item_specs(inv)
                  if ("invoiceitem", s.local_id(inv.id)) in records]
-        synced = in_sync(state, inv)  # type: ignore[arg-type]
+        synced = in_sync(lambda kind, local_id: (kind, local_id) in records, inv)
         if inv.status is InvoiceStatus.VOID and synced and ("void", inv.id) not in records:
             note = "void before it reached Stripe: nothing to push"
         elif synced:
@@ -179,11 +180,6 @@ def sync_status(conn: psycopg.Connection, *, period: str | None = None,
             "voided_in_stripe": ("void", inv.id) in records, "in_sync": synced, "note": note,
         })
     return out
-
-
-@dataclass(frozen=True)
-class _Rec:
-    stripe_id: str
 
 
 def status_port(

@@ -307,3 +307,43 @@ def test_a_voided_webhook_voids_reissues_and_the_next_sync_pushes_the_reissue(
     by_number = {i["number"]: i["status"] for i in stripe_fake.list_objects(stripe_env, "invoice")}
     assert by_number == {"INV-2026-000001": "open", "INV-2026-000002": "void", "INV-2026-000003": "open"}
     assert all(i["in_sync"] for i in cli("stripe", "status", "--json").json()["invoices"])
+
+
+# ---------------------------------------------------------------- against localstripe
+
+
+def test_stripe_sync_against_localstripe_fails_cleanly_where_it_lacks_invoices_and_never_duplicates(
+        conn, two_invoices, cli, localstripe_url, monkeypatch):
+    """localstripe serves customers and invoice items but cannot make a one-off invoice (docs/billing-stripe.md):
+    the sync creates the customer and February's items, fails on the invoice (exit 1, March skipped so its
+    items are not mixed in), and reruns — with the state kept, then lost — create nothing twice."""
+    import stripe
+
+    from infermeter.settings import get_settings
+
+    feb, _ = two_invoices
+    email = f"e2e-{uuid.uuid4().hex[:10]}@example.com"
+    assert cli("customers", "set", "acme", "--email", email).code == 0
+    monkeypatch.setenv("INFERMETER_STRIPE_API_KEY", "sk_test_localstripe")
+    monkeypatch.setenv("INFERMETER_STRIPE_API_BASE", localstripe_url)
+    get_settings.cache_clear()
+    client = stripe.StripeClient("sk_test_localstripe", base_addresses={"api": localstripe_url})
+    lines = len(show_invoice(conn, feb.invoice_id)["lines"])
+
+    def in_localstripe() -> tuple[int, int]:
+        customers = client.v1.customers.list(params={"email": email}).data
+        items = [i for c in customers for i in client.v1.invoice_items.list(
+            params={"customer": c.id, "limit": 100}).auto_paging_iter()]
+        return len(customers), len(items)
+
+    for attempt in ("first", "rerun", "state lost"):
+        if attempt == "state lost":
+            conn.execute("DELETE FROM stripe_objects")
+        result = cli("stripe", "sync", "--json")
+        assert result.code == 1, (attempt, result.out, result.err)
+        outcomes = [(i["number"], i["outcome"]) for i in result.json()["invoices"]]
+        assert outcomes == [("INV-2026-000001", "failed"), ("INV-2026-000002", "skipped")], attempt
+        assert in_localstripe() == (1, lines), attempt
+    status = {i["number"]: i for i in cli("stripe", "status", "--json").json()["invoices"]}
+    assert status["INV-2026-000001"]["note"] == "push incomplete" and status["INV-2026-000001"]["stripe_items"] == lines
+    assert status["INV-2026-000002"]["note"] == "not pushed yet"
