@@ -3,12 +3,17 @@
     GET  /healthz
     metering.api          POST /v1/events, GET /v1/usage, /v1/tasks, /v1/tasks/{id}, /v1/dead-letters
     pricing_service.api   GET /v1/pricing/shadow
-    billing_service.api   GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits)
+    billing_service.api   GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits,
+                          exports)
+    billing_service.stripe_api  POST /v1/stripe/webhook (Stripe-Signature is the credential)
     serving.capacity_api  GET /v1/deployments/{id}/capacity (admin)
     dashboards.web        the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
-resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker).
+resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker),
+`stripe_webhook_events` (PostgresWebhookEventLog), `stripe_status_port` (records paid / payment_failed /
+void through billing_service.run.record_payment_status, on its own connection and transaction), and
+optionally `clock` (tests set it; the webhook's signature check and the status port read it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from fastapi import FastAPI, HTTPException
 from psycopg_pool import ConnectionPool
 
 from billing_service.api import router as billing_router
+from billing_service.stripe_api import router as stripe_router
+from billing_service.stripe_run import status_port
+from billing_service.stripe_state import PostgresWebhookEventLog
+from billing_service.stripe_webhook import utc_now
 from dashboards.web import router as dashboards_router
 from infermeter.db import get_engine
 from infermeter.http import error_handler
@@ -30,7 +39,7 @@ from pricing_service.api import router as pricing_router
 from serving.capacity_api import router as capacity_router
 from serving.keys import KeyStore
 
-ROUTERS = (metering_router, pricing_router, billing_router, capacity_router, dashboards_router)
+ROUTERS = (metering_router, pricing_router, billing_router, stripe_router, capacity_router, dashboards_router)
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
@@ -49,6 +58,9 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
     app.state.publisher = (
         Publisher(bootstrap, settings) if bootstrap else None
     )
+    app.state.stripe_webhook_events = PostgresWebhookEventLog(get_engine(database_url))
+    app.state.stripe_status_port = status_port(app.state.pool.connection,
+                                               lambda: getattr(app.state, "clock", utc_now)())
     app.add_exception_handler(HTTPException, error_handler)
 
     @app.get("/healthz")

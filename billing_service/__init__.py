@@ -6,7 +6,10 @@
 - `usage`: a customer-period's `pricing.usage.Usage` from metering's reads (edge hours from raw events).
 - `run`: the billing run (drafts, refresh in the grace window, finalization, adjustments, credits),
   preview, void/reissue, credit notes and `reconcile_money`; it owns the transactions, the clock is injected.
-- `cli`: `infermeter customers|plans|billing|invoices|invoice|credits ...`; `api`: the HTTP router.
+- `exports`: finance exports (invoices, lines, revenue, usage) as CSV or Parquet, as of any past moment.
+- `stripe_*`: the Stripe adapter (sync, state, webhooks, router, fake); `stripe_run` decides which invoices
+  to push, reports what is in sync, and is the webhook's status port (`run.record_payment_status`).
+- `cli`: `infermeter customers|plans|billing|invoices|invoice|credits|stripe|export ...`; `api`: the HTTP router.
 
 See docs/billing.md.
 """

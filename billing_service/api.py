@@ -12,6 +12,7 @@ invoice preview a customer can ask for with its own API key.
     POST /v1/billing/invoices/{id}/credit-notes                  admin: {reason, line_ids?}
     POST /v1/billing/customers/{customer_id}/credits             admin: {amount, expires?, reason?}
     GET  /v1/billing/customers/{customer_id}/credits             admin, or the customer itself
+    GET  /v1/billing/exports/{kind}?period&format&as_of          admin: invoices|lines|revenue|usage, csv|parquet
 
 Bad input answers 400 (404 for an unknown customer or invoice) with the service's message and
 writes nothing. Mount with `app.include_router(billing_service.api.router)`; it reads
@@ -24,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -245,3 +246,32 @@ async def get_credits(request: Request, principal: PrincipalDep, customer_id: st
 
     customer = scope(principal, customer_id)
     return await _call(request, lambda conn: credits_view(conn, customer, now=clock()))
+
+
+# ---------------------------------------------------------------- finance exports
+
+
+@router.get("/v1/billing/exports/{kind}")
+async def get_export(
+    request: Request,
+    principal: PrincipalDep,
+    kind: str,
+    period: str = Query(description="billing period YYYY-MM"),
+    format: str = Query(default="csv", description="csv or parquet"),
+    as_of: str | None = Query(default=None, description="what was known at this time (RFC 3339)"),
+) -> Response:
+    """A finance export as a download (the same bytes as `infermeter export KIND`)."""
+    from billing_service.exports import MEDIA_TYPES, check_format, check_kind, export, file_name
+    from infermeter.times import parse_time
+
+    _admin(principal)
+
+    def work(conn: psycopg.Connection) -> tuple[bytes, str]:
+        check_kind(kind)
+        check_format(format)
+        at = parse_time(as_of, "as_of") if as_of is not None else None
+        return export(conn, kind, period, format, at), file_name(kind, period, format, at)
+
+    data, name = await _call(request, work)
+    return Response(content=data, media_type=MEDIA_TYPES[format],
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})

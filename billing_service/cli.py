@@ -1,4 +1,4 @@
-"""The billing commands: `infermeter customers|plans|billing|invoices|invoice|credits ...`.
+"""The billing commands: `infermeter customers|plans|billing|invoices|invoice|credits|stripe|export ...`.
 
 Each command opens the configured database (DATABASE_URL, a running `infermeter up`, or embedded
 PostgreSQL for its own duration) in autocommit mode; the service functions own their transactions.
@@ -41,9 +41,12 @@ billing_app = typer.Typer(help="Billing runs (draft, refresh, finalize invoices)
 invoices_app = typer.Typer(help="Invoices: list, show, void and reissue, credit notes.", no_args_is_help=True)
 invoice_app = typer.Typer(help="Preview a customer's invoice.", no_args_is_help=True)
 credits_app = typer.Typer(help="Prepaid credits: grants and the ledger.", no_args_is_help=True)
+stripe_app = typer.Typer(help="Push finalized invoices to Stripe; what Stripe knows of each.", no_args_is_help=True)
+export_app = typer.Typer(help="Finance exports (CSV or Parquet), reproducible as of any past moment.",
+                         no_args_is_help=True)
 
 APPS = {"customers": customers_app, "plans": plans_app, "billing": billing_app, "invoices": invoices_app,
-        "invoice": invoice_app, "credits": credits_app}
+        "invoice": invoice_app, "credits": credits_app, "stripe": stripe_app, "export": export_app}
 
 
 def _print_json(payload: object) -> None:
@@ -52,11 +55,18 @@ def _print_json(payload: object) -> None:
 
 @contextmanager
 def _connect() -> Iterator[psycopg.Connection]:
+    with _connect_with_url() as (conn, _):
+        yield conn
+
+
+@contextmanager
+def _connect_with_url() -> Iterator[tuple[psycopg.Connection, str]]:
+    """An autocommit connection and the database URL (for SQLAlchemy engines)."""
     settings = get_settings()
     with open_stack(settings, broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url),
                                                                       autocommit=True) as conn:
         conn.execute("SET TIME ZONE 'UTC'")
-        yield conn
+        yield conn, stack.database_url
 
 
 def _cost_model():
@@ -426,3 +436,107 @@ def credits_show(
                       e["invoice_id"] or "")
     console.print(table)
     console.print(f"balance {view['balance']} {view['currency']}")
+
+
+# ---------------------------------------------------------------- Stripe
+
+
+@stripe_app.command("sync")
+def stripe_sync(
+    period: Annotated[str | None, typer.Option("--period", help="Only invoices of this period (YYYY-MM).")] = None,
+    customer: Annotated[str | None, typer.Option("--customer", help="Only this customer.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Push every finalized (and void) invoice not yet in sync to Stripe, oldest first per customer; exit 1 on a failure.
+
+    Uses INFERMETER_STRIPE_API_KEY (required) and INFERMETER_STRIPE_API_BASE; what was pushed is recorded in
+    stripe_objects, so a rerun (after a crash too) creates nothing twice."""
+    from billing_service.stripe_run import sync_invoices
+    from billing_service.stripe_state import PostgresSyncState
+    from billing_service.stripe_sync import StripeSync, stripe_client
+    from infermeter.db import get_engine
+
+    settings = get_settings()
+    if not settings.stripe_api_key:
+        raise ValueError("INFERMETER_STRIPE_API_KEY is not set: `stripe sync` needs the Stripe secret key (sk_...); "
+                         "set INFERMETER_STRIPE_API_BASE too to use a local Stripe (localstripe, a fake)")
+    client = stripe_client(settings.stripe_api_key, settings.stripe_api_base)
+    with _connect_with_url() as (conn, url):
+        report = sync_invoices(conn, StripeSync(client, PostgresSyncState(get_engine(url))), period=period,
+                               customer_id=customer)
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        for i in report.invoices:
+            console.print(f"{i.number or i.invoice_id} {i.customer_id} {i.period} {i.status}: {i.outcome}"
+                          + (f" (Stripe {i.stripe_invoice}, {i.stripe_status})" if i.outcome == "pushed" else ""),
+                          highlight=False, soft_wrap=True)
+        for i in report.invoices:
+            if i.error:
+                err.print(f"{i.number or i.invoice_id}: {i.outcome}: {i.error}", highlight=False, soft_wrap=True)
+        console.print(f"pushed {report.count('pushed')}, already in sync {report.count('in_sync')}, failed "
+                      f"{report.count('failed')}, skipped {report.count('skipped')}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@stripe_app.command("status")
+def stripe_status(
+    period: Annotated[str | None, typer.Option("--period", help="Only invoices of this period (YYYY-MM).")] = None,
+    customer: Annotated[str | None, typer.Option("--customer", help="Only this customer.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per finalized or void invoice: local status, the Stripe ids recorded, in sync or not (no call to Stripe)."""
+    from billing_service.stripe_run import sync_status
+
+    with _connect() as conn:
+        found = sync_status(conn, period=period, customer_id=customer)
+    if as_json:
+        _print_json({"invoices": found})
+        return
+    for i in found:  # one line each (a wide table would be cut in a terminal)
+        console.print(f"{i['number'] or i['id']} {i['customer_id']} {i['period']} {i['status']}: "
+                      f"{'in sync' if i['in_sync'] else 'NOT in sync'} ({i['note']}; Stripe "
+                      f"{i['stripe_invoice'] or '-'}, customer {i['stripe_customer'] or '-'}, items "
+                      f"{i['stripe_items']}/{i['items_expected']})", highlight=False, soft_wrap=True)
+    if not found:
+        console.print("no finalized invoices")
+
+
+# ---------------------------------------------------------------- finance exports
+
+
+def _export_command(kind: str, summary: str) -> None:
+    @export_app.command(kind, help=summary + " Same bytes for the same --as-of, whenever it is run; see docs/billing.md.")
+    def command(
+        period: Annotated[str, typer.Option("--period", help="Billing period YYYY-MM.")],
+        fmt: Annotated[str, typer.Option("--format", help="csv or parquet.")] = "csv",
+        out: Annotated[Path | None, typer.Option("--out", help="Write to this file (default: standard output).")] = None,
+        as_of: Annotated[str | None, typer.Option("--as-of", help="What was known at this time (RFC 3339); default: everything recorded so far.")] = None,
+    ) -> None:
+        from billing_service.exports import check_format, export
+
+        check_format(fmt)
+        at = parse_time(as_of, "--as-of") if as_of is not None else None
+        if out is None and fmt == "parquet" and sys.stdout.isatty():
+            raise ValueError("Parquet is binary: give --out FILE (or redirect standard output)")
+        with _connect() as conn:
+            data = export(conn, kind, period, fmt, at)
+        if out is None:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        else:
+            try:
+                Path(out).write_bytes(data)
+            except OSError as exc:
+                raise ValueError(f"{out}: cannot write the export: {exc.strerror or exc}") from None
+            err.print(f"{kind} {period}: {len(data)} bytes written to {out}", highlight=False, soft_wrap=True)
+
+    command.__name__ = f"export_{kind}"
+
+
+_export_command("invoices", "Invoices of a period (one row each, as known then).")
+_export_command("lines", "Invoice lines of a period's invoices.")
+_export_command("revenue", "Revenue of a service period by customer, model, meter and the period invoiced in.")
+_export_command("usage", "Metered usage of a period by customer, meter, model and deployment.")

@@ -42,6 +42,8 @@ from billing.invoice import (
     empty_draft,
     finalize,
     lines_from_rating,
+    mark_paid,
+    mark_payment_failed,
     reissue,
     replace_lines,
     void,
@@ -648,13 +650,73 @@ def void_invoice(conn: psycopg.Connection, invoice_id: str, *, now: datetime) ->
         stored = store.get(invoice_id)
         lock_customer(conn, stored.invoice.customer_id)
         stored = store.get(stored.invoice.id)
-        voided = void(stored.invoice, at=now)
-        store.save(voided, book_sha256=stored.book_sha256, now=now, change="voided", previous=stored)
-        siblings = [s for s in store.stored(voided.customer_id) if s.invoice.period == voided.period]
-        fresh = reissue(voided, sequence=max(s.invoice.sequence for s in siblings) + 1)
-        store.save(fresh, book_sha256=stored.book_sha256, now=now, change="created (reissue of a void invoice)")
-        _return_credits_of_void(conn, voided, now)
+        return _void_and_reissue(conn, store, stored, void(stored.invoice, at=now), now=now, change="voided")
+
+
+def _void_and_reissue(conn: psycopg.Connection, store: PgInvoiceStore, stored: StoredInvoice, voided: Invoice, *,
+                      now: datetime, change: str) -> tuple[Invoice, Invoice]:
+    """Save the void invoice, create its reissue draft and give back the credits it used (caller's transaction)."""
+    store.save(voided, book_sha256=stored.book_sha256, now=now, change=change, previous=stored)
+    siblings = [s for s in store.stored(voided.customer_id) if s.invoice.period == voided.period]
+    fresh = reissue(voided, sequence=max(s.invoice.sequence for s in siblings) + 1)
+    store.save(fresh, book_sha256=stored.book_sha256, now=now, change="created (reissue of a void invoice)")
+    _return_credits_of_void(conn, voided, now)
     return voided, fresh
+
+
+PAYMENT_STATUSES = (InvoiceStatus.PAID, InvoiceStatus.PAYMENT_FAILED, InvoiceStatus.VOID)
+
+
+@dataclass(frozen=True)
+class PaymentStatusOutcome:
+    invoice: Invoice
+    changed: bool  # False: the invoice already had this status (a repeat is a no-op)
+    reissue: Invoice | None = None  # the new draft when the invoice was voided
+
+
+def record_payment_status(
+    conn: psycopg.Connection, invoice_id: str, status: InvoiceStatus | str, at: datetime, *, now: datetime
+) -> PaymentStatusOutcome:
+    """What the payment collector (Stripe's webhooks) reports about a finalized invoice: `paid`,
+    `payment_failed` or `void`, as of `at` (the event's time), recorded at `now` (the clock).
+
+    Goes through the domain's state machine (`billing.invoice.mark_paid` / `mark_payment_failed` / `void`)
+    and the store (one history row, change "paid (reported <at>)" ...). The same status again is a no-op
+    (nothing written); a change the state machine refuses (paid -> payment_failed, a draft paid, ...)
+    raises `InvoiceStateError`, a BillingError. `void` does what `invoices void` does: the invoice becomes
+    void, a reissue draft of its period is created (the next billing run refreshes and finalizes it, so
+    the usage is still billed and reconcile still balances), and the prepaid credits it used come back.
+
+    The transition is dated `at`, or the invoice's last change when `at` is earlier (the collector's clock
+    and ours differ by a little: a payment reported a second "before" the invoice's last recorded change
+    is still a payment, not an impossible change)."""
+    now = _now(now)
+    try:
+        wanted = InvoiceStatus(status)
+    except ValueError:
+        raise InvoiceStateError(f"unknown invoice status {status!r}") from None
+    if wanted not in PAYMENT_STATUSES:
+        raise InvoiceStateError(
+            f"a payment status is one of {', '.join(PAYMENT_STATUSES)}, not {wanted} (finalize through a billing run)"
+        )
+    at = aware_utc(at, "at", InvoiceStateError)
+    store = PgInvoiceStore(conn)
+    with conn.transaction():
+        stored = store.get(invoice_id)
+        lock_customer(conn, stored.invoice.customer_id)
+        stored = store.get(stored.invoice.id)
+        current = stored.invoice
+        if current.status is wanted:
+            return PaymentStatusOutcome(current, False)
+        when = max(at, current.history[-1].at) if current.history else at
+        moved = {InvoiceStatus.PAID: mark_paid, InvoiceStatus.PAYMENT_FAILED: mark_payment_failed,
+                 InvoiceStatus.VOID: void}[wanted](current, at=when)
+        change = f"{wanted} (reported {_iso(at)})"
+        if wanted is InvoiceStatus.VOID:
+            voided, fresh = _void_and_reissue(conn, store, stored, moved, now=now, change=change)
+            return PaymentStatusOutcome(voided, True, fresh)
+        store.save(moved, book_sha256=stored.book_sha256, now=now, change=change, previous=stored)
+        return PaymentStatusOutcome(moved, True)
 
 
 def _return_credits_of_void(conn: psycopg.Connection, voided: Invoice, now: datetime) -> None:
@@ -845,6 +907,6 @@ def reconcile_money(conn: psycopg.Connection, period: str, *, cost_model: CostMo
 
 __all__ = [
     "assign_plan", "billing_run", "credits_view", "grant_credits", "issue_credit_note", "list_invoices",
-    "preview_invoice", "reconcile_money", "set_customer", "show_invoice", "unbilled_usage", "void_invoice",
+    "preview_invoice", "reconcile_money", "record_payment_status", "set_customer", "show_invoice", "unbilled_usage", "void_invoice",
     "BillingServiceError", "InvoiceStateError", "PeriodError",
 ]

@@ -1,0 +1,198 @@
+"""Stripe, end to end: which local invoices go to Stripe (`sync_invoices`), what is known about each
+(`sync_status`), and the status port the webhook route calls (`status_port`).
+
+- `sync_invoices(conn, sync, ...)`: every finalized invoice (open, paid, payment_failed) not yet in sync,
+  and every void invoice that reached Stripe before it was voided, pushed with `StripeSync.sync_invoice`,
+  per customer oldest first (by finalization time, then number), one customer at a time (a session
+  advisory lock per customer: two `stripe sync` never push one customer's invoices at once). A customer
+  whose push fails is left there (its later invoices would meet its pending items); the others go on.
+- In sync means: the `finalize` step is recorded for a finalized invoice; for a void invoice, the `void`
+  step is recorded, or nothing of it ever reached Stripe (no invoice or item recorded: there is nothing
+  to void there, and pushing it only to void it would finalize a Stripe invoice, which starts collection).
+- `status_port(pool_or_connect, clock)`: `on_status(invoice_id, status, at)` for the webhook handler,
+  running `billing_service.run.record_payment_status` on its own connection and transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+
+from billing.invoice import Invoice, InvoiceStatus
+from billing.periods import parse_label
+from billing_service.store import PgInvoiceStore, get_customer, require_customer
+from billing_service.stripe_state import SyncState
+from billing_service.stripe_sync import CustomerInfo, StripeSync, item_specs
+from infermeter.times import utc_text
+
+PUSHED = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.PAYMENT_FAILED, InvoiceStatus.VOID)
+
+
+def _candidates(conn: psycopg.Connection, period: str | None, customer_id: str | None) -> list[Invoice]:
+    if period is not None:
+        parse_label(period)
+    if customer_id is not None:
+        require_customer(conn, customer_id)
+    ids = [r[0] for r in conn.execute(
+        "SELECT id FROM billing_invoices WHERE status = ANY(%(s)s) "
+        "AND (%(c)s::text IS NULL OR customer_id = %(c)s) AND (%(p)s::text IS NULL OR period = %(p)s) "
+        "ORDER BY customer_id, finalized_at, number",
+        {"s": [str(s) for s in PUSHED], "c": customer_id, "p": period},
+    )]
+    store = PgInvoiceStore(conn)
+    return [store.get(i).invoice for i in ids]
+
+
+Recorded = Callable[[str, str], bool]  # (kind, local id) -> is it in stripe_objects?
+
+
+def recorded_in(state: SyncState) -> Recorded:
+    return lambda kind, local_id: state.get(kind, local_id) is not None
+
+
+def _touched(recorded: Recorded, invoice: Invoice) -> bool:
+    """Did any part of the invoice reach Stripe (its invoice or one of its items recorded)?"""
+    return recorded("invoice", invoice.id) or any(
+        recorded("invoiceitem", spec.local_id(invoice.id)) for spec in item_specs(invoice))
+
+
+def in_sync(recorded: Recorded, invoice: Invoice) -> bool:
+    if invoice.status is InvoiceStatus.VOID:
+        return recorded("void", invoice.id) or not _touched(recorded, invoice)
+    return recorded("finalize", invoice.id)
+
+
+def customer_info(conn: psycopg.Connection, customer_id: str, currency: str) -> CustomerInfo:
+    customer = get_customer(conn, customer_id)
+    if customer is None:  # an invoice always has a customer record (foreign key); defensive
+        return CustomerInfo(customer_id, customer_id, None, currency)
+    return CustomerInfo(customer_id, customer.name or customer_id, customer.email, customer.currency)
+
+
+@dataclass
+class SyncedInvoice:
+    invoice_id: str
+    number: str | None
+    customer_id: str
+    period: str
+    status: str
+    outcome: str  # pushed | in_sync | failed | skipped
+    stripe_invoice: str | None = None
+    stripe_status: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.invoice_id, "number": self.number, "customer_id": self.customer_id, "period": self.period,
+                "status": self.status, "outcome": self.outcome, "stripe_invoice": self.stripe_invoice,
+                "stripe_status": self.stripe_status, "error": self.error}
+
+
+@dataclass
+class SyncReport:
+    invoices: list[SyncedInvoice] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(i.outcome != "failed" for i in self.invoices)
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for i in self.invoices if i.outcome == outcome)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "pushed": self.count("pushed"), "in_sync": self.count("in_sync"),
+                "failed": self.count("failed"), "skipped": self.count("skipped"),
+                "invoices": [i.to_json() for i in self.invoices]}
+
+
+@contextmanager
+def _customer_lock(conn: psycopg.Connection, customer_id: str) -> Iterator[None]:
+    """A session advisory lock (not a transaction: Stripe calls are slow and a billing run must not wait)."""
+    conn.execute("SELECT pg_advisory_lock(hashtext('infermeter.stripe'), hashtext(%s))", (customer_id,))
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext('infermeter.stripe'), hashtext(%s))", (customer_id,))
+
+
+def sync_invoices(
+    conn: psycopg.Connection, sync: StripeSync, *, period: str | None = None, customer_id: str | None = None
+) -> SyncReport:
+    """Push what is not in sync yet (see the module docstring). `conn` is an autocommit connection."""
+    report = SyncReport()
+    by_customer: dict[str, list[Invoice]] = {}
+    for invoice in _candidates(conn, period, customer_id):
+        by_customer.setdefault(invoice.customer_id, []).append(invoice)
+    store = PgInvoiceStore(conn)
+    for cid, listed in by_customer.items():
+        with _customer_lock(conn, cid):
+            failed: str | None = None
+            for listed_invoice in listed:
+                invoice = store.get(listed_invoice.id).invoice  # fresh, now that we hold the lock
+                row = SyncedInvoice(invoice.id, invoice.number, cid, invoice.period, str(invoice.status), "in_sync")
+                report.invoices.append(row)
+                if failed is not None:
+                    row.outcome, row.error = "skipped", f"an earlier invoice of {cid} failed: {failed}"
+                    continue
+                if in_sync(recorded_in(sync.state), invoice):
+                    record = sync.state.get("invoice", invoice.id)
+                    row.stripe_invoice = record.stripe_id if record else None
+                    continue
+                try:
+                    result = sync.sync_invoice(invoice, customer_info(conn, cid, invoice.currency))
+                except Exception as exc:  # a Stripe error or a mismatch: report it, go on with other customers
+                    failed = f"{invoice.number or invoice.id}: {exc}"
+                    row.outcome, row.error = "failed", str(exc)
+                    continue
+                row.outcome, row.stripe_invoice, row.stripe_status = "pushed", result.invoice, result.status
+    return report
+
+
+def sync_status(conn: psycopg.Connection, *, period: str | None = None,
+                customer_id: str | None = None) -> list[dict]:
+    """Per finalized or void invoice: local status, the Stripe ids recorded, in sync or not (no Stripe call)."""
+    invoices = _candidates(conn, period, customer_id)
+    records: dict[tuple[str, str], str] = {
+        (kind, local_id): stripe_id
+        for kind, local_id, stripe_id in conn.execute("SELECT kind, local_id, stripe_id FROM stripe_objects")
+    }
+
+    out = []
+    for inv in invoices:
+        items = [records[("invoiceitem", s.local_id(inv.id))] for s in item_specs(inv)
+                 if ("invoiceitem", s.local_id(inv.id)) in records]
+        synced = in_sync(lambda kind, local_id: (kind, local_id) in records, inv)
+        if inv.status is InvoiceStatus.VOID and synced and ("void", inv.id) not in records:
+            note = "void before it reached Stripe: nothing to push"
+        elif synced:
+            note = "voided in Stripe" if inv.status is InvoiceStatus.VOID else "finalized in Stripe"
+        else:
+            note = "not pushed yet" if not items and ("invoice", inv.id) not in records else "push incomplete"
+        out.append({
+            "id": inv.id, "number": inv.number, "customer_id": inv.customer_id, "period": inv.period,
+            "status": str(inv.status), "finalized_at": inv.finalized_at and utc_text(inv.finalized_at),
+            "stripe_customer": records.get(("customer", inv.customer_id)),
+            "stripe_invoice": records.get(("invoice", inv.id)), "stripe_items": len(items),
+            "items_expected": len(item_specs(inv)), "finalized_in_stripe": ("finalize", inv.id) in records,
+            "voided_in_stripe": ("void", inv.id) in records, "in_sync": synced, "note": note,
+        })
+    return out
+
+
+def status_port(
+    connect: Callable[[], AbstractContextManager[psycopg.Connection]], clock: Callable[[], datetime]
+) -> Callable[[str, InvoiceStatus, datetime], None]:
+    """`on_status(invoice_id, status, at)` for `WebhookHandler`: `record_payment_status` on a connection
+    from `connect()` (autocommit; the service function owns its transaction), recorded at `clock()`."""
+    from billing_service.run import record_payment_status
+
+    def on_status(invoice_id: str, status: InvoiceStatus, at: datetime) -> None:
+        with connect() as conn:
+            conn.autocommit = True
+            conn.execute("SET TIME ZONE 'UTC'")
+            record_payment_status(conn, invoice_id, status, at, now=clock())
+
+    return on_status
