@@ -152,6 +152,7 @@ def create_app(
         engine=engine,
         source=f"infermeter://gateway/{settings.gateway_id}",
     )
+    state.upstreams.apply_default_cooldown(settings.breaker_cooldown_s)  # models without down_for_s
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
