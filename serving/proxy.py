@@ -208,13 +208,14 @@ class _TryFailed(Exception):
         self.status = status
         self.data = data
 
-    def failed(self, model: str) -> UpstreamFailed:
+    def failed(self, model: str, replica_id: str) -> UpstreamFailed:
+        """The client's error when this was the last try (`replica_id` the replica it went to)."""
         if self.status:  # vLLM's own 5xx / 429, passed through
             return UpstreamFailed(upstream_error(self.status, self.data), f"upstream_{self.status}")
         if self.reason == "connect":
             error = ApiError(
-                503, f"no replica of model '{model}' is reachable ({self.detail})", type_="api_error",
-                code="upstream_unavailable",
+                503, f"no replica of model '{model}' is reachable (replica {replica_id}: {self.detail})",
+                type_="api_error", code="upstream_unavailable",
             )  # fmt: skip
         elif self.reason == "timeout":
             error = ApiError(504, self.detail, type_="api_error", code="upstream_timeout")
@@ -301,7 +302,7 @@ async def open_upstream(
                 failure.detail, f"retrying on {chosen[1].replica_id}" if chosen else "no retry",
             )  # fmt: skip
             if chosen is None:
-                raise failure.failed(requested.name) from None
+                raise failure.failed(requested.name, replica.replica_id) from None
             if chosen[0] is not route:
                 route = chosen[0]
                 payload = upstream_payload(ctx, stream, route)
