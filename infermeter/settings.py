@@ -127,6 +127,21 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_UPSTREAM_CONNECT_TIMEOUT_S",
         description="Longest the gateway waits to connect to an upstream replica.",
     )
+    failover_attempts: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        validation_alias="INFERMETER_FAILOVER_ATTEMPTS",
+        description="Replicas the gateway tries per request in all (1 = no failover): a try that fails before any byte "
+        "reached the client (refused, reset, silent, 5xx, 429) goes on to another replica of the model or of its fallback.",
+    )
+    breaker_cooldown_s: float = Field(
+        default=5.0,
+        ge=0,
+        validation_alias="INFERMETER_BREAKER_COOLDOWN_S",
+        description="Seconds a replica whose try failed is skipped (circuit breaker open); then one request probes it. "
+        "An upstreams file entry's down_for_s overrides it per model.",
+    )
     vllm_python: str = Field(
         default=".venv-vllm/bin/python",
         validation_alias="INFERMETER_VLLM_PYTHON",

@@ -67,6 +67,9 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: Tokens
     task_id: Id | None = None
     attempt: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1
+    # Replicas the gateway tried for this request, the one that served it included (failover);
+    # 0: none (rejected before); absent (None) in events of producers that do not record it.
+    upstream_attempts: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
     started_at: When
     first_token_at: When | None = None
     finished_at: When
@@ -309,9 +312,11 @@ def request_event(
     task_id: str | None = None,
     attempt: int = 1,
     tags: dict[str, str] | None = None,
+    upstream_attempts: int | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
-    (usage counts in the period in which the request finished)."""
+    (usage counts in the period in which the request finished). `upstream_attempts` (how many
+    replicas the gateway tried) is left out of the data when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -332,6 +337,8 @@ def request_event(
         "finished_at": finished_at,
         "tags": dict(tags or {}),
     }
+    if upstream_attempts is not None:
+        data["upstream_attempts"] = upstream_attempts
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
                       time=finished_at)
 

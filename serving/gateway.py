@@ -21,6 +21,11 @@ Endpoints
 
 Errors always have the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
+Failover (serving/proxy.py `open_upstream`, docs/serving.md "Failover"): a try that fails before
+the client got a byte (refused, reset, silent, 5xx, 429) goes to another replica of the model, or
+of its `fallback` model, up to INFERMETER_FAILOVER_ATTEMPTS tries; the failed replica's circuit
+breaker opens for INFERMETER_BREAKER_COOLDOWN_S (serving/upstreams.py), then one request probes it.
+
 Usage capture: every request that passes authentication and body checks ends in exactly one
 `infermeter.request.v1` event (ok, error, cancelled or rejected), built by
 `serving.usage.build_request_event` and handed to the emitter (durable spool, then Kafka).
@@ -153,6 +158,7 @@ def create_app(
         engine=engine,
         source=f"infermeter://gateway/{settings.gateway_id}",
     )
+    state.upstreams.apply_default_cooldown(settings.breaker_cooldown_s)  # models without down_for_s
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):

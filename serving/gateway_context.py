@@ -24,6 +24,7 @@ from serving.upstream_http import UpstreamPool
 from serving.upstreams import ModelRoute, Replica, UpstreamConfig
 
 TASK_HEADER = "x-infermeter-task-id"
+TIMEOUT_HEADER = "x-infermeter-timeout-s"  # the client's deadline, seconds from receipt (failover)
 ATTEMPT_HEADER = "x-infermeter-attempt"
 CUSTOMER_HEADER = "x-infermeter-customer-id"  # admin/producer tokens act for this customer
 REQUEST_ID_HEADER = "x-request-id"
@@ -38,13 +39,16 @@ class RequestContext:
     principal: Principal
     customer_id: str
     kind: str  # chat | completion
-    route: ModelRoute
+    route: ModelRoute  # the model asked for; after a failover, the model of the replica tried last
     body: dict
     started_at: datetime
     started_mono: float
     task_id: str | None
     attempt: int
-    replica: Replica | None = None
+    headers: Any = None  # the request's headers (read only when a failover needs the deadline)
+    replica: Replica | None = None  # the replica tried last (the one that served, on success)
+    upstream_attempts: int = 0  # replicas tried (serving/proxy.py open_upstream)
+    fallback_from: str | None = None  # the model asked for, when a fallback model's replica was tried
     holds_replica: bool = False  # counted in replica.in_flight
     finished: bool = False
     admitted: bool = False

@@ -9,6 +9,8 @@ Public API:
     metrics.record_request(model, status, input_tokens=0, cached_input_tokens=0, output_tokens=0)
     metrics.record_rejection(reason)       # reason: budget_exceeded | rate_limit_requests | rate_limit_tokens | ...
     metrics.REQUEST_DURATION.labels(model=...).observe(seconds)
+    metrics.record_failover(model, reason)  # a failed upstream try (reason: connect | reset | timeout | http_5xx | http_429)
+    metrics.BREAKER_OPENED.labels(model=..., replica=...).inc()
 
 Metric names (each gateway process exposes its own; Prometheus sums across processes):
 
@@ -25,6 +27,8 @@ Metric names (each gateway process exposes its own; Prometheus sums across proce
 | infermeter_emitter_publish_failures_total | counter | spool | publish attempts that failed (they are retried) |
 | infermeter_replica_agent_scrapes_total | counter | deployment, result | vLLM /metrics scrapes (ok, error) |
 | infermeter_replica_agent_intervals_total | counter | deployment | replica intervals emitted |
+| infermeter_failover_total | counter | model, reason | upstream tries that failed before the client got a byte (the request went on to another replica or failed): connect, reset, timeout, http_5xx, http_429 |
+| infermeter_breaker_opened_total | counter | model, replica | a replica's circuit breaker opened (it was closed and a try on it failed) |
 | infermeter_deployment_demand_tokens_per_second | gauge | deployment | metered prompt + output tokens/s of the last complete minute (serving/capacity.py) |
 | infermeter_deployment_demand_forecast_tokens_per_second | gauge | deployment | Holt forecast of that demand at the horizon |
 | infermeter_deployment_capacity_tokens_per_second | gauge | deployment | tokens/s one replica sustains while busy (trailing hour) |
@@ -117,6 +121,19 @@ RECOMMENDED_REPLICAS = Gauge(
     registry=REGISTRY,
 )
 
+FAILOVERS = Counter(
+    "infermeter_failover_total",
+    "Upstream tries that failed before the client got a byte, by model tried and reason.",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
+BREAKER_OPENED = Counter(
+    "infermeter_breaker_opened_total",
+    "Times a replica's circuit breaker opened (closed, then a try on it failed).",
+    ["model", "replica"],
+    registry=REGISTRY,
+)
+
 
 def record_request(
     model: str, status: str, input_tokens: int = 0, cached_input_tokens: int = 0, output_tokens: int = 0
@@ -133,6 +150,11 @@ def record_request(
 
 def record_rejection(reason: str) -> None:
     REJECTIONS.labels(reason=reason).inc()
+
+
+def record_failover(model: str, reason: str) -> None:
+    """Count one failed upstream try (serving/proxy.py; the request may still be served elsewhere)."""
+    FAILOVERS.labels(model=model, reason=reason).inc()
 
 
 def render() -> bytes:

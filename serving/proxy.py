@@ -2,9 +2,10 @@
 
 `proxy` authenticates, checks the body and the task headers, and builds the request's context;
 `serve` asks admission (budgets and rate limits, serving/budgets.py), opens the upstream request on
-a replica (serving/routing.py; a refused connection is retried once on another live replica) and
-answers vLLM's own bytes, or a `MeteredStream` (serving/relay.py) for streams. Each exit arranges
-the request's one usage event.
+a replica (`open_upstream`: serving/routing.py picks it; a try that fails before anything reached
+the client goes to another replica, or to the model's fallback model, within
+INFERMETER_FAILOVER_ATTEMPTS tries and the client's deadline) and answers vLLM's own bytes, or a
+`MeteredStream` (serving/relay.py) for streams. Each exit arranges the request's one usage event.
 
 Hot path: plain functions called from `GatewayApp`; the upstream pool is serving/upstream_http.py.
 """
@@ -26,6 +27,7 @@ from serving import metrics
 from serving.gateway_context import (
     ATTEMPT_HEADER,
     TASK_HEADER,
+    TIMEOUT_HEADER,
     GatewayState,
     RequestContext,
     acting_customer,
@@ -41,7 +43,7 @@ from serving.openai_api import (
     upstream_error,
 )
 from serving.relay import MeteredStream, finish, finish_after_send, release, with_headers
-from serving.routing import pick_replica
+from serving.routing import pick_in_chain, pick_replica
 from serving.task_endpoints import remember_task
 from serving.upstream_http import UpstreamConnectError, UpstreamError, UpstreamResponse
 from serving.upstreams import ModelRoute
@@ -94,6 +96,7 @@ async def proxy(state: GatewayState, request: Request, kind: str) -> tuple[Respo
         started_mono=started_mono,
         task_id=task_id,
         attempt=attempt,
+        headers=request.headers,
     )
     if task_id is not None:
         remember_task(state, customer_id, task_id)
@@ -129,46 +132,22 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
             return rejected
 
     stream = bool(body.get("stream"))
-    payload = upstream_payload(ctx, stream)
     try:
-        response = await open_upstream(state, ctx, payload)
-    except ApiError as exc:
-        finish_after_send(state, ctx, "error", tags={"error": exc.code or "upstream"})
-        return with_headers(exc.response(), ctx)
+        response, data = await open_upstream(state, ctx, stream)
+    except UpstreamFailed as exc:
+        finish_after_send(state, ctx, "error", tags={"error": exc.tag})
+        return with_headers(exc.response, ctx)
     except BaseException:
         await finish(state, ctx, "cancelled")
         raise
 
-    if response.status != 200:
-        try:
-            data = await response.read()
-        except (TimeoutError, UpstreamError):
-            data = b""
-        finally:
-            response.release()
-            release(ctx)
+    if response.status != 200:  # vLLM's 4xx (not 429): the request's own fault, passed through
         finish_after_send(state, ctx, "error", tags={"error": f"upstream_{response.status}"})
         return with_headers(upstream_error(response.status, data), ctx)
 
     if stream:
         return MeteredStream(state, ctx, response)
 
-    try:
-        data = await response.read()
-    except (TimeoutError, UpstreamError) as exc:
-        finish_after_send(state, ctx, "error", tags={"error": "upstream_broken"})
-        return with_headers(
-            error_response(
-                502, f"the upstream replica failed mid-response: {exc}", "api_error", "upstream_error"
-            ),
-            ctx,
-        )
-    except BaseException:
-        await finish(state, ctx, "cancelled")
-        raise
-    finally:
-        response.release()
-        release(ctx)
     received_at = datetime.now(UTC)
 
     async def finish_ok() -> None:
@@ -186,6 +165,7 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
         )
 
     ctx.after_send = finish_ok
+    route = ctx.route  # the model that served it (a fallback model's, after a failover)
     if route.upstream_model != route.name:
         data = data.replace(
             f'"model":"{route.upstream_model}"'.encode(), f'"model":"{route.name}"'.encode(), 1
@@ -193,59 +173,199 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
     return with_headers(Response(data, media_type="application/json"), ctx)
 
 
-def upstream_payload(ctx: RequestContext, stream: bool) -> bytes:
+def upstream_payload(ctx: RequestContext, stream: bool, route: ModelRoute | None = None) -> bytes:
+    """The body sent to a replica of `route` (default: the model asked for)."""
     body = ctx.body
+    route = route or ctx.route
     if stream:
         body = dict(body)
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    if ctx.route.upstream_model != ctx.route.name:
+    if route.upstream_model != body["model"]:
         body = dict(body)
-        body["model"] = ctx.route.upstream_model
+        body["model"] = route.upstream_model
     return orjson.dumps(body)
 
 
-async def open_upstream(state: GatewayState, ctx: RequestContext, payload: bytes) -> UpstreamResponse:
-    """POST to a replica; a refused connection is retried once on another live replica."""
+# --- failover --------------------------------------------------------------------------------
+
+
+class UpstreamFailed(Exception):
+    """Every try failed (or no time was left for another): what the client gets, the event's tag."""
+
+    def __init__(self, response: Response, tag: str) -> None:
+        super().__init__(tag)
+        self.response = response
+        self.tag = tag
+
+
+class _TryFailed(Exception):
+    """One try failed before anything reached the client; `reason` is the metric label."""
+
+    def __init__(self, reason: str, detail: str, status: int = 0, data: bytes = b"") -> None:
+        super().__init__(detail)
+        self.reason = reason  # connect | reset | timeout | http_5xx | http_429
+        self.detail = detail
+        self.status = status
+        self.data = data
+
+    def failed(self, model: str, replica_id: str) -> UpstreamFailed:
+        """The client's error when this was the last try (`replica_id` the replica it went to)."""
+        if self.status:  # vLLM's own 5xx / 429, passed through
+            return UpstreamFailed(upstream_error(self.status, self.data), f"upstream_{self.status}")
+        if self.reason == "connect":
+            error = ApiError(
+                503, f"no replica of model '{model}' is reachable (replica {replica_id}: {self.detail})",
+                type_="api_error", code="upstream_unavailable",
+            )  # fmt: skip
+        elif self.reason == "timeout":
+            error = ApiError(504, self.detail, type_="api_error", code="upstream_timeout")
+        else:
+            error = ApiError(
+                502, f"the upstream replica failed: {self.detail}", type_="api_error", code="upstream_error"
+            )
+        return UpstreamFailed(error.response(), error.code)
+
+
+def client_deadline(ctx: RequestContext) -> float | None:
+    """perf_counter() time by which the client wants its answer (X-Infermeter-Timeout-S, seconds
+    from when the gateway received the request), or None. Read only when a try failed."""
+    raw = ctx.headers.get(TIMEOUT_HEADER) if ctx.headers is not None else None
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    return ctx.started_mono + seconds if 0 < seconds < 1e9 else None
+
+
+async def open_upstream(
+    state: GatewayState, ctx: RequestContext, stream: bool
+) -> tuple[UpstreamResponse, bytes | None]:
+    """Send the request to a replica, failing over until one answers or the tries run out.
+
+    Returns (response, body): a 200 stream with its first chunk in (body None; the caller relays
+    it, `ctx.holds_replica`), else the whole body read and the connection released (a 200, or a
+    4xx other than 429 to pass through). A try fails on: refused or timed-out connection, a
+    connection reset or closed before the answer (or, for a stream, before its first chunk), no
+    answer within INFERMETER_UPSTREAM_TIMEOUT_S, a 5xx or 429. The replica's breaker opens
+    (serving/upstreams.py) and the next try goes to another replica (serving/routing.py
+    `pick_in_chain`: same model first, then the fallback models), up to
+    INFERMETER_FAILOVER_ATTEMPTS tries in all, never the same replica twice, and none started after
+    the client's deadline (`client_deadline`). Nothing has reached the client at that point, so a
+    retry cannot show it two answers; only the serving try's tokens are metered. Raises
+    `UpstreamFailed` (the last failure's error) when no try succeeded.
+
+    Success path cost over a plain request: the `healthy_only` pick and a few attribute reads.
+    """
     path = "/v1/chat/completions" if ctx.kind == "chat" else "/v1/completions"
-    tried: set[str] = set()
-    last_error = ""
-    for _ in range(min(2, len(ctx.route.replicas))):
-        replica = pick_replica(ctx.route, ctx.body)
-        if replica.replica_id in tried:
-            replica = next((r for r in ctx.route.replicas if r.replica_id not in tried), replica)
-        tried.add(replica.replica_id)
+    requested = route = ctx.route
+    body = ctx.body
+    replica = pick_replica(route, body, healthy_only=True)
+    if replica is None:  # every breaker of this model is open: a fallback model, or the first to reopen
+        route, replica = pick_in_chain(requested, body)
+    payload = upstream_payload(ctx, stream, route)
+    tried: set[str] | None = None
+    deadline: float | None = None
+    while True:
+        if route is not requested:
+            ctx.route = route
+            ctx.fallback_from = requested.name
         ctx.replica = replica
+        ctx.upstream_attempts += 1
+        probe = replica.down_until != 0.0  # half-open (or all open): this request decides
+        if probe:
+            route.claim_probe(replica)
         replica.in_flight += 1
         try:
-            response = await state.upstream.request("POST", replica.url + path, payload)
-        except UpstreamConnectError as exc:
+            if deadline is None:
+                response, data = await _try(state, replica.url + path, payload, stream, None)
+            else:
+                response, data = await _try_within(state, replica.url + path, payload, stream, deadline)
+        except _TryFailed as failure:
             replica.in_flight -= 1
-            ctx.route.mark_down(replica)
-            last_error = f"cannot connect to replica {replica.replica_id}: {exc}"
+            if route.mark_down(replica):
+                metrics.BREAKER_OPENED.labels(model=route.name, replica=replica.replica_id).inc()
+            metrics.record_failover(route.name, failure.reason)
+            if tried is None:
+                tried = set()
+                deadline = client_deadline(ctx)
+            tried.add(replica.replica_id)
+            chosen = None
+            if ctx.upstream_attempts < state.settings.failover_attempts and (
+                deadline is None or deadline > time.perf_counter()
+            ):
+                chosen = pick_in_chain(requested, body, tried)
+            log.warning(
+                "request %s: try %d on replica %s of %s failed (%s: %s); %s",
+                ctx.request_id, ctx.upstream_attempts, replica.replica_id, route.name, failure.reason,
+                failure.detail, f"retrying on {chosen[1].replica_id}" if chosen else "no retry",
+            )  # fmt: skip
+            if chosen is None:
+                raise failure.failed(requested.name, replica.replica_id) from None
+            if chosen[0] is not route:
+                route = chosen[0]
+                payload = upstream_payload(ctx, stream, route)
+            replica = chosen[1]
             continue
-        except TimeoutError:
-            replica.in_flight -= 1
-            raise ApiError(
-                504, "the upstream replica did not answer in time", type_="api_error", code="upstream_timeout"
-            ) from None
-        except UpstreamError as exc:
-            replica.in_flight -= 1
-            raise ApiError(
-                502, f"the upstream replica failed: {exc}", type_="api_error", code="upstream_error"
-            ) from None
         except BaseException:
             replica.in_flight -= 1
+            if probe:  # undecided (cancelled): half-open again at once
+                replica.down_until = time.monotonic()
             raise
-        if replica.down_until:
-            ctx.route.mark_up(replica)
-        ctx.holds_replica = True
-        return response
-    raise ApiError(
-        503,
-        f"no replica of model '{ctx.route.name}' is reachable ({last_error})",
-        type_="api_error",
-        code="upstream_unavailable",
-    )
+        if replica.down_until:  # a probe (or an outage overlapped by this request) succeeded
+            route.mark_up(replica)
+        if data is None:
+            ctx.holds_replica = True  # released when the stream ends
+        else:
+            replica.in_flight -= 1
+        return response, data
+
+
+async def _try(
+    state: GatewayState, url: str, payload: bytes, stream: bool, timeout: float | None
+) -> tuple[UpstreamResponse, bytes | None]:
+    """One try: (a 200 stream with its first chunk in, None) or (response, whole body)."""
+    try:
+        response = await state.upstream.request("POST", url, payload, read_timeout_s=timeout)
+    except UpstreamConnectError as exc:
+        raise _TryFailed("connect", str(exc)) from None
+    except TimeoutError:
+        raise _TryFailed("timeout", "the upstream replica did not answer in time") from None
+    except UpstreamError as exc:
+        raise _TryFailed("reset", str(exc)) from None
+    status = response.status
+    try:
+        if status == 200 and stream:
+            await response.first_data()
+            return response, None
+        data = await response.read()
+    except TimeoutError:
+        response.close()
+        raise _TryFailed("timeout", "the upstream replica did not answer in time") from None
+    except UpstreamError as exc:
+        response.close()
+        raise _TryFailed("reset", str(exc)) from None
+    except BaseException:
+        response.close()
+        raise
+    response.release()
+    if status >= 500 or status == 429:
+        reason = "http_429" if status == 429 else "http_5xx"
+        raise _TryFailed(reason, f"the replica answered {status}", status, data)
+    return response, data
+
+
+async def _try_within(
+    state: GatewayState, url: str, payload: bytes, stream: bool, deadline: float
+) -> tuple[UpstreamResponse, bytes | None]:
+    """A retry bounded by the client's deadline (perf_counter time)."""
+    remaining = deadline - time.perf_counter()
+    try:
+        async with asyncio.timeout(remaining):
+            return await _try(state, url, payload, stream, min(remaining, state.upstream.read_timeout_s))
+    except TimeoutError:
+        raise _TryFailed("timeout", "no answer before the client's deadline") from None
 
 
 # --- admission (budgets and rate limits, serving/budgets.py) -----------------------------------

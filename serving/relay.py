@@ -4,14 +4,19 @@ Every request that passes authentication and body checks ends in exactly one
 `infermeter.request.v1` event (ok, error, cancelled or rejected): `finish` builds it
 (`serving.usage.build_request_event`), hands it to the sink, counts it and settles the request's
 admission reservation; a second call is a no-op. `finish_after_send` defers it until the response
-has been handed to the client (`RequestContext.after_send`, run by `GatewayApp`).
+has been handed to the client (`RequestContext.after_send`, run by `GatewayApp`). The event names
+the model, deployment and replica of the last try (the one that served, after a failover; tag
+`fallback_from` when that is a fallback model) and `upstream_attempts`, the replicas tried.
 
 `MeteredStream` relays vLLM's SSE stream chunk by chunk. The gateway always asks vLLM for
 `stream_options: {include_usage: true, continuous_usage_stats: true}`, so the tokens generated so
 far are known at every chunk, and strips from what the client sees whatever it did not ask for
 (the usage-only final chunk, the per-chunk usage). When the client disconnects mid-stream the
 upstream connection is closed (vLLM aborts the request) and the event says `cancelled` with the
-output tokens generated up to then.
+output tokens generated up to then. A stream reaches `MeteredStream` with its first chunk already
+received (serving/proxy.py waits for it, so that a replica failing before it is failed over); once
+bytes went to the client there is no retry: an upstream that breaks mid-stream ends the stream with
+an SSE error event, and the request's event says `error` with the tokens of the last chunk.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ async def finish(
     if ctx.finished:
         return
     ctx.finished = True
+    if ctx.fallback_from is not None:  # served (or last tried) by a fallback model: say which was asked
+        tags = {**(tags or {}), "fallback_from": ctx.fallback_from}
     outcome = RequestOutcome(
         request_id=ctx.request_id,
         customer_id=ctx.customer_id,
@@ -92,6 +99,7 @@ async def finish(
         task_id=ctx.task_id,
         attempt=ctx.attempt,
         tags=tags or {},
+        upstream_attempts=ctx.upstream_attempts,
     )
     event = build_request_event(outcome, source=state.source)
     data = event["data"]

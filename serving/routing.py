@@ -12,6 +12,12 @@ served the prefix before. So:
   next replica in rank order is taken instead, so the fallback itself stays sticky.
 - `round_robin`: the baseline the prefix policy is compared with (docs/serving.md).
 
+Failover (serving/proxy.py) asks again with the replicas already tried in `exclude`: under prefix
+routing that is the next replica of the same rank order (the next one on the hash ring), so a
+prefix whose replica is out keeps landing on one other replica. Replicas whose breaker is open
+(serving/upstreams.py) are skipped; with `healthy_only` the answer is None when none is left,
+else the replica whose cool-down ends first (never refuse without trying).
+
 Pure: no I/O; `in_flight` counts are kept by the gateway.
 """
 
@@ -64,17 +70,30 @@ def pick_replica(
     route: ModelRoute,
     body: dict,
     *,
+    exclude: set[str] | None = None,
+    healthy_only: bool = False,
     prefix_chars: int = DEFAULT_PREFIX_CHARS,
     max_imbalance: int = DEFAULT_MAX_IMBALANCE,
     now: float | None = None,
-) -> Replica:
+) -> Replica | None:
+    """The replica for this request among `route`'s, minus the `exclude`d replica ids; None only
+    when every replica is excluded, or with `healthy_only` when every remaining one is open."""
     replicas = route.replicas
+    if exclude:
+        replicas = [replica for replica in replicas if replica.replica_id not in exclude]
+        if not replicas:
+            return None
     if len(replicas) == 1:
-        return replicas[0]
+        only = replicas[0]
+        if not only.down_until or not healthy_only:
+            return only
+        return only if only.is_up(time.monotonic() if now is None else now) else None
     now = time.monotonic() if now is None else now
     live = [replica for replica in replicas if replica.is_up(now)]
-    if not live:  # everything is down: try the one that failed longest ago
-        return min(replicas, key=lambda replica: replica.down_until)
+    if not live:  # every breaker is open
+        if healthy_only:
+            return None
+        return min(replicas, key=lambda replica: replica.down_until)  # the first to reopen
     if route.routing == "round_robin":
         route._next = (route._next + 1) % len(live)
         return live[route._next]
@@ -83,3 +102,25 @@ def pick_replica(
         if replica.in_flight - least <= max_imbalance:
             return replica
     return min(live, key=lambda replica: replica.in_flight)  # unreachable: the least loaded always fits
+
+
+def pick_in_chain(
+    route: ModelRoute, body: dict, exclude: set[str] | None = None, *, now: float | None = None
+) -> tuple[ModelRoute, Replica] | None:
+    """(model, replica) for a try: a usable replica of `route` not in `exclude`, else of its
+    fallback models in order; if every remaining replica of the chain is open, the one whose
+    cool-down ends first. None when every replica of the chain was tried."""
+    routes = route.chain()
+    now = time.monotonic() if now is None else now
+    for candidate in routes:
+        replica = pick_replica(candidate, body, exclude=exclude, healthy_only=True, now=now)
+        if replica is not None:
+            return candidate, replica
+    best: tuple[ModelRoute, Replica] | None = None
+    for candidate in routes:
+        for replica in candidate.replicas:
+            if exclude and replica.replica_id in exclude:
+                continue
+            if best is None or replica.down_until < best[1].down_until:
+                best = (candidate, replica)
+    return best

@@ -4,6 +4,7 @@
     response = await pool.request("POST", "http://10.0.0.7:8000/v1/chat/completions", body)
     response.status, response.header("content-type")
     data = await response.read()            # the whole body (chunked transfer decoded)
+    await response.first_data()             # or: wait for its first piece (a stream's first chunk)
     async for line in response.lines(): ... # or line by line as it arrives (SSE)
     response.release()                      # back to the pool once the body is read
     response.close()                        # drop the connection (vLLM aborts the request)
@@ -97,6 +98,12 @@ class UpstreamResponse:
         data = bytes(self._buffer)
         self._buffer.clear()
         return data
+
+    async def first_data(self) -> None:
+        """Wait until the first piece of the body is in (or the body is complete, e.g. empty):
+        raises like `read` when the replica fails or stays silent first. Nothing is consumed."""
+        while not self._buffer and not self.complete:
+            await self._wait()
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The body line by line, each with its b"\\n" (a last unterminated line as it is)."""

@@ -8,15 +8,29 @@ belongs to (metering rolls usage up by deployment) and its vLLM replicas:
         deployment_id: tiny-cpu     # carried on every request event
         upstream_model: tiny-llama  # the name vLLM serves it under (default: name)
         routing: prefix             # prefix | round_robin (default: INFERMETER_ROUTING)
+        down_for_s: 5               # breaker cool-down (default: INFERMETER_BREAKER_COOLDOWN_S)
+        fallback: tiny-llama-big    # optional: another model of this file serves it when none
+                                    # of these replicas can (chains allowed, loops refused)
         replicas:
           - id: tiny-cpu-0
             url: http://127.0.0.1:8000
           - id: tiny-cpu-1
             url: http://127.0.0.1:8001
 
-A replica that refuses connections is marked down for `down_for_s` seconds and skipped while
-another replica is up; a model whose replicas are all down still tries the least recently failed
-one, so recovery needs no restart.
+Each replica has a circuit breaker, kept in `Replica.down_until` (monotonic seconds):
+
+- closed (`down_until == 0`): routed to normally;
+- open (`down_until > now`): a request failed on it (serving/proxy.py: refused, reset, silent,
+  5xx or 429) and it is skipped for `down_for_s` seconds (the cool-down);
+- half-open (`0 < down_until <= now`): the cool-down is over; the next request routed to it is
+  the probe (`claim_probe` re-opens it for another cool-down meanwhile, so exactly one request
+  probes at a time). The probe's success closes the breaker (`mark_up`), its failure opens it
+  again (`mark_down`).
+
+A model whose replicas (and fallback models' replicas) are all open still tries the one whose
+cool-down ends first, so a single-replica model is never refused without trying and recovery
+needs no restart. The file is checked at start: a `fallback` naming a model that is not in the
+file, or fallbacks that loop (a -> b -> a), are errors.
 """
 
 from __future__ import annotations
@@ -34,34 +48,67 @@ class UpstreamConfigError(ValueError):
     """The upstream file is missing or malformed (the message names the file and the problem)."""
 
 
-@dataclass
+DEFAULT_COOLDOWN_S = 5.0
+
+
+@dataclass(eq=False)  # compared by identity: its fields change while it serves
 class Replica:
     replica_id: str
     url: str  # base URL without /v1
     in_flight: int = 0
-    down_until: float = 0.0
+    down_until: float = 0.0  # the breaker: 0 closed, > now open, else half-open (see the module doc)
     failures: int = 0
 
     def is_up(self, now: float) -> bool:
+        """Closed, or half-open (its cool-down is over: it may take a probe)."""
         return self.down_until <= now
 
+    def breaker(self, now: float | None = None) -> str:
+        """closed | open | half_open (for logs, tests and /metrics)."""
+        if not self.down_until:
+            return "closed"
+        return "open" if self.down_until > (time.monotonic() if now is None else now) else "half_open"
 
-@dataclass
+
+@dataclass(eq=False)
 class ModelRoute:
     name: str
     deployment_id: str
     upstream_model: str
     routing: str
     replicas: list[Replica]
-    down_for_s: float = 5.0
+    down_for_s: float | None = None  # None: the gateway's INFERMETER_BREAKER_COOLDOWN_S
+    fallback: str | None = None  # another model's name (checked: it exists, no loop)
+    fallback_route: ModelRoute | None = field(default=None, repr=False)
     _next: int = field(default=0, repr=False)
 
-    def mark_down(self, replica: Replica, now: float | None = None) -> None:
+    @property
+    def cooldown_s(self) -> float:
+        return DEFAULT_COOLDOWN_S if self.down_for_s is None else self.down_for_s
+
+    def mark_down(self, replica: Replica, now: float | None = None) -> bool:
+        """Open the replica's breaker for a cool-down; True if it was closed (a new outage)."""
+        was_closed = not replica.down_until
         replica.failures += 1
-        replica.down_until = (time.monotonic() if now is None else now) + self.down_for_s
+        replica.down_until = (time.monotonic() if now is None else now) + self.cooldown_s
+        return was_closed
 
     def mark_up(self, replica: Replica) -> None:
+        """Close the replica's breaker (a request succeeded on it)."""
         replica.down_until = 0.0
+
+    def claim_probe(self, replica: Replica, now: float | None = None) -> None:
+        """A request is about to go to a half-open (or, as a last resort, open) replica: keep every
+        other request away until it decides (success closes, failure re-opens; a probe that never
+        decides, e.g. cancelled, leaves the breaker to reopen after one more cool-down)."""
+        replica.down_until = (time.monotonic() if now is None else now) + self.cooldown_s
+
+    def chain(self) -> list[ModelRoute]:
+        """This route and its fallbacks, in order."""
+        routes = [self]
+        while routes[-1].fallback_route is not None:
+            routes.append(routes[-1].fallback_route)
+        return routes
 
 
 @dataclass
@@ -71,14 +118,26 @@ class UpstreamConfig:
     def route(self, model: str) -> ModelRoute | None:
         return self.models.get(model)
 
+    def apply_default_cooldown(self, seconds: float) -> None:
+        """Give `seconds` as cool-down to every model whose file entry did not set `down_for_s`."""
+        for route in self.models.values():
+            if route.down_for_s is None:
+                route.down_for_s = seconds
+
 
 def _fail(source: str, problem: str) -> UpstreamConfigError:
     return UpstreamConfigError(f"{source}: {problem}")
 
 
-def parse_upstreams(
-    raw: object, *, default_routing: str = "prefix", source: str = "upstreams"
+def parse_upstreams(  # noqa: C901 - one check per field, in file order
+    raw: object,
+    *,
+    default_routing: str = "prefix",
+    source: str = "upstreams",
+    breaker_cooldown_s: float | None = None,
 ) -> UpstreamConfig:
+    """The checked config. `breaker_cooldown_s` is the cool-down of models without `down_for_s`
+    (None: left to the gateway, which applies INFERMETER_BREAKER_COOLDOWN_S)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), list) or not raw["models"]:
         raise _fail(source, "expected a mapping with a non-empty 'models' list")
     models: dict[str, ModelRoute] = {}
@@ -120,25 +179,64 @@ def parse_upstreams(
             if url.endswith("/v1"):
                 url = url[: -len("/v1")]
             replicas.append(Replica(replica_id=str(replica_id), url=url))
+        down_for_s = entry.get("down_for_s", breaker_cooldown_s)
+        if down_for_s is not None and (
+            isinstance(down_for_s, bool) or not isinstance(down_for_s, int | float) or down_for_s < 0
+        ):
+            raise _fail(source, f"{where}.down_for_s must be a number of seconds >= 0, not {down_for_s!r}")
+        fallback = entry.get("fallback")
+        if fallback is not None and (not isinstance(fallback, str) or not fallback):
+            raise _fail(source, f"{where}.fallback must be the name of another model of this file")
+        if fallback == name:
+            raise _fail(source, f"model {name!r} names itself as its fallback")
         models[name] = ModelRoute(
             name=name,
             deployment_id=deployment_id,
             upstream_model=str(entry.get("upstream_model") or name),
             routing=routing,
             replicas=replicas,
-            down_for_s=float(entry.get("down_for_s", 5.0)),
+            down_for_s=None if down_for_s is None else float(down_for_s),
+            fallback=fallback,
         )
+    _link_fallbacks(models, source)
     return UpstreamConfig(models=models)
 
 
-def load_upstreams(path: Path, *, default_routing: str = "prefix") -> UpstreamConfig:
+def _link_fallbacks(models: dict[str, ModelRoute], source: str) -> None:
+    for route in models.values():
+        if route.fallback is None:
+            continue
+        target = models.get(route.fallback)
+        if target is None:
+            known = ", ".join(sorted(models))
+            raise _fail(
+                source,
+                f"model {route.name!r} falls back to {route.fallback!r}, which is not in this file ({known})",
+            )
+        route.fallback_route = target
+    for route in models.values():
+        path = [route.name]
+        current = route.fallback_route
+        while current is not None:
+            if current.name in path:
+                loop = " -> ".join([*path[path.index(current.name) :], current.name])
+                raise _fail(source, f"fallback loop: {loop}")
+            path.append(current.name)
+            current = current.fallback_route
+
+
+def load_upstreams(
+    path: Path, *, default_routing: str = "prefix", breaker_cooldown_s: float | None = None
+) -> UpstreamConfig:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise UpstreamConfigError(f"upstream file {path} does not exist (set INFERMETER_UPSTREAMS)") from None
     except (OSError, yaml.YAMLError) as exc:
         raise UpstreamConfigError(f"cannot read upstream file {path}: {exc}") from None
-    return parse_upstreams(raw, default_routing=default_routing, source=str(path))
+    return parse_upstreams(
+        raw, default_routing=default_routing, source=str(path), breaker_cooldown_s=breaker_cooldown_s
+    )
 
 
 def single_upstream(

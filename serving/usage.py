@@ -17,6 +17,9 @@ Token rules:
   (`usage_source=streamed_count`), or 0 when nothing was generated (`usage_source=none`).
 
 The event time is `finished_at`: usage counts in the period in which the request finished.
+`model`, `deployment_id` and `replica_id` are those of the replica that served the request (after a
+failover to a fallback model, that model: the tokens are priced at it), and `upstream_attempts`
+says how many replicas were tried; only the serving try's tokens are in the event.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class RequestOutcome:
     task_id: str | None = None
     attempt: int = 1
     tags: dict[str, str] = field(default_factory=dict)
+    upstream_attempts: int | None = None  # replicas tried (failover), the serving one included
 
 
 def _int(value: Any) -> int:
@@ -93,4 +97,5 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         first_token_at=outcome.first_token_at,
         finished_at=outcome.finished_at,
         tags=tags,
+        upstream_attempts=outcome.upstream_attempts,
     )
