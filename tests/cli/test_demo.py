@@ -27,9 +27,15 @@ def test_demo_replays_the_trace_and_everything_reconciles():
     risk = summary["pricing"]["books"][0]["risk"]
     assert risk["bucket"] == "day" and len(risk["buckets"]) == 30
     assert (home / "demo" / "pricing.html").stat().st_size > 10_000
+    billing = summary["billing"]
+    assert billing["period"] == "2026-11" and billing["reconcile_ok"] is True and billing["unbilled"] == []
+    assert billing["invoices"] == billing["finalized"] > 0 and 0 < float(billing["credits_applied"]) <= 10
+    assert (home / "demo" / "revenue-2026-11.parquet").stat().st_size > 0
+    invoiced = billing["total"]
 
     # A second run on the same home meters nothing twice.
     again = run(["demo", "--requests", "600"], home, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     summary = json.loads((home / "demo" / "summary.json").read_text())
     assert summary["counts"]["accepted"] == 0 and summary["emitted"] == summary["metered"]
+    assert summary["billing"]["total"] == invoiced and summary["billing"]["reconcile_ok"] is True
