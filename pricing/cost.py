@@ -52,6 +52,10 @@ class CostModel(BaseModel):
     prefill_weight: QuantityValue = Field(default=Decimal(1), ge=0)
     decode_weight: QuantityValue = Field(default=Decimal(1), ge=0)
     usage_unit_cost: dict[str, Amount] = Field(default_factory=dict, description="cost per unit of a usage meter")
+    kv_cache_share: QuantityValue = Field(
+        default=Decimal("0.3"), ge=0, le=1,
+        description="share of a GPU's cost that pays for the memory a full KV cache holds (cost anatomy)",
+    )
 
     @field_validator("currency")
     @classmethod
