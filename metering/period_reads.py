@@ -364,3 +364,77 @@ def hourly_meters(
 ) -> Iterator[tuple]:
     """usage_rollup_hourly rows of [start, end): (customer, meter, hour, quantity)."""
     return _rows(conn, _only(METERS_SQL, "") if customer_id is not None else METERS_SQL, start, end, customer_id)
+
+
+# ---------------------------------------------------------------- the cost anatomy (docs/cost-model.md)
+
+# What each deployment's engines did per hour, summed over replicas: busy GPU-ms (busy wall ms x
+# gpu_count, i.e. busy_ms x gpu_ms / wall_ms; rows written before migration 0008 have no wall_ms and
+# count busy_ms once), KV-cache memory-time, request-ms waiting and running.
+ENGINE_SQL = """
+SELECT deployment_id, hour,
+       sum(CASE WHEN wall_ms > 0 THEN busy_ms::numeric * gpu_ms / wall_ms ELSE busy_ms END),
+       sum(kv_cache_gpu_ms)::bigint, sum(queue_ms)::bigint, sum(running_ms)::bigint
+FROM gpu_ledger_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
+GROUP BY deployment_id, hour
+"""
+
+# The request events of [start, end) by class (raw events: the rollups keep no status x task x
+# router dimension). wasted: the request belongs to a task attempt that was retried (a later attempt
+# exists) or whose task failed or was abandoned; failovers: upstream attempts beyond the first
+# (`upstream_attempts`, a number or a list, when the gateway records it); prefix: '' (not seen
+# before), 'same' or 'other' (the replica that had served it is another one).
+REQUEST_CLASSES_SQL = """
+WITH req AS (
+    SELECT customer_id, date_trunc('hour', occurred_at) AS hour, payload->'data' AS d
+    FROM raw_events
+    WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s {only}
+), flat AS (
+    SELECT customer_id, hour, d->>'model' AS model, d->>'deployment_id' AS deployment_id, d->>'status' AS status,
+           coalesce(d->'tags'->>'error', '') AS error, coalesce(d->'tags'->>'reason', '') AS reason,
+           d->>'task_id' AS task_id, coalesce((d->>'attempt')::int, 1) AS attempt,
+           greatest(CASE jsonb_typeof(d->'upstream_attempts')
+                        WHEN 'number' THEN (d->>'upstream_attempts')::numeric::int
+                        WHEN 'array' THEN jsonb_array_length(d->'upstream_attempts') ELSE 1 END - 1, 0) AS failovers,
+           CASE WHEN d->>'prefix_seen' = 'true' THEN
+               CASE WHEN d->>'prefix_seen_replica' IS NOT NULL AND d->>'prefix_seen_replica' IS DISTINCT FROM d->>'replica_id'
+                    THEN 'other' ELSE 'same' END
+           ELSE '' END AS prefix,
+           (d->>'input_tokens')::bigint - (d->>'cached_input_tokens')::bigint AS uncached,
+           (d->>'output_tokens')::bigint AS output
+    FROM req
+), tasks AS (
+    SELECT a.customer_id, a.task_id, max(a.attempt) AS last_attempt, min(o.outcome) AS outcome,
+           min(o.failure_cause) AS failure_cause
+    FROM task_attempts a LEFT JOIN task_outcomes o ON o.customer_id = a.customer_id AND o.task_id = a.task_id
+    WHERE (a.customer_id, a.task_id) IN (SELECT DISTINCT customer_id, task_id FROM flat WHERE task_id IS NOT NULL)
+    GROUP BY a.customer_id, a.task_id
+)
+SELECT f.customer_id, f.model, f.deployment_id, f.hour, f.status, count(*), sum(f.uncached)::bigint,
+       sum(f.output)::bigint, f.error, f.reason,
+       coalesce(f.attempt < t.last_attempt OR t.outcome IN ('failed', 'abandoned'), false),
+       coalesce(t.failure_cause, ''), f.failovers, f.prefix
+FROM flat f LEFT JOIN tasks t ON t.customer_id = f.customer_id AND t.task_id = f.task_id
+GROUP BY 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14
+"""
+
+
+def engine_hours(
+    conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
+) -> list[tuple]:
+    """(deployment, hour, busy GPU-ms (numeric), kv_cache_gpu_ms, queue_ms, running_ms) of [start, end)."""
+    only = "" if deployment_id is None else "AND deployment_id = %(deployment)s"
+    return conn.execute(ENGINE_SQL.format(only=only),
+                        {"start": start, "end": end, "deployment": deployment_id}).fetchall()
+
+
+def request_classes(
+    conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
+) -> list[tuple]:
+    """The raw request events of [start, end) summed by class: (customer, model, deployment, hour,
+    status, requests, uncached input tokens, output tokens, tags.error, tags.reason, wasted task
+    attempt, the task's failure_cause, failovers per request, prefix) — see REQUEST_CLASSES_SQL.
+    Reads raw_events (a time-range scan of the window's partitions)."""
+    only = "" if deployment_id is None else "AND payload->'data'->>'deployment_id' = %(deployment)s"
+    return conn.execute(REQUEST_CLASSES_SQL.format(only=only),
+                        {"start": start, "end": end, "deployment": deployment_id}).fetchall()
