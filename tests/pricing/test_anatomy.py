@@ -135,3 +135,28 @@ def test_five_terms_are_non_negative_and_add_up_to_the_cost_model_total(case, gr
     assert again.to_json() == a.to_json()  # re-running gives identical output
     f = failures(ps, "USD")
     assert sum(r.cost for r in f.rows) == Currency.of("USD").round(a.exact["failure"] + a.exact["context_not_reused"])
+
+
+def test_each_books_margin_under_the_anatomy():
+    """Per book: how much of the idle loss and of the failure cost customers are billed for, and
+    what the platform carries (the worked example, three books)."""
+    from pricing.experiments import compare
+    from tests.pricing.usage_oracle import oracle_usages
+    from tests.pricing.worked_example import GPU_HOUR, PER_TASK, PER_TOKEN
+
+    report = compare(DATASET, [PER_TOKEN, GPU_HOUR, PER_TASK], COST_MODEL, oracle_usages(DATASET, COST_MODEL),
+                     ANATOMY_INPUTS)
+    assert report.anatomy.total == D("12.00")
+    assert report.anatomy.term("queue_and_idle") == D("6.40")  # pool 2.40 + a's idle dedicated hour 4.00
+    assert report.anatomy.term("failure") == D("2.24")
+    token, gpu, task = ({e.term: e for e in b.anatomy} for b in report.books)
+    # GPU-hour ($6/GPU-h): the idle 30% of each pool share and a's idle dedicated hour are billed:
+    # a 4320 s x 0.3 + 3600 s, b 2880 s x 0.3 = 5,760 s x 6 / 3600 = $9.60, more than they cost
+    assert gpu["queue_and_idle"].billed_to_customers == D("9.60")
+    assert gpu["queue_and_idle"].carried_by_platform == D("-3.20")
+    assert token["queue_and_idle"].billed_to_customers == task["queue_and_idle"].billed_to_customers == 0
+    assert token["queue_and_idle"].carried_by_platform == D("6.40")
+    # per task: failed attempts are not successful tasks: the platform carries all of the failure cost
+    assert (task["failure"].billed_to_customers, task["failure"].carried_by_platform) == (0, D("2.24"))
+    # per token: the customer pays for the failed tokens (a: 4/9 of its tokens' work, b: half)
+    assert 0 < token["failure"].billed_to_customers < token["failure"].cost
