@@ -483,11 +483,13 @@ def _mount_optional_apps() -> None:
     from app.replay import replay_app
     from billing_service.cli import APPS as billing_apps
     from pricing_service.cli import app as pricing_cli
+    from pricing_service.cli import cost_app
     from serving.capacity_api import capacity_command
     from serving.cli import bench_app, serve_app
     from serving.control_cli import budgets_app, keys_app
 
     app.add_typer(pricing_cli, name="pricing")
+    app.add_typer(cost_app, name="cost")
     app.add_typer(serve_app, name="serve")
     app.add_typer(replay_app, name="replay")
     app.add_typer(bench_app, name="bench")

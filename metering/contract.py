@@ -26,8 +26,11 @@ EVENT_TYPES = (REQUEST_V1, TASK_V1, USAGE_V1, REPLICA_V1)
 
 RequestStatus = Literal["ok", "error", "cancelled", "rejected"]
 TaskOutcome = Literal["succeeded", "failed", "abandoned"]
+# Why a task failed (or its attempts were retried), when the agent knows (docs/cost-model.md, failures).
+FailureCause = Literal["runtime", "capacity", "routing", "client", "model", "verifier"]
 REQUEST_STATUSES: tuple[str, ...] = get_args(RequestStatus)
 TASK_OUTCOMES: tuple[str, ...] = get_args(TaskOutcome)
+FAILURE_CAUSES: tuple[str, ...] = get_args(FailureCause)
 
 MAX_TOKENS = 10**12  # per event; keeps every sum far inside bigint
 QUANTITY_DECIMALS = 12  # the project-wide NUMERIC scale (infermeter.db.QUANTITY_SCALE)
@@ -74,6 +77,9 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     first_token_at: When | None = None
     finished_at: When
     tags: Tags = {}
+    # set by the router: whether the prompt's prefix was already served in the window, and on which replica
+    prefix_seen: bool | None = None
+    prefix_seen_replica: Id | None = None
 
 
 class TaskData(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +87,7 @@ class TaskData(msgspec.Struct, frozen=True, kw_only=True):
     customer_id: Id
     outcome: TaskOutcome
     finished_at: When
+    failure_cause: FailureCause | None = None
 
 
 class UsageData(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +108,10 @@ class ReplicaData(msgspec.Struct, frozen=True, kw_only=True):
     busy_seconds: DecimalString
     prompt_tokens: Tokens
     generation_tokens: Tokens
+    # the engine's state over the interval, when the agent could read it (vLLM /metrics):
+    kv_cache_usage: DecimalString | None = None  # KV-cache usage, a fraction 0..1, mean of the interval's scrapes
+    requests_waiting: DecimalString | None = None  # requests in the engine's queue, time-averaged
+    requests_running: DecimalString | None = None  # requests running, time-averaged
 
 
 DATA_TYPES: dict[str, type[msgspec.Struct]] = {
@@ -238,6 +249,8 @@ def _check_rules(envelope: Envelope, data: Any, who: dict) -> None:
             raise InvalidEvent(
                 "bad_quantity", f"busy_seconds {data.busy_seconds} exceeds the interval length {length}", **who
             )
+        if data.kv_cache_usage is not None and Decimal(data.kv_cache_usage) > 1:
+            raise InvalidEvent("bad_quantity", f"kv_cache_usage {data.kv_cache_usage} is more than 1 (a fraction)", **who)
 
 
 # --- producing events --------------------------------------------------------------------------
@@ -351,11 +364,17 @@ def task_event(
     outcome: str,
     finished_at: datetime,
     event_id: str | None = None,
+    failure_cause: str | None = None,
 ) -> dict[str, Any]:
-    """An `infermeter.task.v1` event: a task's outcome, at the time it finished."""
+    """An `infermeter.task.v1` event: a task's outcome, at the time it finished (and, optionally, why it
+    failed or was retried: one of FAILURE_CAUSES)."""
     if outcome not in TASK_OUTCOMES:
         raise ValueError(f"unknown task outcome {outcome!r} (one of {', '.join(TASK_OUTCOMES)})")
+    if failure_cause is not None and failure_cause not in FAILURE_CAUSES:
+        raise ValueError(f"unknown failure cause {failure_cause!r} (one of {', '.join(FAILURE_CAUSES)})")
     data = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "finished_at": finished_at}
+    if failure_cause is not None:
+        data["failure_cause"] = failure_cause
     return make_event(TASK_V1, source=source, subject=customer_id, data=data, event_id=event_id,
                       time=finished_at)
 
@@ -392,9 +411,13 @@ def replica_event(
     busy_seconds: str,
     prompt_tokens: int,
     generation_tokens: int,
+    kv_cache_usage: str | None = None,
+    requests_waiting: str | None = None,
+    requests_running: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.replica.v1` event: one GPU interval of a replica, at the interval's end; its
-    id is `<replica_id>/<interval_start>` so a re-sent interval is a duplicate."""
+    id is `<replica_id>/<interval_start>` so a re-sent interval is a duplicate. The engine state
+    (`kv_cache_usage`, `requests_waiting`, `requests_running`) is left out when not known."""
     data = {
         "replica_id": replica_id,
         "deployment_id": deployment_id,
@@ -407,5 +430,9 @@ def replica_event(
         "prompt_tokens": prompt_tokens,
         "generation_tokens": generation_tokens,
     }
+    for name, value in (("kv_cache_usage", kv_cache_usage), ("requests_waiting", requests_waiting),
+                        ("requests_running", requests_running)):
+        if value is not None:
+            data[name] = value
     return make_event(REPLICA_V1, source=source, subject=customer_id or SHARED_POOL_SUBJECT, data=data,
                       event_id=f"{replica_id}/{rfc3339(interval_start)}", time=interval_end)

@@ -192,24 +192,27 @@ def meter_totals(
     return conn.execute(METER_TOTALS_SQL.format(only=only), params).fetchall()
 
 
-# GPU-ms of each deployment-hour shared by weighted tokens; idle dedicated hours to their owner.
-# With a customer, only the deployment-hours that customer was served in (or owns) are read.
+# The weights that share each deployment-hour's GPU-ms, and the idle hours of dedicated deployments.
+# With a customer, only the deployment-hours that customer was served in (or owns) are read, with
+# every customer's weight in them (the split of an hour needs all its shares).
 # `weight` is what was served; `scenario` the same with prefix caching off for the models in %(off)s
-# (their cached input counted as uncached; equal to `weight` when %(off)s is empty): a deployment-
-# hour's GPU time grows by scenario / weight and is shared by scenario, i.e. each share is
-# gpu_ms x scenario / total weight (pricing.cost.attribute, caching_off_for). 20 decimal places per
-# deployment-hour share (numeric): far below the 12-place scale of the quantities.
+# (their cached input counted as uncached; equal to `weight` when %(off)s is empty). Rows:
+# (owner, deployment, gpu_type, hour, gpu_ms, total weight, customer, model, scenario weight) for each
+# (customer, model) served in a deployment-hour with GPU time and weight, then
+# (owner, deployment, gpu_type, NULL, idle gpu_ms, 0, owner, '', NULL) per dedicated deployment's idle
+# hours. The split itself (largest remainder on a fixed quantum) is pricing.cost.split_gpu_seconds,
+# applied by the caller: the same function as the pure attribution.
 GPU_ATTRIBUTION_SQL = """
 WITH hours AS (
     SELECT DISTINCT deployment_id, hour FROM gpu_ledger_hourly
     WHERE hour >= %(start)s AND hour < %(end)s {gpu_only}
 ), weights AS (
-    SELECT r.customer_id, r.deployment_id, r.hour,
+    SELECT r.customer_id, r.model, r.deployment_id, r.hour,
            sum(%(pw)s * (r.input_tokens - r.cached_input_tokens) + %(dw)s * r.output_tokens) AS weight,
            sum(%(pw)s * (r.input_tokens - CASE WHEN r.model = ANY(%(off)s::text[]) THEN 0 ELSE r.cached_input_tokens END)
                + %(dw)s * r.output_tokens) AS scenario
     FROM request_rollup_hourly r JOIN hours h ON h.deployment_id = r.deployment_id AND h.hour = r.hour
-    GROUP BY r.customer_id, r.deployment_id, r.hour
+    GROUP BY r.customer_id, r.model, r.deployment_id, r.hour
 ), totals AS (
     SELECT deployment_id, hour, sum(weight) AS total FROM weights GROUP BY deployment_id, hour
 ), gpu AS (
@@ -217,13 +220,12 @@ WITH hours AS (
     FROM gpu_ledger_hourly g JOIN hours h ON h.deployment_id = g.deployment_id AND h.hour = g.hour
     GROUP BY g.customer_id, g.deployment_id, g.gpu_type, g.hour
 )
-SELECT w.customer_id, g.deployment_id, g.gpu_type, sum((g.gpu_ms * w.scenario)::numeric(70, 20) / t.total)
+SELECT g.owner, g.deployment_id, g.gpu_type, g.hour, g.gpu_ms::bigint, t.total, w.customer_id, w.model, w.scenario
 FROM gpu g
 JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour AND t.total > 0
-JOIN weights w ON w.deployment_id = g.deployment_id AND w.hour = g.hour AND w.scenario > 0 {weights_only}
-GROUP BY w.customer_id, g.deployment_id, g.gpu_type
+JOIN weights w ON w.deployment_id = g.deployment_id AND w.hour = g.hour AND w.scenario > 0
 UNION ALL
-SELECT g.owner, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
+SELECT g.owner, g.deployment_id, g.gpu_type, NULL, sum(g.gpu_ms)::bigint, 0, g.owner, '', NULL
 FROM gpu g LEFT JOIN totals t ON t.deployment_id = g.deployment_id AND t.hour = g.hour
 WHERE g.owner <> '' AND coalesce(t.total, 0) = 0 {owner_only}
 GROUP BY g.owner, g.deployment_id, g.gpu_type
@@ -248,16 +250,15 @@ def gpu_ms_attribution(
     decode_weight: object,
     customer_id: str | None = None,
     caching_off_for: Iterable[str] = (),
-) -> list[tuple[str, str, str, Decimal]]:
-    """(customer, deployment, gpu_type, GPU-ms) attributed over [start, end): each deployment-hour's
-    GPU-ms shared by the customers served in it in proportion to prefill_weight x uncached input +
-    decode_weight x output tokens (with prefix caching off for the models `caching_off_for`: the
-    hour's GPU time grown by the extra weight and shared by it); the idle hours of a dedicated
-    deployment are its owner's. GPU-ms are numeric (up to 20 decimal places), 0 included."""
+) -> list[tuple]:
+    """What shares the GPU time of [start, end) (rows described at GPU_ATTRIBUTION_SQL): for each
+    deployment-hour with GPU time and weighted tokens, one row per (customer, model) served in it with
+    its weight prefill_weight x uncached input + decode_weight x output tokens (with prefix caching
+    off for the models `caching_off_for`) and the hour's total weight; and the idle GPU-ms of each
+    dedicated deployment (hour NULL). With a customer: the hours it was served in or owns."""
     mine = customer_id is not None
     sql = GPU_ATTRIBUTION_SQL.format(
         gpu_only=CUSTOMER_GPU_HOURS if mine else "",
-        weights_only="AND w.customer_id = %(customer)s" if mine else "",
         owner_only="AND g.owner = %(customer)s" if mine else "",
     )
     params = {"start": start, "end": end, "customer": customer_id, "off": list(caching_off_for),
@@ -363,3 +364,77 @@ def hourly_meters(
 ) -> Iterator[tuple]:
     """usage_rollup_hourly rows of [start, end): (customer, meter, hour, quantity)."""
     return _rows(conn, _only(METERS_SQL, "") if customer_id is not None else METERS_SQL, start, end, customer_id)
+
+
+# ---------------------------------------------------------------- the cost anatomy (docs/cost-model.md)
+
+# What each deployment's engines did per hour, summed over replicas: busy GPU-ms (busy wall ms x
+# gpu_count, i.e. busy_ms x gpu_ms / wall_ms; rows written before migration 0008 have no wall_ms and
+# count busy_ms once), KV-cache memory-time, request-ms waiting and running.
+ENGINE_SQL = """
+SELECT deployment_id, hour,
+       sum(CASE WHEN wall_ms > 0 THEN busy_ms::numeric * gpu_ms / wall_ms ELSE busy_ms END),
+       sum(kv_cache_gpu_ms)::bigint, sum(queue_ms)::bigint, sum(running_ms)::bigint
+FROM gpu_ledger_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
+GROUP BY deployment_id, hour
+"""
+
+# The request events of [start, end) by class (raw events: the rollups keep no status x task x
+# router dimension). wasted: the request belongs to a task attempt that was retried (a later attempt
+# exists) or whose task failed or was abandoned; failovers: upstream attempts beyond the first
+# (`upstream_attempts`, a number or a list, when the gateway records it); prefix: '' (not seen
+# before), 'same' or 'other' (the replica that had served it is another one).
+REQUEST_CLASSES_SQL = """
+WITH req AS (
+    SELECT customer_id, date_trunc('hour', occurred_at) AS hour, payload->'data' AS d
+    FROM raw_events
+    WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s {only}
+), flat AS (
+    SELECT customer_id, hour, d->>'model' AS model, d->>'deployment_id' AS deployment_id, d->>'status' AS status,
+           coalesce(d->'tags'->>'error', '') AS error, coalesce(d->'tags'->>'reason', '') AS reason,
+           d->>'task_id' AS task_id, coalesce((d->>'attempt')::int, 1) AS attempt,
+           greatest(CASE jsonb_typeof(d->'upstream_attempts')
+                        WHEN 'number' THEN (d->>'upstream_attempts')::numeric::int
+                        WHEN 'array' THEN jsonb_array_length(d->'upstream_attempts') ELSE 1 END - 1, 0) AS failovers,
+           CASE WHEN d->>'prefix_seen' = 'true' THEN
+               CASE WHEN d->>'prefix_seen_replica' IS NOT NULL AND d->>'prefix_seen_replica' IS DISTINCT FROM d->>'replica_id'
+                    THEN 'other' ELSE 'same' END
+           ELSE '' END AS prefix,
+           (d->>'input_tokens')::bigint - (d->>'cached_input_tokens')::bigint AS uncached,
+           (d->>'output_tokens')::bigint AS output
+    FROM req
+), tasks AS (
+    SELECT a.customer_id, a.task_id, max(a.attempt) AS last_attempt, min(o.outcome) AS outcome,
+           min(o.failure_cause) AS failure_cause
+    FROM task_attempts a LEFT JOIN task_outcomes o ON o.customer_id = a.customer_id AND o.task_id = a.task_id
+    WHERE (a.customer_id, a.task_id) IN (SELECT DISTINCT customer_id, task_id FROM flat WHERE task_id IS NOT NULL)
+    GROUP BY a.customer_id, a.task_id
+)
+SELECT f.customer_id, f.model, f.deployment_id, f.hour, f.status, count(*), sum(f.uncached)::bigint,
+       sum(f.output)::bigint, f.error, f.reason,
+       coalesce(f.attempt < t.last_attempt OR t.outcome IN ('failed', 'abandoned'), false),
+       coalesce(t.failure_cause, ''), f.failovers, f.prefix
+FROM flat f LEFT JOIN tasks t ON t.customer_id = f.customer_id AND t.task_id = f.task_id
+GROUP BY 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14
+"""
+
+
+def engine_hours(
+    conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
+) -> list[tuple]:
+    """(deployment, hour, busy GPU-ms (numeric), kv_cache_gpu_ms, queue_ms, running_ms) of [start, end)."""
+    only = "" if deployment_id is None else "AND deployment_id = %(deployment)s"
+    return conn.execute(ENGINE_SQL.format(only=only),
+                        {"start": start, "end": end, "deployment": deployment_id}).fetchall()
+
+
+def request_classes(
+    conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
+) -> list[tuple]:
+    """The raw request events of [start, end) summed by class: (customer, model, deployment, hour,
+    status, requests, uncached input tokens, output tokens, tags.error, tags.reason, wasted task
+    attempt, the task's failure_cause, failovers per request, prefix) — see REQUEST_CLASSES_SQL.
+    Reads raw_events (a time-range scan of the window's partitions)."""
+    only = "" if deployment_id is None else "AND payload->'data'->>'deployment_id' = %(deployment)s"
+    return conn.execute(REQUEST_CLASSES_SQL.format(only=only),
+                        {"start": start, "end": end, "deployment": deployment_id}).fetchall()

@@ -58,6 +58,10 @@ class GpuSlice:
     busy_ms: int
     prompt_tokens: int
     generation_tokens: int
+    wall_ms: int = 0
+    kv_cache_gpu_ms: int = 0  # gpu_ms x the interval's mean KV-cache usage
+    queue_ms: int = 0  # request-ms waiting: time-averaged queue x wall ms
+    running_ms: int = 0  # request-ms running
 
 
 @dataclass
@@ -89,9 +93,18 @@ def _split_exact(total: int, weights: list[int]) -> list[int]:
     return shares
 
 
+def _scaled_ms(total_ms: int, factor: str | None) -> int:
+    """round(total_ms x factor) half-up; 0 when the factor was not reported."""
+    if factor is None:
+        return 0
+    return int((total_ms * Decimal(factor)).to_integral_value(ROUND_HALF_UP))
+
+
 def split_interval(data: ReplicaData) -> list[GpuSlice]:
     """Split a replica interval at hour boundaries. gpu_ms = slice milliseconds x gpu_count;
-    busy time and engine token counters are shared out in proportion to slice length, exactly."""
+    busy time and engine token counters are shared out in proportion to slice length, exactly; so is
+    the engine state: KV-cache memory-time (interval gpu_ms x kv_cache_usage) and the request-ms
+    waiting and running (interval ms x the time-averaged requests_waiting / requests_running)."""
     start = data.interval_start.astimezone(UTC)
     end = data.interval_end.astimezone(UTC)
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
@@ -107,6 +120,10 @@ def split_interval(data: ReplicaData) -> list[GpuSlice]:
     busy = _split_exact(busy_total, slice_ms)
     prompt = _split_exact(data.prompt_tokens, slice_ms)
     generation = _split_exact(data.generation_tokens, slice_ms)
+    interval_ms = sum(slice_ms)
+    kv = _split_exact(_scaled_ms(interval_ms * data.gpu_count, data.kv_cache_usage), slice_ms)
+    queue = _split_exact(_scaled_ms(interval_ms, data.requests_waiting), slice_ms)
+    running = _split_exact(_scaled_ms(interval_ms, data.requests_running), slice_ms)
     return [
         GpuSlice(
             customer_id=data.customer_id or "",
@@ -118,6 +135,10 @@ def split_interval(data: ReplicaData) -> list[GpuSlice]:
             busy_ms=busy[i],
             prompt_tokens=prompt[i],
             generation_tokens=generation[i],
+            wall_ms=slice_ms[i],
+            kv_cache_gpu_ms=kv[i],
+            queue_ms=queue[i],
+            running_ms=running[i],
         )
         for i in range(len(slice_ms))
     ]
@@ -158,7 +179,8 @@ def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, futur
             for piece in split_interval(event.data):
                 batch.gpu_rows.append(
                     (seq, piece.customer_id, piece.deployment_id, piece.replica_id, piece.gpu_type, piece.hour,
-                     piece.gpu_ms, piece.busy_ms, piece.prompt_tokens, piece.generation_tokens)
+                     piece.gpu_ms, piece.busy_ms, piece.prompt_tokens, piece.generation_tokens,
+                     piece.wall_ms, piece.kv_cache_gpu_ms, piece.queue_ms, piece.running_ms)
                 )
     return batch
 

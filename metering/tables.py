@@ -106,6 +106,7 @@ task_outcomes = Table(
     timestamp_column("finished_at", nullable=False),
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
+    Column("failure_cause", Text),  # the outcome's failure_cause (migration 0008), NULL when not given
     PrimaryKeyConstraint("customer_id", "task_id", name="task_outcomes_pkey"),
 )
 Index("task_outcomes_finished", task_outcomes.c.finished_at)
@@ -134,7 +135,11 @@ usage_rollup_hourly = Table(
 )
 
 # infermeter.replica.v1 intervals split at hour boundaries. customer_id '' = the shared pool.
-# gpu_ms = interval milliseconds x gpu_count; busy_ms likewise; token counters split in proportion.
+# gpu_ms = interval milliseconds x gpu_count; busy_ms = busy wall milliseconds; token counters split in
+# proportion. The engine state (migration 0008; 0 for intervals that did not report it): wall_ms = the
+# interval's wall milliseconds (gpu_ms / wall_ms = gpu_count), kv_cache_gpu_ms = gpu_ms x mean KV-cache
+# usage (memory-time held), queue_ms / running_ms = request-milliseconds waiting / running (the
+# time-averaged queue and batch x wall milliseconds).
 gpu_ledger_hourly = Table(
     "gpu_ledger_hourly",
     metadata,
@@ -143,7 +148,8 @@ gpu_ledger_hourly = Table(
     Column("replica_id", Key, nullable=False),
     Column("gpu_type", Key, nullable=False),
     timestamp_column("hour", nullable=False),
-    *_counts("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals"),
+    *_counts("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals",
+             "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms"),
     PrimaryKeyConstraint(
         "customer_id", "deployment_id", "replica_id", "gpu_type", "hour", name="gpu_ledger_hourly_pkey"
     ),

@@ -25,7 +25,7 @@ from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload")
 GPU_STAGE_COLUMNS = (
     "seq", "customer_id", "deployment_id", "replica_id", "gpu_type", "hour",
-    "gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens",
+    "gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms",
 )
 
 CREATE_STAGE = """
@@ -36,7 +36,8 @@ CREATE TEMP TABLE IF NOT EXISTS stage (
 CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
     seq int NOT NULL, customer_id text COLLATE "C" NOT NULL, deployment_id text COLLATE "C" NOT NULL,
     replica_id text COLLATE "C" NOT NULL, gpu_type text COLLATE "C" NOT NULL, hour timestamptz NOT NULL,
-    gpu_ms bigint NOT NULL, busy_ms bigint NOT NULL, prompt_tokens bigint NOT NULL, generation_tokens bigint NOT NULL
+    gpu_ms bigint NOT NULL, busy_ms bigint NOT NULL, prompt_tokens bigint NOT NULL, generation_tokens bigint NOT NULL,
+    wall_ms bigint NOT NULL, kv_cache_gpu_ms bigint NOT NULL, queue_ms bigint NOT NULL, running_ms bigint NOT NULL
 ) ON COMMIT DELETE ROWS;
 """
 
@@ -46,7 +47,8 @@ _REQUEST_COUNTS = (
     "input_tokens", "cached_input_tokens", "output_tokens",
     "retry_requests", "retry_input_tokens", "retry_cached_input_tokens", "retry_output_tokens",
 )
-_GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals")
+_GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals",
+               "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms")
 
 # One statement: claim identities, then every table fed from the fresh events only. Every upsert
 # visits its rows in key order, so concurrent writers lock shared rows in one order (no deadlock).
@@ -72,7 +74,8 @@ WITH fresh_keys AS (
     FROM fresh WHERE type = 'infermeter.request.v1'
 ), outcome AS (
     SELECT customer_id, source, event_id, payload->'data'->>'task_id' AS task_id,
-           payload->'data'->>'outcome' AS outcome, (payload->'data'->>'finished_at')::timestamptz AS finished_at
+           payload->'data'->>'outcome' AS outcome, (payload->'data'->>'finished_at')::timestamptz AS finished_at,
+           payload->'data'->>'failure_cause' AS failure_cause
     FROM fresh WHERE type = 'infermeter.task.v1'
 ), used AS (
     SELECT customer_id, hour, payload->'data'->>'meter' AS meter, payload->'data'->>'task_id' AS task_id,
@@ -111,12 +114,12 @@ WITH fresh_keys AS (
         first_request_at = least(a.first_request_at, EXCLUDED.first_request_at),
         last_request_at = greatest(a.last_request_at, EXCLUDED.last_request_at)
 ), outcomes AS (
-    INSERT INTO task_outcomes AS o (customer_id, task_id, outcome, finished_at, source, event_id)
-    SELECT DISTINCT ON (customer_id, task_id) customer_id, task_id, outcome, finished_at, source, event_id
+    INSERT INTO task_outcomes AS o (customer_id, task_id, outcome, finished_at, source, event_id, failure_cause)
+    SELECT DISTINCT ON (customer_id, task_id) customer_id, task_id, outcome, finished_at, source, event_id, failure_cause
     FROM outcome
     ORDER BY customer_id, task_id, finished_at DESC, source DESC, event_id DESC
     ON CONFLICT (customer_id, task_id) DO UPDATE SET
-        outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at,
+        outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at, failure_cause = EXCLUDED.failure_cause,
         source = EXCLUDED.source, event_id = EXCLUDED.event_id
     WHERE (EXCLUDED.finished_at, EXCLUDED.source, EXCLUDED.event_id) > (o.finished_at, o.source, o.event_id)
 ), usage AS (
@@ -136,7 +139,8 @@ WITH fresh_keys AS (
 ), gpu AS (
     INSERT INTO gpu_ledger_hourly AS g (customer_id, deployment_id, replica_id, gpu_type, hour, {", ".join(_GPU_COUNTS)})
     SELECT g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour,
-           sum(g.gpu_ms), sum(g.busy_ms), sum(g.prompt_tokens), sum(g.generation_tokens), count(*)
+           sum(g.gpu_ms), sum(g.busy_ms), sum(g.prompt_tokens), sum(g.generation_tokens), count(*),
+           sum(g.wall_ms), sum(g.kv_cache_gpu_ms), sum(g.queue_ms), sum(g.running_ms)
     FROM stage_gpu g JOIN fresh f USING (seq)
     GROUP BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ORDER BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour

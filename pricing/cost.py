@@ -16,12 +16,14 @@ request and task. Pure; docs/cost-model.md explains the method with a worked exa
 4. "As if prefix caching were off": a model's cached input tokens become uncached; each
    deployment-hour's GPU time grows by the ratio of its new weighted tokens to its old ones (the same
    GPU-seconds per weighted token), and is attributed by the new weights.
+5. Allocations add up: every proportional split is made on a fixed quantum (10^-12 GPU-s; a cent for
+   money) by largest remainder (`largest_remainder`), so the parts sum exactly to the whole.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, localcontext
@@ -31,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pricing.book import Amount, QuantityValue, _ExactLoader, _path, _reason
-from pricing.money import EXACT, Currency
+from pricing.money import EXACT, QUANT, SCALE, Currency
 from pricing.records import Dataset, TaskRecord
 
 ZERO = Decimal(0)
@@ -50,6 +52,10 @@ class CostModel(BaseModel):
     prefill_weight: QuantityValue = Field(default=Decimal(1), ge=0)
     decode_weight: QuantityValue = Field(default=Decimal(1), ge=0)
     usage_unit_cost: dict[str, Amount] = Field(default_factory=dict, description="cost per unit of a usage meter")
+    kv_cache_share: QuantityValue = Field(
+        default=Decimal("0.3"), ge=0, le=1,
+        description="share of a GPU's cost that pays for the memory a full KV cache holds (cost anatomy)",
+    )
 
     @field_validator("currency")
     @classmethod
@@ -117,7 +123,8 @@ class Attribution:
 
     @property
     def total_cost(self) -> Decimal:
-        return sum(self.cost.values(), ZERO)
+        with localcontext(EXACT):
+            return sum(self.cost.values(), ZERO)
 
     def cost_per_weighted_token(self, customer: str | None = None) -> Decimal:
         keys = [k for k in self.weighted_tokens if customer is None or k[0] == customer]
@@ -149,7 +156,9 @@ class Attribution:
 
 
 def attribute(dataset: Dataset, model: CostModel, *, caching_off_for: Iterable[str] = ()) -> Attribution:
-    """Attribute every deployment-hour's GPU time (and cost) to what it served; see the module doc."""
+    """Attribute every deployment-hour's GPU time (and cost) to what it served; see the module doc.
+    Each deployment-hour's GPU-seconds are split with `split_gpu_seconds` (largest remainder on the
+    quantum GPU_SECONDS_QUANTUM): the shares add up to the hour's GPU-seconds exactly."""
     off = frozenset(caching_off_for)
     served: dict[tuple[str, datetime], dict[tuple[str, str], list[Decimal]]] = defaultdict(dict)
     out = Attribution()
@@ -163,32 +172,97 @@ def attribute(dataset: Dataset, model: CostModel, *, caching_off_for: Iterable[s
         slot[1] += scenario
         out.weighted_tokens[key] = out.weighted_tokens.get(key, ZERO) + scenario
         out.requests[key] = out.requests.get(key, 0) + r.requests
-    gpu: dict[tuple[str, datetime], dict[tuple[str, str], Decimal]] = defaultdict(dict)
+    gpu: dict[tuple[str, datetime], dict[tuple[str, str], int]] = defaultdict(dict)
     for g in dataset.gpu:
         slots = gpu[(g.deployment_id, g.hour)]
         k = (g.customer_id, g.gpu_type)
-        slots[k] = slots.get(k, ZERO) + g.gpu_seconds
+        slots[k] = slots.get(k, 0) + g.gpu_ms
     with localcontext(EXACT):
         for (deployment, hour), by_owner in gpu.items():
             shares = served.get((deployment, hour), {})
             actual = sum((w[0] for w in shares.values()), ZERO)
-            scenario = sum((w[1] for w in shares.values()), ZERO)
-            for (owner, gpu_type), seconds in by_owner.items():
+            for (owner, gpu_type), ms in by_owner.items():
                 rate = model.gpu_hour_cost(gpu_type) / 3600
                 if not actual:
                     k = CostKey(owner, "", deployment, gpu_type, hour)  # idle: the owner's, or the pool's
+                    seconds = Decimal(ms) / 1000
                     out.gpu_seconds[k] = out.gpu_seconds.get(k, ZERO) + seconds
                     out.cost[k] = out.cost.get(k, ZERO) + seconds * rate
                     continue
-                grown = seconds * scenario / actual  # == seconds unless caching is switched off
-                for (customer, m), (_, w) in shares.items():
-                    if not w:
-                        continue
+                keys = sorted(k for k, w in shares.items() if w[1])
+                parts = split_gpu_seconds(ms, actual, [shares[k][1] for k in keys])
+                for (customer, m), part in zip(keys, parts, strict=True):
                     k = CostKey(customer, m, deployment, gpu_type, hour)
-                    part = grown * w / scenario
                     out.gpu_seconds[k] = out.gpu_seconds.get(k, ZERO) + part
                     out.cost[k] = out.cost.get(k, ZERO) + part * rate
     return out
+
+
+# ---------------------------------------------------------------- allocations that add up
+
+# GPU-seconds are split on this quantum (the project scale, 10^-12 s): a deployment-hour's GPU-ms are
+# 10^9 quanta each, so whole hours of whole GPU-seconds stay whole.
+GPU_SECONDS_QUANTUM = QUANT
+_QUANTA_PER_MS = 10**9
+
+
+def _integer_weights(weights: Sequence[Decimal | int]) -> list[int]:
+    """The same proportions as integers (every weight scaled by one power of ten)."""
+    places = 0
+    for w in weights:
+        exponent = Decimal(w).as_tuple().exponent
+        if isinstance(exponent, int) and -exponent > places:
+            places = -exponent
+    return [int(Decimal(w).scaleb(places)) for w in weights]
+
+
+def largest_remainder(whole: int, weights: Sequence[Decimal | int]) -> list[int]:
+    """Split the integer `whole` (quanta) in proportion to non-negative `weights`: each part is the floor
+    of its exact share, and the quanta left over go one each to the largest remainders (ties: the
+    earlier weight first). The parts always sum to `whole`; all weights zero: all of it to the first."""
+    if not weights:
+        if whole:
+            raise ValueError("nothing to split a non-zero whole among")
+        return []
+    ints = _integer_weights(weights)
+    if any(w < 0 for w in ints):
+        raise ValueError("weights must be non-negative")
+    total = sum(ints)
+    if not total:
+        return [whole] + [0] * (len(ints) - 1)
+    floors = []
+    remainders = []
+    for w in ints:
+        q, r = divmod(whole * w, total)
+        floors.append(q)
+        remainders.append(r)
+    left = whole - sum(floors)
+    for i in sorted(range(len(ints)), key=lambda i: (-remainders[i], i))[:left]:
+        floors[i] += 1
+    return floors
+
+
+def split_gpu_seconds(gpu_ms: int, actual_weight: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:
+    """A deployment-hour's GPU-seconds shared in proportion to `weights`, on the quantum
+    GPU_SECONDS_QUANTUM by largest remainder. The whole is `gpu_ms` grown by sum(weights) /
+    actual_weight (they are equal unless prefix caching is switched off in an experiment; the grown
+    whole is rounded half-up to the quantum). The SQL path (pricing_service.rate_period) reads the same
+    weights and calls this, so both give the same shares."""
+    ints = _integer_weights([actual_weight, *weights])
+    actual, scenario = ints[0], sum(ints[1:])
+    if not actual:
+        raise ValueError("no weight served: the hour is idle")
+    whole_num, whole_den = gpu_ms * _QUANTA_PER_MS * scenario, actual
+    whole = (2 * whole_num + whole_den) // (2 * whole_den)  # half-up
+    return [Decimal(q).scaleb(-SCALE) for q in largest_remainder(whole, ints[1:])]
+
+
+def split_amount(whole: Decimal, weights: Sequence[Decimal | int], quantum: Decimal) -> list[Decimal]:
+    """`whole` (a multiple of `quantum`) split in proportion to `weights` by largest remainder on `quantum`."""
+    units = EXACT.divide(whole, quantum)
+    if units != units.to_integral_value():
+        raise ValueError(f"{whole} is not a multiple of {quantum}")
+    return [q * quantum for q in largest_remainder(int(units), weights)]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
 
+from pricing.anatomy import Anatomy, AnatomyInputs, Part, anatomy, parts
 from pricing.book import PriceBook
 from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
 from pricing.money import EXACT, Currency, precise
@@ -165,6 +166,55 @@ class RetryResult:
         return "shared"
 
 
+@dataclass(frozen=True)
+class AnatomyEffect:
+    """A term of the cost anatomy under a book: what it cost, how much of it customers are billed
+    for (the book's revenue minus its revenue on the same usage without that term's GPU time and
+    tokens), and what the platform carries (the margin it would gain if the term went away)."""
+
+    term: str  # queue_and_idle | failure
+    cost: Decimal
+    billed_to_customers: Decimal
+
+    @property
+    def carried_by_platform(self) -> Decimal:
+        return self.cost - self.billed_to_customers
+
+
+def usage_without(usage: Usage, gpu_keep: Mapping[str, Decimal], request_keep: Mapping[str, Decimal]) -> Usage:
+    """The usage with GPU-seconds of each deployment and request meters of each model scaled by the
+    share kept (1 when not given)."""
+    out: list[tuple[UsageKey, Decimal]] = []
+    with localcontext(EXACT):
+        for key, q in usage.quantities.items():
+            if key.meter == "gpu_seconds":
+                q = q * gpu_keep.get(key.deployment, Decimal(1))
+            elif key.meter in REQUEST_METERS_FROM_RECORD:
+                q = q * request_keep.get(key.model, Decimal(1))
+            out.append((key, precise(q)))
+    return Usage.build(usage.customer_id, usage.period_start, usage.period_end, out)
+
+
+def _keep_shares(all_parts: Sequence[Part], term: str, by: str) -> dict[str, dict[str, Decimal]]:
+    """customer -> deployment (by='deployment') or model (by='model') -> 1 - the term's share of the
+    cost (of the GPU cost for deployments; of the token work for models)."""
+    num: dict[tuple[str, str], Decimal] = defaultdict(lambda: ZERO)
+    den: dict[tuple[str, str], Decimal] = defaultdict(lambda: ZERO)
+    token_terms = ("new_compute", "context_not_reused", "failure")
+    with localcontext(EXACT):
+        for p in all_parts:
+            k = (p.customer_id, p.deployment_id if by == "deployment" else p.model)
+            if by == "deployment" or p.term in token_terms:
+                den[k] += p.amount
+                if p.term == term:
+                    num[k] += p.amount
+        out: dict[str, dict[str, Decimal]] = defaultdict(dict)
+        for (c, x), d in den.items():
+            if d:
+                out[c][x] = 1 - num[(c, x)] / d
+    return out
+
+
 @dataclass
 class BookResult:
     book: PriceBook
@@ -175,6 +225,7 @@ class BookResult:
     risk: Risk
     caching: list[CachingGain] = field(default_factory=list)
     retries: RetryResult | None = None
+    anatomy: list[AnatomyEffect] = field(default_factory=list)
 
     @property
     def margin(self) -> Decimal:
@@ -201,6 +252,7 @@ class Comparison:
     cost_per_successful_task: Decimal | None
     successful_tasks: int
     cost_by_model: dict[str, Decimal]
+    anatomy: Anatomy | None = None  # the GPU cost's five parts (pricing.anatomy), by deployment
 
 
 def quantity_text(value: Decimal | int) -> Decimal:
@@ -231,9 +283,12 @@ def experiment_buckets(start: datetime, end: datetime) -> tuple[str, list[tuple[
 
 
 def compare(
-    dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel, usage: ExperimentUsages
+    dataset: Dataset, books: Sequence[PriceBook], cost_model: CostModel, usage: ExperimentUsages,
+    anatomy_inputs: AnatomyInputs | None = None,
 ) -> Comparison:
-    """Rate `usage` under each book and cost the `dataset` with the cost model (see the module doc)."""
+    """Rate `usage` under each book and cost the `dataset` with the cost model (see the module doc).
+    The cost anatomy (`pricing.anatomy`, from `anatomy_inputs`: the engine state and request classes)
+    says, per book, how much of the idle loss and of the failure cost customers are billed for."""
     if not books:
         raise ExperimentError("give at least one price book")
     currencies = {b.currency for b in books} | {cost_model.currency}
@@ -282,6 +337,17 @@ def compare(
     }
 
     caching_off = {m: (attribute(dataset, cost_model, caching_off_for=[m]), caching_off_usages[m]) for m in models}
+
+    all_parts = parts(dataset, cost_model, anatomy_inputs or AnatomyInputs(), attribution)
+    split = anatomy(all_parts, currency.code, group_by="deployment")
+    idle_keep = _keep_shares(all_parts, "queue_and_idle", "deployment")
+    failure_gpu_keep = _keep_shares(all_parts, "failure", "deployment")
+    failure_token_keep = _keep_shares(all_parts, "failure", "model")
+    without = {
+        "queue_and_idle": {c: usage_without(u, idle_keep.get(c, {}), {}) for c, u in usages.items()},
+        "failure": {c: usage_without(u, failure_gpu_keep.get(c, {}), failure_token_keep.get(c, {}))
+                    for c, u in usages.items()},
+    }
 
     def empty(c: str) -> Usage:
         return Usage(c, start, end, {})
@@ -342,8 +408,14 @@ def compare(
             currency.round(sum((t.retried_attempts_cost for t in tcosts), ZERO)),
             sum(revenue_by.values(), ZERO) - revenue_no_retry,
         )
+        effects = [
+            AnatomyEffect(term, split.term(term), sum(revenue_by.values(), ZERO) - sum(
+                (rate(book, without[term].get(c) or empty(c)).total for c in customers), ZERO))
+            for term in ("queue_and_idle", "failure")
+        ]
         results.append(
-            BookResult(book, sum(revenue_by.values(), ZERO), cost, customer_results, ratings, risk, gains, retries)
+            BookResult(book, sum(revenue_by.values(), ZERO), cost, customer_results, ratings, risk, gains, retries,
+                       effects)
         )
 
     totals: dict[str, Decimal] = defaultdict(lambda: ZERO)
@@ -361,4 +433,5 @@ def compare(
         None if (cpt := cost_per_successful_task(tcosts)) is None else precise(cpt),
         sum(1 for t in tcosts if t.outcome == "succeeded"),
         {m: currency.round(attribution.cost_by(model=m)) for m in models},
+        split,
     )

@@ -155,3 +155,91 @@ def books_list(
             table.add_row(v.book_id, v.effective_from.astimezone(UTC).isoformat(), "yes" if current.get(v.book_id) == v.effective_from else "",
                           v.sha256[:12], v.source_name)
         console.print(table)
+
+
+cost_app = typer.Typer(help="What serving cost: the cost anatomy and failures by cause (docs/cost-model.md).",
+                       no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+def _cost_model(path: Path | None):
+    from pricing_service.books import read_cost_model
+
+    return read_cost_model(path or get_settings().pricing_cost_model)
+
+
+@cost_app.command("anatomy")
+def anatomy_cmd(
+    start: Annotated[str, typer.Option("--from", help="Window start, a whole UTC hour (e.g. 2026-11-02T00:00:00Z).")],
+    end: Annotated[str, typer.Option("--to", help="Window end (exclusive), a whole hour.")],
+    deployment: Annotated[str | None, typer.Option("--deployment", help="Only this deployment.")] = None,
+    group_by: Annotated[str, typer.Option("--group-by", help="deployment, model or customer.")] = "deployment",
+    cost_model: Annotated[Path | None, typer.Option("--cost-model", help="Cost model YAML (default: INFERMETER_PRICING_COST_MODEL).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The GPU cost of a window divided into new compute, context not reused, cache occupancy, queue
+    and idle, and failure; the five parts add up to each row's total, to the cent."""
+    from infermeter.times import parse_time
+    from pricing.anatomy import GROUPS, TERMS
+    from pricing_service.anatomy import cost_anatomy
+    from pricing_service.source import connect
+
+    with _clear_errors():
+        if group_by not in GROUPS:
+            raise ValueError(f"--group-by must be one of {', '.join(GROUPS)}, not {group_by!r}")
+        window = parse_time(start, "--from"), parse_time(end, "--to")
+        model = _cost_model(cost_model)
+        with connect(_database_url()) as conn:
+            result = cost_anatomy(conn, window[0], window[1], model, group_by=group_by, deployment=deployment)
+        if as_json:
+            data = result.to_json()
+            data.pop("group_by")
+            sys.stdout.write(json.dumps(data, indent=2) + "\n")
+            return
+        table = Table(title=f"Cost anatomy {start} .. {end} ({result.currency}), by {group_by}")
+        table.add_column(group_by)
+        for t in (*TERMS, "total"):
+            table.add_column(t.replace("_", " "), justify="right")
+        for r in result.rows:
+            table.add_row(r.key or "(idle: platform)" if group_by == "customer" else r.key or "(idle)",
+                          *[str(getattr(r, t)) for t in TERMS], str(r.total))
+        table.add_row("TOTAL", *[str(result.term(t)) for t in TERMS], str(result.total))
+        console.print(table)
+
+
+@cost_app.command("failures")
+def failures_cmd(
+    start: Annotated[str, typer.Option("--from", help="Window start, a whole UTC hour.")],
+    end: Annotated[str, typer.Option("--to", help="Window end (exclusive), a whole hour.")],
+    cost_model: Annotated[Path | None, typer.Option("--cost-model", help="Cost model YAML.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Failed and wasted work by cause (runtime, capacity, routing, client, model, verifier), model and
+    customer: cost and count, and the cause that grew most against the previous window of equal length."""
+    from infermeter.times import parse_time
+    from pricing_service.anatomy import failure_report
+    from pricing_service.source import connect
+
+    with _clear_errors():
+        window = parse_time(start, "--from"), parse_time(end, "--to")
+        model = _cost_model(cost_model)
+        with connect(_database_url()) as conn:
+            report = failure_report(conn, window[0], window[1], model)
+        data = report.to_json()
+        if as_json:
+            sys.stdout.write(json.dumps(data, indent=2) + "\n")
+            return
+        table = Table(title=f"Failures by cause {start} .. {end} ({data['currency']})")
+        for col in ("cause", "cost", "count", "previous cost", "previous count"):
+            table.add_column(col, justify="left" if col == "cause" else "right")
+        for now, before in zip(data["by_cause"], data["previous_by_cause"], strict=True):
+            table.add_row(now["cause"], now["cost"], str(now["count"]), before["cost"], str(before["count"]))
+        console.print(table)
+        table = Table(title="By cause, kind, model and customer")
+        for col in ("cause", "kind", "model", "customer", "cost", "count"):
+            table.add_column(col, justify="right" if col in ("cost", "count") else "left")
+        for r in data["rows"]:
+            table.add_row(r["cause"], r["kind"], r["model"], r["customer_id"], r["cost"], str(r["count"]))
+        console.print(table)
+        grew = data["grew_most"]
+        console.print("No cause grew against the previous window." if grew is None else
+                      f"Grew most against the previous window: [bold]{grew['cause']}[/bold] (+{grew['by']} {data['currency']}).")

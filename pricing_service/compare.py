@@ -18,6 +18,7 @@ from pricing.cost import CostModel
 from pricing.experiments import Comparison, ExperimentUsages, compare, experiment_buckets
 from pricing.records import Dataset
 from pricing.usage import Usage
+from pricing_service.anatomy import load_anatomy_inputs
 from pricing_service.books import book_in_force, read_cost_model, read_price_book
 from pricing_service.rate_period import load_period_usages
 from pricing_service.source import check_window, connect, load_dataset
@@ -104,6 +105,11 @@ class ComparisonReport:
                         "absorbed_by_platform": str(b.retries.absorbed_by_platform),
                         "paid_by": b.retries.paid_by,
                     },
+                    "anatomy": [
+                        {"term": e.term, "cost": str(e.cost), "billed_to_customers": str(e.billed_to_customers),
+                         "carried_by_platform": str(e.carried_by_platform)}
+                        for e in b.anatomy
+                    ],
                 }
             )
         return {
@@ -117,6 +123,7 @@ class ComparisonReport:
                 "by_model": {m: str(v) for m, v in c.cost_by_model.items()},
                 "successful_tasks": c.successful_tasks,
                 "cost_per_successful_task": _s(c.cost_per_successful_task),
+                "anatomy": None if c.anatomy is None else c.anatomy.to_json(),
             },
             "cost_model": self.cost_model_source,
             "generated_at": _iso(self.generated_at),
@@ -182,7 +189,8 @@ def run_comparison(
         books, sources = resolve_books(conn, list(book_paths), start)
         dataset = load_dataset(conn, start, end)
         usages = experiment_usages(conn, dataset, cost_model)
-    report = compare(dataset, books, cost_model, usages)
+        anatomy_inputs = load_anatomy_inputs(conn, start, end)
+    report = compare(dataset, books, cost_model, usages, anatomy_inputs)
     from pricing_service.books import EXAMPLE_COST_MODEL
 
     return ComparisonReport(report, sources, str(cost_model_path or EXAMPLE_COST_MODEL))
@@ -281,6 +289,18 @@ def render_console(report: ComparisonReport, console: Console) -> None:
         t.add_row(b.book.id, *(["-", "-", "-"] if r is None else
                                [str(r.revenue_from_retries), str(r.absorbed_by_platform), r.paid_by]))
     console.print(t)
+    if c.anatomy is not None:
+        t = Table(title="Cost anatomy per book: the GPU cost's five parts, and who carries idle loss and failures")
+        for col in ("book", "revenue", "new compute", "context not reused", "cache occupancy", "queue and idle",
+                    "failure", "margin", "idle billed / carried", "failure billed / carried"):
+            t.add_column(col, justify="left" if col == "book" else "right")
+        for b in c.books:
+            e = {x.term: x for x in b.anatomy}
+            t.add_row(b.book.id, str(b.revenue), *[str(c.anatomy.term(x)) for x in
+                      ("new_compute", "context_not_reused", "cache_occupancy", "queue_and_idle", "failure")],
+                      str(b.margin),
+                      *[f"{e[x].billed_to_customers} / {e[x].carried_by_platform}" for x in ("queue_and_idle", "failure")])
+        console.print(t)
     cpt = c.cost_per_successful_task
     console.print(
         f"Cost {c.cost_total_precise.quantize(Decimal('0.01'))} {cur} (idle shared pool {c.idle_pool_cost}); "

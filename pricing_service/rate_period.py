@@ -5,9 +5,11 @@ usages of the rows and rates them. SQL sums each customer's quantities over the 
 and per deployment when a charge names one), so Python sees one row per customer x model, not one
 per hour. The GPU time of each deployment-hour is attributed in SQL by the cost model's method
 (docs/cost-model.md): shared by the customers served in that hour in proportion to their weighted
-tokens; idle hours of a dedicated deployment are its customer's. The SQL keeps 20 decimal places per
-deployment-hour share (numeric), so its GPU-seconds agree with the exact pure
-`pricing.cost.attribute` to far below the 12-place scale (tests/pricing_service/test_rate_period.py).
+tokens; idle hours of a dedicated deployment are its customer's. SQL reads each deployment-hour's
+GPU-ms and the weights of what it served; Python splits it with `pricing.cost.split_gpu_seconds`
+(largest remainder on 10^-12 s), the function the pure `pricing.cost.attribute` uses, so the two
+give the same GPU-seconds and every hour's shares add up to its GPU time exactly
+(tests/pricing_service/test_rate_period.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import psycopg
 
 from metering import period_reads
 from pricing.book import GPU_METER, PriceBook
-from pricing.cost import CostModel
+from pricing.cost import CostModel, split_gpu_seconds
 from pricing.money import precise
 from pricing.rating import Rating, rate
 from pricing.usage import Usage, UsageKey
@@ -30,6 +32,7 @@ from pricing_service.source import check_window
 
 # The request meters (metering sums them per customer x model in SQL, metering.period_reads).
 REQUEST_METERS = period_reads.REQUEST_METERS
+ZERO = Decimal(0)
 
 
 def load_period_usages(
@@ -161,7 +164,34 @@ def gpu_seconds(
         conn, start, end, prefill_weight=cost_model.prefill_weight, decode_weight=cost_model.decode_weight,
         customer_id=customer_id, caching_off_for=caching_off_for or (),
     )
-    return [(c, d, g, precise(Decimal(ms) / 1000)) for c, d, g, ms in rows if ms]
+    return attributed_seconds(rows, customer_id)
+
+
+def attributed_seconds(rows: Iterable[tuple], customer_id: str | None = None) -> list[tuple[str, str, str, Decimal]]:
+    """(customer, deployment, gpu_type, GPU-seconds) from the rows of `period_reads.gpu_ms_attribution`:
+    each deployment-hour split by `pricing.cost.split_gpu_seconds` (largest remainder on a fixed
+    quantum, the shares in (customer, model) order, as `pricing.cost.attribute` does), summed."""
+    hours: dict[tuple, tuple[int, Decimal, list[tuple[tuple[str, str], Decimal]]]] = {}
+    out: dict[tuple[str, str, str], Decimal] = {}
+    for owner, deployment, gpu_type, hour, gpu_ms, total, customer, model, weight in rows:
+        if hour is None:  # a dedicated deployment's idle hours: its owner's
+            if gpu_ms and (customer_id is None or owner == customer_id):
+                key = (owner, deployment, gpu_type)
+                out[key] = out.get(key, ZERO) + Decimal(gpu_ms) / 1000
+            continue
+        slot = hours.get((owner, deployment, gpu_type, hour))
+        if slot is None:
+            slot = hours[(owner, deployment, gpu_type, hour)] = (gpu_ms, total, [])
+        slot[2].append(((customer, model), weight))
+    for (_, deployment, gpu_type, _), (gpu_ms, total, shares) in hours.items():
+        shares.sort()
+        parts = split_gpu_seconds(gpu_ms, total, [w for _, w in shares])
+        for ((customer, _), _), part in zip(shares, parts, strict=True):
+            if customer_id is not None and customer != customer_id:
+                continue
+            key = (customer, deployment, gpu_type)
+            out[key] = out.get(key, ZERO) + part
+    return [(c, d, g, precise(s)) for (c, d, g), s in out.items() if s]
 
 
 def priced_meters(*books: PriceBook) -> set[str]:

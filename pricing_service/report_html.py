@@ -12,6 +12,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from pricing.anatomy import TERMS
 from pricing_service.compare import ComparisonReport, _iso, _pct
 
 CSS = """
@@ -110,6 +111,16 @@ NOTES = {
 }
 
 
+ANATOMY_NOTE = (
+    "The cost (the same under every book) divided into new compute, context not reused, cache occupancy, queue "
+    "and idle, and failure (docs/cost-model.md, cost anatomy). For idle loss and failure cost, 'billed' is how much "
+    "less the book would invoice if that GPU time and those tokens went away, 'carried' is what is left: the margin "
+    "the platform gains when the term shrinks. A per-GPU-hour book passes idle loss inside customers' shares to the "
+    "customer; a per-task book carries failure cost (failed attempts are not successful tasks); per token, the "
+    "customer pays for failed tokens but the platform carries idle loss."
+)
+
+
 def write_html(report: ComparisonReport, path: Path) -> Path:
     c = report.comparison
     parts = [
@@ -149,6 +160,22 @@ def write_html(report: ComparisonReport, path: Path) -> Path:
     parts.append(_table(["book", "retried attempts", "cost", "revenue from retries", "absorbed by platform", "paid by"],
                         [[b.book.id, b.retries.retried_attempts, b.retries.retried_cost, b.retries.revenue_from_retries,
                           b.retries.absorbed_by_platform, b.retries.paid_by] for b in c.books]))
+    if c.anatomy is not None:
+        parts.append("<h2>Cost anatomy per book's margin</h2>")
+        parts.append(f"<p class='note'>{html.escape(ANATOMY_NOTE)}</p>")
+        rows = []
+        for b in c.books:
+            e = {x.term: x for x in b.anatomy}
+            rows.append([b.book.id, b.revenue, *[c.anatomy.term(t) for t in TERMS], b.margin,
+                         e["queue_and_idle"].billed_to_customers, e["queue_and_idle"].carried_by_platform,
+                         e["failure"].billed_to_customers, e["failure"].carried_by_platform])
+        parts.append(_table(["book", "revenue", "new compute", "context not reused", "cache occupancy",
+                             "queue and idle", "failure", "margin", "idle loss billed to customers",
+                             "idle loss carried by platform", "failure billed to customers",
+                             "failure carried by platform"], rows))
+        caching = {b.book.id: sum((g.kept_by_platform for g in b.caching), Decimal(0)) for b in c.books}
+        parts.append("<p class='note'>Prefix-caching gain kept by the platform: "
+                     + ", ".join(f"{html.escape(k)} {v}" for k, v in caching.items()) + f" {c.currency}.</p>")
     parts.append("</body></html>")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

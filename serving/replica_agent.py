@@ -21,7 +21,12 @@ Each interval [start, end) carries:
   seen through the counters. busy_seconds <= interval length by construction;
 - prompt_tokens / generation_tokens: deltas of `vllm:prompt_tokens_total` and
   `vllm:generation_tokens_total` (summed over their label sets) in the interval. A counter
-  that goes down means vLLM restarted: the delta is then the new value (counted from 0).
+  that goes down means vLLM restarted: the delta is then the new value (counted from 0);
+- the engine's state, when its /metrics has it: kv_cache_usage = the mean of
+  `vllm:kv_cache_usage_perc` (a fraction 0..1; `vllm:gpu_cache_usage_perc` on older vLLM) over the
+  interval's scrapes; requests_waiting / requests_running = `vllm:num_requests_waiting` /
+  `vllm:num_requests_running` averaged over time (each span between two scrapes weighs its length,
+  at the mean of its two ends; spans without two successful scrapes are left out).
 With `customer_id` the deployment is dedicated and the event's subject/customer_id is that
 customer; without, subject "shared-pool" and customer_id null. Event identity:
 source `//replica-agent/<replica_id>`, id `<replica_id>/<interval_start>`, so a replayed
@@ -52,6 +57,9 @@ log = logging.getLogger("serving.replica_agent")
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # vLLM v1, then older names
+_SIX = Decimal("0.000001")
 
 
 class EventSink(Protocol):
@@ -66,11 +74,14 @@ class VllmSample:
     running: float
     prompt_tokens: int
     generation_tokens: int
+    waiting: float | None = None  # None: the engine does not export it
+    kv_cache_usage: float | None = None  # fraction 0..1, mean over the engine's label sets
 
 
 def parse_vllm_metrics(text: str, at: datetime) -> VllmSample:
-    running = 0.0
+    running = waiting = 0.0
     prompt = generation = 0.0
+    kv: dict[str, list[float]] = {name: [] for name in KV_CACHE_USAGE}
     found = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -80,18 +91,32 @@ def parse_vllm_metrics(text: str, at: datetime) -> VllmSample:
                 generation += sample.value
             elif sample.name == RUNNING:
                 running += sample.value
+            elif sample.name == WAITING:
+                waiting += sample.value
+            elif sample.name in kv:
+                kv[sample.name].append(sample.value)
             else:
                 continue
             found.add(sample.name)
     missing = {PROMPT_TOKENS, GENERATION_TOKENS, RUNNING} - found
     if missing:
         raise ValueError(f"vLLM /metrics lacks {', '.join(sorted(missing))}")
-    return VllmSample(at, running, int(round(prompt)), int(round(generation)))
+    usage = next((values for values in kv.values() if values), None)
+    return VllmSample(
+        at, running, int(round(prompt)), int(round(generation)),
+        waiting if WAITING in found else None,
+        None if usage is None else min(1.0, max(0.0, sum(usage) / len(usage))),
+    )
 
 
 def counter_delta(previous: int, current: int) -> int:
     """Increase of a counter; a decrease means the engine restarted and counts from 0 again."""
     return current - previous if current >= previous else current
+
+
+def _fraction(value: float) -> str:
+    """A non-negative average as a decimal string with 6 places (the contract's DecimalString)."""
+    return f"{Decimal(repr(max(0.0, value))).quantize(_SIX):f}"
 
 
 def _micros(delta: timedelta) -> int:
@@ -133,11 +158,18 @@ class ReplicaAgent:
         self._busy_us = 0
         self._prompt = 0
         self._generation = 0
+        self._reset_engine_state()
         self._scrapes_ok = metrics.REPLICA_SCRAPES.labels(deployment=deployment_id, result="ok")
         self._scrapes_error = metrics.REPLICA_SCRAPES.labels(deployment=deployment_id, result="error")
         self._intervals = metrics.REPLICA_INTERVALS.labels(deployment=deployment_id)
 
     # --- accounting (pure given the samples) ------------------------------------------------------
+
+    def _reset_engine_state(self) -> None:
+        self._kv_sum = 0.0
+        self._kv_n = 0
+        self._waiting_us = self._running_us = 0.0  # request-microseconds
+        self._waiting_cover_us = self._running_cover_us = 0
 
     def observe(self, sample: VllmSample | None, at: datetime) -> None:
         """Account one scrape made at `at` (None: it failed)."""
@@ -145,9 +177,18 @@ class ReplicaAgent:
             self.interval_start = at
         if sample is None:
             return
+        if sample.kv_cache_usage is not None:
+            self._kv_sum += sample.kv_cache_usage
+            self._kv_n += 1
         previous, self._last = self._last, sample
         if previous is None:
             return  # the baseline: counters before the agent started are not ours
+        span = max(0, _micros(sample.at - max(previous.at, self.interval_start)))
+        self._running_us += span * (previous.running + sample.running) / 2
+        self._running_cover_us += span
+        if previous.waiting is not None and sample.waiting is not None:
+            self._waiting_us += span * (previous.waiting + sample.waiting) / 2
+            self._waiting_cover_us += span
         prompt = counter_delta(previous.prompt_tokens, sample.prompt_tokens)
         generation = counter_delta(previous.generation_tokens, sample.generation_tokens)
         self._prompt += prompt
@@ -164,8 +205,12 @@ class ReplicaAgent:
         length_us = _micros(end - start)
         busy_us = min(self._busy_us, length_us)
         prompt_tokens, generation_tokens = self._prompt, self._generation
+        kv = None if not self._kv_n else _fraction(min(1.0, self._kv_sum / self._kv_n))
+        waiting = None if not self._waiting_cover_us else _fraction(self._waiting_us / self._waiting_cover_us)
+        running = None if not self._running_cover_us else _fraction(self._running_us / self._running_cover_us)
         self.interval_start = end
         self._busy_us = self._prompt = self._generation = 0
+        self._reset_engine_state()
         return replica_event(
             source=f"//replica-agent/{self.replica_id}",
             replica_id=self.replica_id,
@@ -178,6 +223,9 @@ class ReplicaAgent:
             busy_seconds=f"{Decimal(busy_us).scaleb(-6):f}",
             prompt_tokens=prompt_tokens,
             generation_tokens=generation_tokens,
+            kv_cache_usage=kv,
+            requests_waiting=waiting,
+            requests_running=running,
         )
 
     # --- I/O ----------------------------------------------------------------------------------

@@ -57,11 +57,8 @@ def test_demo_replay_pricing_reconciles_and_renders(settings, tmp_path):
     with connect(settings.database_url) as conn:
         attribution = attribute(load_dataset(conn, start, end), read_cost_model(None))
     idle_s = sum((s for k, s in attribution.gpu_seconds.items() if not k.customer_id), Decimal(0))
-    # each customer's share is kept at 12 decimal places (half-up), so the sum may differ from the
-    # ledger by at most half a unit of the 12th place per customer x deployment share
-    shares = len({(k.customer_id, k.deployment_id, k.gpu_type) for k in attribution.gpu_seconds if k.customer_id})
-    gap = abs(Decimal(data["usage"]["gpu_seconds"]) + idle_s - Decimal(gpu_ms) / 1000)
-    assert gap <= Decimal("0.5e-12") * shares
+    # each deployment-hour is split by largest remainder on 10^-12 s: the shares add up exactly
+    assert Decimal(data["usage"]["gpu_seconds"]) + idle_s == Decimal(gpu_ms) / 1000
     assert Decimal(data["usage"]["successful_tasks"]) == successes
     assert len(data["books"]) == 3 and all(Decimal(b["revenue"]) > 0 for b in data["books"])
 

@@ -214,3 +214,65 @@ def test_replica_agent_command_runs_until_sigint(settings, kafka_bootstrap, tmp_
     assert len(events) == len(shown)
     assert all(e.subject == "shared-pool" and e.data.customer_id is None for e in events)
     assert sum(e.data.prompt_tokens for e in events) == 11
+
+
+def test_engine_state_kv_cache_mean_of_scrapes_and_time_averaged_queue():
+    """kv_cache_usage: the mean of the interval's scrapes; requests waiting / running: averaged over
+    time (each span between two scrapes at the mean of its ends), from real Prometheus text."""
+    fake = FakeVllmMetrics()
+    kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", ["engine", "model_name"],
+               registry=fake.registry)
+    waiting = fake.registry._names_to_collectors["vllm:num_requests_waiting"]
+    sink = ListSink()
+    agent = ReplicaAgent("http://127.0.0.1:1", "dep-a", "H100", 8, sink, replica_id="r0")
+    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+
+    def scrape(t: float, usage: float, queued: int, running: int) -> None:
+        kv.labels(engine="0", model_name="tiny").set(usage)
+        waiting.labels(engine="0", model_name="tiny").set(queued)
+        fake.add(running=running)
+        agent.observe(parse_vllm_metrics(generate_latest(fake.registry).decode(), at(t)), at(t))
+
+    scrape(0, 0.2, 0, 0)
+    scrape(2, 0.6, 4, 8)    # [0,2): waiting (0+4)/2 = 2, running 4
+    scrape(4, 1.0, 0, 8)    # [2,4): waiting 2, running 8
+    agent.observe(None, at(5))  # a failed scrape: [4,6) is measured between the scrapes at 4 and 6
+    scrape(6, 0.2, 0, 0)    # [4,6): waiting 0, running 4
+    data = agent.close_interval(at(6))["data"]
+    assert data["kv_cache_usage"] == "0.500000"  # (0.2 + 0.6 + 1.0 + 0.2) / 4
+    assert data["requests_waiting"] == "1.333333"  # (2x2 + 2x2 + 0x2) / 6 s
+    assert data["requests_running"] == "5.333333"  # (4x2 + 8x2 + 4x2) / 6 s
+    decoded = decode_event(encode_event(sink_event(data, at)), now=at(7))
+    assert decoded.data.kv_cache_usage == "0.500000"
+    # without the gauges (an older engine): the fields are left out, the event stays valid v1
+    plain = ReplicaAgent("http://127.0.0.1:1", "dep-a", "H100", 1, sink, replica_id="r1")
+    plain.observe(VllmSample(at(0), 0, 0, 0), at(0))
+    plain.observe(VllmSample(at(1), 0, 0, 0), at(1))
+    event = plain.close_interval(at(1))
+    assert "kv_cache_usage" not in event["data"] and "requests_waiting" not in event["data"]
+    assert event["data"]["requests_running"] == "0.000000"
+    assert decode_event(encode_event(event), now=at(2)).data.kv_cache_usage is None
+
+
+def sink_event(data: dict, at) -> dict:
+    from metering.contract import make_event
+
+    return make_event(REPLICA_V1, source="//t", subject="shared-pool", data=data, event_id="x", time=at(6))
+
+
+def test_engine_state_splits_exactly_at_hour_boundaries():
+    """The processor shares the engine state out over the hours an interval spans, exactly."""
+    from metering.contract import replica_event
+    from metering.processor import split_interval
+
+    start = datetime(2026, 11, 2, 0, 59, 30, tzinfo=UTC)
+    event = replica_event(source="//t", replica_id="r0", deployment_id="d", customer_id=None, gpu_type="H100",
+                          gpu_count=8, interval_start=start, interval_end=start + timedelta(seconds=60),
+                          busy_seconds="60", prompt_tokens=0, generation_tokens=0, kv_cache_usage="0.5",
+                          requests_waiting="2.25", requests_running="10")
+    data = decode_event(encode_event(event), now=start + timedelta(hours=1)).data
+    first, second = split_interval(data)
+    assert (first.wall_ms, second.wall_ms) == (30_000, 30_000)
+    assert first.kv_cache_gpu_ms + second.kv_cache_gpu_ms == 240_000  # 60 s x 8 GPUs x 0.5
+    assert (first.queue_ms, second.queue_ms) == (67_500, 67_500)  # 60 s x 2.25 requests
+    assert first.running_ms + second.running_ms == 600_000
