@@ -244,3 +244,31 @@ def recorded_event_keys(conn: psycopg.Connection, keys: Sequence[tuple[str, str]
         ([k[0] for k in keys], [k[1] for k in keys]),
     ).fetchall()
     return {(source, event_id) for source, event_id in rows}
+
+
+def handled_event_keys(
+    conn: psycopg.Connection, keys: Sequence[tuple[str, str]], *, since: float | datetime | None = None
+) -> set[tuple[str, str]]:
+    """Which of these (source, event id) keys metering has handled: recorded (in `event_keys`) or
+    dead-lettered. The producers' outbox forgets an event only then (metering/outbox.py).
+
+    `since` (unix seconds or a datetime): only dead letters received from then on are looked at
+    (dead_letters is indexed by received_at, not by key); None looks at all of them."""
+    if not keys:
+        return set()
+    handled = recorded_event_keys(conn, keys)
+    rest = [k for k in keys if k not in handled]
+    if not rest:
+        return handled
+    if isinstance(since, int | float):
+        from datetime import UTC
+
+        since = datetime.fromtimestamp(since, UTC)
+    rows = conn.execute(
+        "SELECT DISTINCT d.event_source, d.event_id FROM dead_letters d"
+        " JOIN unnest(%s::text[], %s::text[]) AS asked(source, event_id)"
+        " ON d.event_source = asked.source AND d.event_id = asked.event_id"
+        " WHERE d.received_at >= coalesce(%s::timestamptz, '-infinity')",
+        ([k[0] for k in rest], [k[1] for k in rest], since),
+    ).fetchall()
+    return handled | {(source, event_id) for source, event_id in rows}
