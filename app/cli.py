@@ -238,28 +238,44 @@ def events_ingest(
         wait_for_receipt,
     )
     from metering.kafka import ensure_topics, make_producer
-    from metering.outbox import ack_mode, outbox_for
+    from metering.outbox import Spool, ack_mode, outbox_for, spool_dir
 
     if not file.is_file():
         raise CliError(f"{file}: no such file")
     settings = get_settings()
     ack = ack_mode(settings)
-    with open_stack(settings) as stack:
-        run_settings = stack.settings_for(settings).model_copy(update={"ack": ack})
-        ensure_topics(stack.kafka_bootstrap, settings)
+    spooled = None
+    if ack == "metered":
+        # Durable before anything else can fail (the broker, the stack): from here on the events
+        # are metered whatever happens to this command, by it or by the next `infermeter up`.
+        spool = Spool(spool_dir(settings) / "ingest.sqlite3", sync=settings.spool_sync)
+        try:
+            spooled = spool_lines(spool, read_lines(file))
+        finally:
+            spool.close()
+    with contextlib.ExitStack() as exit_stack:
         outbox = None
-        if ack == "metered":
-            outbox = outbox_for(run_settings, "ingest", bootstrap=stack.kafka_bootstrap,
-                                database_url=stack.database_url)
-            producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend, idempotent=False,
-                                     client_id="infermeter-ingest")
-        else:
-            producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
+        try:
+            stack = exit_stack.enter_context(open_stack(settings))
+            run_settings = stack.settings_for(settings).model_copy(update={"ack": ack})
+            ensure_topics(stack.kafka_bootstrap, settings)
+            if spooled is not None:
+                outbox = outbox_for(run_settings, "ingest", bootstrap=stack.kafka_bootstrap,
+                                    database_url=stack.database_url)
+                producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend, idempotent=False,
+                                         client_id="infermeter-ingest")
+            else:
+                producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
+        except Exception as exc:
+            if spooled is None:
+                raise
+            raise CliError(f"{exc}; the {spooled.spooled} events are spooled in {spool.path}: "
+                           "`infermeter up` publishes them") from None
         try:
             with _progress(as_json) as progress:
                 task = progress.add_task("publishing", total=None)
                 if outbox is not None:
-                    publication = spool_lines(outbox.spool, read_lines(file))
+                    publication = spooled
                     try:
                         publish_spooled(outbox, producer, publication,
                                         on_progress=lambda n: progress.update(task, completed=n))

@@ -483,6 +483,14 @@ class Outbox:
     # --- the publisher ---
 
     def _publish_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._publish_until_stopped()
+            except Exception:  # noqa: BLE001 - never leave the spool without a publisher
+                log.exception("outbox %s: publisher failed; starting it again", self.name)
+                self._stopping.wait(1.0)
+
+    def _publish_until_stopped(self) -> None:
         producer = None
         backoff = 0.2
         cursor = 0
@@ -535,6 +543,8 @@ class Outbox:
                     failed_seqs = set(e.seq for e in batch) - set(acked)
                     if failed_seqs:
                         self.spool.release(failed_seqs)
+                    if acked and (forget := self._unconfirmable(batch, set(acked))):
+                        self.spool.ack(forget)
                 if acked:
                     self._on_published(len(acked))
                 if failed:
@@ -603,6 +613,19 @@ class Outbox:
             start = end
         return acked, len(batch) - len(acked)
 
+    def _unconfirmable(self, rows: Iterable[SpooledEvent], among: set[int] | None = None) -> list[int]:
+        """Rows metering would dead-letter without a key (no string source and id, or too large):
+        no confirmation can name them, so the broker's ack is all there is to wait for."""
+        forget = [
+            row.seq for row in rows
+            if (among is None or row.seq in among) and (
+                (self._max_event_bytes is not None and len(row.value) > self._max_event_bytes)
+                or event_identity(row.value) is None
+            )
+        ]
+        self.unconfirmable += len(forget)
+        return forget
+
     def _note_failure(self, message: str, count: int) -> None:
         self.last_error = message
         if self._on_failure is not None:
@@ -638,7 +661,10 @@ class Outbox:
         if self.ack == "metered":
             self._startup_sweep()
         while not self._stopping.wait(self._confirm_every_s):
-            self._relocate()
+            try:
+                self._relocate()
+            except Exception:  # noqa: BLE001 - e.g. the spool busy for long: try again next round
+                log.exception("outbox %s: following the broker failed", self.name)
             if self.ack == "metered":
                 try:
                     self.confirm_round()
@@ -678,13 +704,10 @@ class Outbox:
 
     def _confirm_batch_of(self, rows: list[SpooledEvent], timeout_s: float | None) -> tuple[int, int]:
         keyed: dict[Key, list[int]] = {}
-        forget: list[int] = []
+        forget = set(self._unconfirmable(rows))  # left by an older process: the ack was all to wait for
         for row in rows:
-            identity = event_identity(row.value)
-            if identity is None or (self._max_event_bytes is not None and len(row.value) > self._max_event_bytes):
-                forget.append(row.seq)  # metering dead-letters it without a key: nothing to wait for
-            else:
-                keyed.setdefault(identity, []).append(row.seq)
+            if row.seq not in forget:
+                keyed.setdefault(event_identity(row.value), []).append(row.seq)
         handled: set[Key] = set()
         if keyed:
             since = min(row.enqueued_at for row in rows)
@@ -702,7 +725,6 @@ class Outbox:
         late_set = set(late) - set(done) - set(forget)
         if forget:
             self.spool.ack(forget)
-            self.unconfirmable += len(forget)
         if done:
             self.spool.ack(done)
             self.confirmed += len(done)

@@ -27,13 +27,14 @@ Semantics:
   Kafka down: the spool grows (metrics infermeter_emitter_spool_depth and
   infermeter_emitter_publish_lag_seconds), nothing is dropped, and the backlog drains when the
   broker is back.
-- When an event is forgotten (INFERMETER_ACK, `metering.outbox.ack_mode`): `broker` (default with a
-  configured KAFKA_BOOTSTRAP): once Kafka acknowledged it. `metered` (default with the embedded,
-  memory-only broker): once metering has recorded or dead-lettered it; a confirmer thread asks
-  metering's database every INFERMETER_ACK_CHECK_INTERVAL_S, and events still not recorded
-  INFERMETER_ACK_TIMEOUT_S after publication are published again. With the broker of a running
-  `infermeter up` (KAFKA_BOOTSTRAP unset), the emitter follows it when a new `up` starts it on
-  another address, and publishes again whatever the old one had not delivered to metering.
+- When an event is forgotten (INFERMETER_ACK): `broker` (default with a configured
+  KAFKA_BOOTSTRAP, or a broker address passed by the caller): once Kafka acknowledged it.
+  `metered` (default with the embedded, memory-only broker of a running `infermeter up`): once
+  metering has recorded or dead-lettered it; a confirmer thread asks metering's database every
+  INFERMETER_ACK_CHECK_INTERVAL_S, and events still not recorded INFERMETER_ACK_TIMEOUT_S after
+  publication are published again. With the broker of a running `infermeter up`, the emitter
+  follows it when a new `up` starts it on another address, and publishes again whatever the old
+  one had not delivered to metering.
 - At-least-once: an event published but not yet forgotten when the process dies is published
   again on restart. Metering drops duplicates by CloudEvents (source, id), so the topic may carry
   an event twice but metering counts it once.
@@ -82,6 +83,14 @@ class Emitter:
         self.name = name
         self.topic = topic or self.settings.events_topic
         self.bootstrap = bootstrap or self.settings.kafka_bootstrap
+        # The broker of a running `infermeter up` (KAFKA_BOOTSTRAP unset): memory-only, and the emitter
+        # follows it if a new `up` starts it elsewhere. An address of the caller's own (a test's or a
+        # benchmark's broker, with no metering behind it) counts as a configured Kafka.
+        from_stack = not self.settings.kafka_bootstrap and (
+            self.bootstrap is None or self.bootstrap == self._stack_bootstrap()
+        )
+        if ack is None and not self.settings.ack:
+            ack = "metered" if from_stack else "broker"
         self.ack = ack or ack_mode(self.settings)
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync)
@@ -95,7 +104,6 @@ class Emitter:
         self._emitted = metrics.EVENTS_EMITTED.labels(spool=name)
         self._published = metrics.EVENTS_PUBLISHED.labels(spool=name)
         self._failures = metrics.PUBLISH_FAILURES.labels(spool=name)
-        from_stack = not self.settings.kafka_bootstrap and topic is None
         if self.ack == "metered" and confirm is None:
             confirm = MeteringConfirmer(self._database_url)
         self.outbox = Outbox(
@@ -106,7 +114,7 @@ class Emitter:
             ack=self.ack,
             confirm=confirm,
             # The broker of a running `infermeter up`: follow it if a new `up` starts it elsewhere.
-            locate=self._stack_bootstrap if from_stack else None,
+            locate=self._stack_bootstrap if from_stack and topic is None else None,
             ensure_topic=self._ensure_topic if self.topic == self.settings.events_topic else None,
             name=name,
             batch_max_events=self.batch_max_events,
