@@ -60,14 +60,16 @@ class Publisher:
             self.producer = make_producer(bootstrap, settings.kafka_backend, client_id="infermeter-api")
         self.lock = threading.Lock()
 
-    def publish(self, items: list[tuple[bytes | None, bytes]], timeout_s: float = 30) -> None:
+    def publish(self, items: list[tuple], timeout_s: float = 30) -> None:
+        """items: (key, value) or (key, value, (source, id))."""
         if self.outbox is not None:
             self.outbox.spool.append_many(items)  # durable when this returns
             self.outbox.wake()
             return
         # The producer is shared by the request threads: each waits with poll under the lock.
         result = publish_and_wait(
-            self.producer, self.topic, items, timeout_s=timeout_s, poll_every_s=0.05, shared_lock=self.lock
+            self.producer, self.topic, [(item[0], item[1]) for item in items], timeout_s=timeout_s,
+            poll_every_s=0.05, shared_lock=self.lock,
         )
         if result.timed_out:
             raise error(503, "the event bus did not acknowledge the events in time; retry", "bus_timeout")
@@ -108,7 +110,7 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
     if app_.state.publisher is None:
         raise error(503, "no event bus configured", "bus_unavailable")
     now = datetime.now(UTC)
-    good: list[tuple[bytes | None, bytes]] = []
+    good: list[tuple] = []
     rejected = []
     for index, item in enumerate(events):
         raw = _encode.encode(item)
@@ -122,7 +124,7 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
             rejected.append({"index": index, "id": event.id, "reason": "forbidden",
                              "detail": "these credentials may only send events for their own customer"})
             continue
-        good.append((event_partition_key(item), raw))
+        good.append((event_partition_key(item), raw, (event.source, event.id)))
     if good:
         from starlette.concurrency import run_in_threadpool
 

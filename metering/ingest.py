@@ -25,7 +25,7 @@ import psycopg
 
 from metering.contract import event_partition_key
 from metering.kafka import Producer, publish_and_wait
-from metering.outbox import Outbox, Spool
+from metering.outbox import Outbox, Spool, identity_of
 from metering.processor import INGEST_ID_HEADER
 
 _json = msgspec.json.Decoder()
@@ -124,7 +124,7 @@ def spool_lines(
     """Append every JSON line to the spool (durable when this returns), in transactions of `chunk`
     rows; lines that are not JSON are reported, not spooled."""
     taken = SpooledIngest(ingest_id=ingest_id or uuid.uuid4().hex)
-    rows: list[tuple[bytes | None, bytes]] = []
+    rows: list[tuple] = []
 
     def flush() -> None:
         first, last = spool.append_many(rows, ingest_id=taken.ingest_id)
@@ -139,7 +139,7 @@ def spool_lines(
         except msgspec.DecodeError as exc:
             taken.bad_lines.append(BadLine(number, f"not valid JSON ({exc})"))
             continue
-        rows.append((event_partition_key(parsed), raw))
+        rows.append((event_partition_key(parsed), raw, identity_of(parsed)))
         if len(rows) >= chunk:
             flush()
     if rows:
@@ -159,13 +159,11 @@ def publish_spooled(
     spool took meanwhile are its to publish). Rows stay in the spool, published, until metering
     confirms them (the confirmer of `infermeter up`, or `confirm_spooled`). A broker failure raises
     RuntimeError; the rows not acknowledged go back to pending, for `infermeter up` to publish."""
-    cursor = taken.first - 1
-    while cursor < taken.last:
-        batch = outbox.spool.claim(chunk, cursor, up_to_seq=taken.last)
+    for first in range(taken.first, taken.last + 1, chunk):
+        batch = outbox.spool.claim_range(first, min(first + chunk - 1, taken.last))
         if not batch:
-            break
-        cursor = batch[-1].seq
-        acked, failed = outbox.publish(producer, batch)
+            continue
+        acked, failed = outbox.publish(producer, batch, track=False)
         taken.published += len(acked)
         if failed:
             outbox.spool.release(set(e.seq for e in batch) - set(acked))

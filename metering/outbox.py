@@ -90,6 +90,15 @@ class SpooledEvent:
     published_at: float | None = None
     attempts: int = 0
     ingest_id: str | None = None
+    source: str | None = None
+    event_id: str | None = None
+
+    @property
+    def identity(self) -> tuple[str, str] | None:
+        """(source, id), or None if the event has none a confirmation could name."""
+        if self.source is None:
+            return event_identity(self.value)
+        return (self.source, self.event_id) if self.source and self.event_id else None
 
 
 _SCHEMA = """
@@ -100,18 +109,26 @@ CREATE TABLE IF NOT EXISTS spooled_events (
     enqueued_at REAL NOT NULL,
     published_at REAL,
     attempts INTEGER NOT NULL DEFAULT 0,
-    ingest_id TEXT
+    ingest_id TEXT,
+    source TEXT,
+    event_id TEXT
 )
 """
-_COLUMNS = "seq, key, value, enqueued_at, published_at, attempts, ingest_id"
+_COLUMNS = "seq, key, value, enqueued_at, published_at, attempts, ingest_id, source, event_id"
 # Spools written before rows had a state: every row there is pending.
-_ADDED_COLUMNS = {"published_at": "REAL", "attempts": "INTEGER NOT NULL DEFAULT 0", "ingest_id": "TEXT"}
+_ADDED_COLUMNS = {"published_at": "REAL", "attempts": "INTEGER NOT NULL DEFAULT 0", "ingest_id": "TEXT",
+                  "source": "TEXT", "event_id": "TEXT"}
+# The event's (source, id), kept with the row so the confirmer never reads or decodes the value:
+# NULL = not given (decoded from the value when needed); '' = the event has none (metering
+# dead-letters it without a key: the broker's ack is all there is to wait for).
+NO_IDENTITY = ("", "")
 
 
 def _row(row: tuple) -> SpooledEvent:
-    seq, key, value, enqueued_at, published_at, attempts, ingest_id = row
+    seq, key, value, enqueued_at, published_at, attempts, ingest_id, source, event_id = row
     return SpooledEvent(int(seq), key, value, float(enqueued_at),
-                        None if published_at is None else float(published_at), int(attempts), ingest_id)
+                        None if published_at is None else float(published_at), int(attempts), ingest_id,
+                        source, event_id)
 
 
 def _ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
@@ -159,17 +176,22 @@ class Spool:
 
     # --- appending (the producers' path) ---
 
-    def append(self, key: bytes | None, value: bytes) -> int:
+    def append(self, key: bytes | None, value: bytes, identity: tuple[str, str] | None = None) -> int:
+        """Append one event; `identity` its (source, id) (NO_IDENTITY: it has none)."""
+        source, event_id = identity or (None, None)
         with self._lock:
             cursor = self._conn.execute(
-                "INSERT INTO spooled_events (key, value, enqueued_at) VALUES (?, ?, ?)", (key, value, time.time())
+                "INSERT INTO spooled_events (key, value, enqueued_at, source, event_id) VALUES (?, ?, ?, ?, ?)",
+                (key, value, time.time(), source, event_id),
             )
             return int(cursor.lastrowid)
 
-    def append_many(self, items: Iterable[tuple[bytes | None, bytes]], *, ingest_id: str | None = None) -> tuple[int, int]:
-        """Append in one transaction; (first seq, last seq) of the rows added ((0, -1) if none)."""
+    def append_many(self, items: Iterable[tuple], *, ingest_id: str | None = None) -> tuple[int, int]:
+        """Append (key, value) or (key, value, identity) items in one transaction; (first seq, last
+        seq) of the rows added ((0, -1) if none)."""
         now = time.time()
-        rows = [(k, v, now, ingest_id) for k, v in items]
+        rows = [(item[0], item[1], now, ingest_id, *((item[2] or NO_IDENTITY) if len(item) > 2 else (None, None)))
+                for item in items]
         if not rows:
             return 0, -1
         with self._lock:
@@ -177,7 +199,8 @@ class Spool:
             try:
                 before = self._conn.execute("SELECT coalesce(max(seq), 0) FROM spooled_events").fetchone()[0]
                 self._conn.executemany(
-                    "INSERT INTO spooled_events (key, value, enqueued_at, ingest_id) VALUES (?, ?, ?, ?)", rows
+                    "INSERT INTO spooled_events (key, value, enqueued_at, ingest_id, source, event_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", rows,
                 )
                 last = self._conn.execute("SELECT last_insert_rowid()").fetchone()[0]
                 self._conn.execute("COMMIT")
@@ -199,14 +222,21 @@ class Spool:
             ).fetchall()
         return [_row(r) for r in rows]
 
-    def published(self, limit: int, after_seq: int = 0) -> list[SpooledEvent]:
-        """Rows taken by a publisher, oldest first (the confirmer's scan)."""
+    def published(self, limit: int, after_seq: int = 0) -> list[tuple]:
+        """Rows taken by a publisher, oldest first (the confirmer's scan), without their values:
+        (seq, source, event_id, value bytes, enqueued_at, published_at, attempts)."""
         with self._read_lock:
-            rows = self._reader.execute(
-                f"SELECT {_COLUMNS} FROM spooled_events WHERE seq > ? AND published_at IS NOT NULL "
-                "ORDER BY seq LIMIT ?", (after_seq, limit),
+            return self._reader.execute(
+                "SELECT seq, source, event_id, length(value), enqueued_at, published_at, attempts "
+                "FROM spooled_events WHERE seq > ? AND published_at IS NOT NULL ORDER BY seq LIMIT ?",
+                (after_seq, limit),
             ).fetchall()
-        return [_row(r) for r in rows]
+
+    def values(self, seqs: Sequence[int]) -> dict[int, bytes]:
+        with self._read_lock:
+            return dict(self._reader.execute(
+                f"SELECT seq, value FROM spooled_events WHERE seq IN ({','.join('?' * len(seqs))})", list(seqs)
+            ).fetchall()) if seqs else {}
 
     def depth(self) -> int:
         with self._read_lock:
@@ -247,6 +277,22 @@ class Spool:
                 (time.time(), *params, limit),
             ).fetchall()
         return sorted((_row(r) for r in rows), key=lambda e: e.seq)
+
+    def claim_range(self, first: int, last: int) -> list[SpooledEvent]:
+        """Take the pending rows with first <= seq <= last (a producer publishing the rows it just
+        appended: cheaper than `claim` on large batches)."""
+        with self._lock:
+            taken = {seq for (seq,) in self._conn.execute(
+                "UPDATE spooled_events SET published_at = ?, attempts = attempts + 1 "
+                "WHERE seq BETWEEN ? AND ? AND published_at IS NULL RETURNING seq", (time.time(), first, last),
+            )}
+        if not taken:
+            return []
+        with self._read_lock:
+            rows = self._reader.execute(
+                f"SELECT {_COLUMNS} FROM spooled_events WHERE seq BETWEEN ? AND ? ORDER BY seq", (first, last)
+            ).fetchall()
+        return [_row(r) for r in rows if r[0] in taken]
 
     def release(self, seqs: Iterable[int]) -> int:
         """Published rows back to pending (their publish failed, or the broker lost them)."""
@@ -316,6 +362,15 @@ def event_identity(value: bytes) -> Key | None:
     if isinstance(found.source, str) and isinstance(found.id, str) and found.source and found.id:
         return found.source, found.id
     return None
+
+
+def identity_of(event: Any) -> Key:
+    """(source, id) of a decoded event (a dict), NO_IDENTITY if it has none."""
+    if isinstance(event, dict):
+        source, event_id = event.get("source"), event.get("id")
+        if isinstance(source, str) and isinstance(event_id, str) and source and event_id:
+            return source, event_id
+    return NO_IDENTITY
 
 
 class MeteringConfirmer:
@@ -576,14 +631,16 @@ class Outbox:
             return [e for e in self.spool.peek(1, cursor, pending_only=True) if before is None or e.enqueued_at < before]
         return self.spool.claim(self.batch_max_events, cursor, enqueued_before=before)
 
-    def publish(self, producer, batch: list[SpooledEvent], *, stop: threading.Event | None = None) -> tuple[list[int], int]:
+    def publish(self, producer, batch: list[SpooledEvent], *, stop: threading.Event | None = None,
+                track: bool = True) -> tuple[list[int], int]:
         """Produce a batch and wait for every delivery report; (acked seqs, number failed).
 
         The client keeps retrying while the broker is away. If no report arrives for the stall
         timeout, this client is given up on: the rest of the batch counts as failed and is re-sent
         from the spool by a fresh producer. Any client error (queue full, fatal state) counts the rest
         of the batch as failed too; so does closing (after a last 2 s for the messages in flight).
-        Rows of different ingest ids go in separate rounds (the id travels as a header)."""
+        Rows of different ingest ids go in separate rounds (the id travels as a header).
+        track=False: cheaper per message, but a round with any failure counts as failed whole."""
         acked: list[int] = []
         start = 0
         while start < len(batch):
@@ -603,12 +660,17 @@ class Outbox:
                 stop=stop or self._round_stop,
                 stop_grace_s=2.0,
                 errors="report",
-                track_acked=True,
+                track_acked=track,
             )
             if result.error is not None:
                 self.last_error = result.error
-            acked += [run[position].seq for position in result.acked_positions]
-            if len(result.acked_positions) < len(run):
+            if track:
+                acked += [run[position].seq for position in result.acked_positions]
+            elif result.ok:
+                acked += [item.seq for item in run]
+            if len(acked) < end:
+                if not track and self.last_error is None:
+                    self.last_error = f"{result.unacknowledged} events not acknowledged"
                 break
             start = end
         return acked, len(batch) - len(acked)
@@ -620,7 +682,7 @@ class Outbox:
             row.seq for row in rows
             if (among is None or row.seq in among) and (
                 (self._max_event_bytes is not None and len(row.value) > self._max_event_bytes)
-                or event_identity(row.value) is None
+                or row.identity is None
             )
         ]
         self.unconfirmable += len(forget)
@@ -685,59 +747,65 @@ class Outbox:
             self._swept.set()
 
     def confirm_round(self, *, full: bool = False, timeout_s: float | None = None) -> tuple[int, int]:
-        """One pass over the published rows, oldest first: (confirmed, released). Stops after a
-        batch in which nothing was confirmed or released (the rest is newer still), unless `full`.
-        `timeout_s` overrides ack_timeout_s (0: release every unconfirmed row)."""
+        """One pass over the published rows, oldest first: (confirmed, released). Unless `full`, it
+        stops after a batch not wholly settled: the frontier of what metering has is in it, and the
+        newer rows are not worth asking about yet. `timeout_s` overrides ack_timeout_s (0: release
+        every unconfirmed row)."""
         confirmed = released = 0
         after = 0
         while not self._stopping.is_set():
             rows = self.spool.published(self._confirm_batch, after)
             if not rows:
                 break
-            after = rows[-1].seq
-            done, again = self._confirm_batch_of(rows, timeout_s)
+            after = rows[-1][0]
+            done, again = self._confirm_rows(rows, timeout_s)
             confirmed += done
             released += again
-            if len(rows) < self._confirm_batch or (not full and not done and not again):
+            if len(rows) < self._confirm_batch or (not full and done + again < len(rows)):
                 break
         return confirmed, released
 
-    def _confirm_batch_of(self, rows: list[SpooledEvent], timeout_s: float | None) -> tuple[int, int]:
+    def _confirm_rows(self, rows: list[tuple], timeout_s: float | None) -> tuple[int, int]:
+        """rows: (seq, source, event_id, value bytes, enqueued_at, published_at, attempts)."""
         keyed: dict[Key, list[int]] = {}
-        forget = set(self._unconfirmable(rows))  # left by an older process: the ack was all to wait for
-        for row in rows:
-            if row.seq not in forget:
-                keyed.setdefault(event_identity(row.value), []).append(row.seq)
+        forget: list[int] = []
+        decode = [row[0] for row in rows if row[1] is None]  # spooled without an identity: read it
+        decoded = {seq: event_identity(value) for seq, value in self.spool.values(decode).items()}
+        too_large = self._max_event_bytes
+        for seq, source, event_id, size, _enqueued, _published, _attempts in rows:
+            identity = decoded.get(seq) if source is None else ((source, event_id) if source and event_id else None)
+            if identity is None or (too_large is not None and size > too_large):
+                forget.append(seq)  # metering dead-letters it without a key: the broker's ack was all
+            else:
+                keyed.setdefault(identity, []).append(seq)
         handled: set[Key] = set()
         if keyed:
-            since = min(row.enqueued_at for row in rows)
-            handled = self._confirm(list(keyed), since)
+            handled = self._confirm(list(keyed), min(row[4] for row in rows))
         done = [seq for key in handled for seq in keyed.get(key, ())]
         now = time.time()
         base = self.ack_timeout_s if timeout_s is None else timeout_s
-        late = []
-        for row in rows:
-            if row.published_at is None:
-                continue
-            limit = min(base * 2 ** max(row.attempts - 1, 0), MAX_ACK_TIMEOUT_S)
-            if now - row.published_at >= limit:
-                late.append(row.seq)
-        late_set = set(late) - set(done) - set(forget)
+        settled = set(done)
+        settled.update(forget)
+        late = [
+            seq for seq, _s, _e, _n, _enqueued, published_at, attempts in rows
+            if seq not in settled and now - published_at >= min(base * 2 ** max(attempts - 1, 0), MAX_ACK_TIMEOUT_S)
+        ]
         if forget:
             self.spool.ack(forget)
+            self.unconfirmable += len(forget)
         if done:
             self.spool.ack(done)
             self.confirmed += len(done)
             self._on_confirmed(len(done))
-        if late_set:
-            self.spool.release(late_set)
-            self.republished += len(late_set)
+        if late:
+            self.spool.release(late)
+            self.republished += len(late)
             self._rescan.set()
             self._wakeup.set()
             if timeout_s != 0.0:
                 log.warning("outbox %s: %d events not metered %.0f s after publication: publishing them again",
-                            self.name, len(late_set), base)
-        return len(done) + len(forget), len(late_set)
+                            self.name, len(late), base)
+        return len(done) + len(forget), len(late)
 
 
 def outbox_for(
@@ -791,6 +859,6 @@ def _close_quietly(producer, timeout_s: float) -> None:
 
 
 __all__ = [
-    "ACK_MODES", "Confirm", "INGEST_ID_HEADER", "MeteringConfirmer", "Outbox", "Spool", "SpooledEvent",
-    "ack_mode", "event_identity", "outbox_for", "spool_dir",
+    "ACK_MODES", "NO_IDENTITY", "Confirm", "INGEST_ID_HEADER", "MeteringConfirmer", "Outbox", "Spool", "SpooledEvent",
+    "ack_mode", "event_identity", "identity_of", "outbox_for", "spool_dir",
 ]

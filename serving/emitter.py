@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from infermeter.settings import Settings, get_settings
-from metering.outbox import MeteringConfirmer, Outbox, Spool, SpooledEvent, ack_mode, spool_dir
+from metering.outbox import MeteringConfirmer, Outbox, Spool, SpooledEvent, ack_mode, identity_of, spool_dir
 from serving import metrics
 
 log = logging.getLogger("serving.emitter")
@@ -170,15 +170,15 @@ class Emitter:
     # --- producing side (any thread, event loop included) ---------------------------------------
 
     @staticmethod
-    def _encode(event: dict) -> tuple[bytes | None, bytes]:
+    def _encode(event: dict) -> tuple[bytes | None, bytes, tuple[str, str]]:
         from metering.contract import encode_event, event_partition_key
 
-        return event_partition_key(event), encode_event(event)
+        return event_partition_key(event), encode_event(event), identity_of(event)
 
     def emit(self, event: dict) -> None:
         """Append one CloudEvent to the spool (durable when this returns) and wake the publisher."""
-        key, value = self._encode(event)
-        self.spool.append(key, value)
+        key, value, identity = self._encode(event)
+        self.spool.append(key, value, identity)
         self._after_append(1)
 
     def emit_many(self, events: Iterable[dict]) -> None:

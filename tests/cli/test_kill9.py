@@ -243,6 +243,11 @@ def test_kill_9_of_up_while_events_arrive_loses_and_doubles_nothing(tmp_path):
         up.send_signal(signal.SIGINT)
         up.communicate(timeout=60)
         print("\n".join(report))
+        log_path = tmp_path / "gateway.log"
+        if log_path.exists():  # what the gateway complained about, once each
+            complaints = Counter(line.strip()[:200] for line in log_path.read_text().splitlines()
+                                 if "rror" in line or "WARNING" in line.upper())
+            print("gateway log:", *[f"  {n} x {line}" for line, n in complaints.most_common(12)], sep="\n")
         print(f"{RUNS} runs of {EVENTS_PER_RUN} ingested events in {time.monotonic() - started:.0f} s; "
               f"gateway: {load.ok if load else 0} requests answered, failed {dict(load.failed) if load else {}}")
     assert _left_behind(home) == {}

@@ -220,3 +220,32 @@ def test_a_broker_that_lost_acknowledged_events_costs_nothing(settings, tmp_path
     with psycopg.connect(to_libpq_url(local.database_url)) as conn:
         assert conn.execute("SELECT count(*), count(DISTINCT event_id) FROM raw_events").fetchone() == (400, 400)
         assert conn.execute("SELECT sum(requests) FROM request_rollup_hourly").fetchone()[0] == 400
+
+
+def test_the_api_with_metered_ack_spools_before_answering_and_forgets_once_metered(settings):
+    from fastapi.testclient import TestClient
+
+    from app.api import create_app
+    from tests.metering.conftest import dsn
+
+    local = settings.model_copy(update={"ack": "metered", "ack_check_interval_s": 0.1})
+    ensure_topics(local.kafka_bootstrap, local)
+    body = b"[" + b",".join(request_event(i, customer="cust-a") for i in range(20)) + b"]"
+    with TestClient(create_app(local, local.database_url, local.kafka_bootstrap)) as client:
+        publisher = client.app.state.publisher
+        publisher.outbox.close()  # no publishing yet: the answer must not wait for the broker
+        answer = client.post("/v1/events", content=body, headers={
+            "Authorization": f"Bearer {local.producer_token}", "Content-Type": "application/cloudevents-batch+json"})
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["published"] == 20
+        assert publisher.outbox.spool.counts() == (20, 0)  # durable, not yet published
+        publisher.outbox.start()
+        consumer = MeteringConsumer(local, local.database_url, local.kafka_bootstrap)
+        thread = run_in_thread(consumer)
+        try:
+            assert publisher.outbox.wait_drained(30), publisher.outbox.last_error
+        finally:
+            consumer.stop()
+            thread.join(30)
+    with psycopg.connect(dsn(local)) as conn:
+        assert conn.execute("SELECT sum(requests) FROM request_rollup_hourly").fetchone()[0] == 20
