@@ -180,7 +180,7 @@ def test_kill_9_of_up_while_events_arrive_loses_and_doubles_nothing(tmp_path):
             time.sleep(0.3)
             ingest = subprocess.Popen(CLI + ["events", "ingest", str(events)], env=_env(home),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            delay = rng.uniform(0.5, 3.0)
+            delay = rng.uniform(0.5, 2.5)
             time.sleep(delay)
             ingest_done_at_kill = ingest.poll() is not None
             os.kill(up.pid, signal.SIGKILL)
