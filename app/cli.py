@@ -96,20 +96,33 @@ def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
     pid_file.start_run()
     try:
         with open_stack(settings, pid_file=pid_file) as stack:
-            run_settings = stack.settings_for(settings)
-            path = write_stack_file(
-                settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None
-            )
+            from metering.outbox import ack_mode, outbox_for
+
+            # The acknowledgement mode follows what was configured, not the broker this stack filled in.
+            ack = ack_mode(settings)
+            run_settings = stack.settings_for(settings).model_copy(update={"ack": ack})
             from metering.consumer import MeteringConsumer, run_in_thread
 
             workers = [MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
                        for _ in range(consumers)]
             threads = [run_in_thread(w) for w in workers]
+            # Metered ack: events that `events ingest` (and the API) spooled in this home and metering
+            # has not confirmed are published (again) to this broker: what a killed stack had
+            # acknowledged is metered after all. Fresh rows are left to the process publishing them.
+            replayers = []
+            if ack == "metered":
+                for name in ("ingest", "api") if not api else ("ingest",):
+                    replayers.append(outbox_for(run_settings, name, bootstrap=stack.kafka_bootstrap,
+                                                database_url=stack.database_url, min_age_s=5.0).start())
+            path = write_stack_file(
+                settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None
+            )
             table = Table(title="infermeter stack", show_header=False)
             table.add_row("PostgreSQL", stack.database_url)
             table.add_row("Kafka bootstrap", stack.kafka_bootstrap)
             table.add_row("events topic", settings.events_topic)
             table.add_row("consumer group", stack.consumer_group)
+            table.add_row("acknowledgement", f"{ack} (INFERMETER_ACK)")
             table.add_row("stack file", str(path))
             if api:
                 table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
@@ -128,6 +141,9 @@ def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
                         signal.pause()
             finally:
                 guard.stopping = True  # no signal may cut the clean-up short
+                for replayer in replayers:  # unconfirmed events stay spooled for the next up
+                    replayer.close(2.0)
+                    replayer.spool.close()
                 for w in workers:
                     w.stop()
                 for t in threads:
@@ -157,13 +173,15 @@ def serve_api(
 ) -> None:
     """Serve the HTTP API alone (events, usage, tasks, dead letters, pricing shadow)."""
     from app.api import create_app
+    from metering.outbox import ack_mode
 
     settings = get_settings()
     settings.check_listen_address(host or settings.api_host)  # no development credentials off loopback
     err_console.print(f"admin token: {settings.credentials_note()}", highlight=False, soft_wrap=True)
     with stop_on_signals(), contextlib.suppress(KeyboardInterrupt), open_stack(settings) as stack:
         # SIGINT, SIGTERM, SIGHUP: uvicorn shuts down, then the broker this command started stops
-        serve_http(create_app(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap),
+        run_settings = stack.settings_for(settings).model_copy(update={"ack": ack_mode(settings)})
+        serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
                    host=host or settings.api_host, port=port or settings.api_port, log_level="info")
 
 
@@ -210,48 +228,102 @@ def events_ingest(
     of the file still goes through. With --wait, the counts are metering's: accepted, duplicates
     (already metered), rejected (dead-lettered, plus bad lines). When this command had to start
     its own broker, it also runs the metering consumer and waits, since that broker dies with it.
+
+    With metered acknowledgement (INFERMETER_ACK; the default with the embedded broker) the events
+    go to INFERMETER_HOME/spool/ingest.sqlite3 first and stay there until metering has recorded
+    them: if the stack dies with events its broker had acknowledged, the next `infermeter up`
+    publishes them again.
     """
     from metering.consumer import MeteringConsumer, run_in_thread
-    from metering.ingest import IngestCounts, publish_lines, read_lines, wait_for_receipt
+    from metering.ingest import (
+        IngestCounts,
+        publish_lines,
+        publish_spooled,
+        read_lines,
+        spool_lines,
+        wait_for_receipt,
+    )
     from metering.kafka import ensure_topics, make_producer
+    from metering.outbox import Spool, ack_mode, outbox_for, spool_dir
 
     if not file.is_file():
         raise CliError(f"{file}: no such file")
     settings = get_settings()
-    with open_stack(settings) as stack:
-        run_settings = stack.settings_for(settings)
-        ensure_topics(stack.kafka_bootstrap, settings)
-        producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
-        with _progress(as_json) as progress:
-            task = progress.add_task("publishing", total=None)
-            publication = publish_lines(
-                producer, settings.events_topic, read_lines(file),
-                on_progress=lambda n: progress.update(task, completed=n),
-            )
-        producer.close()
+    ack = ack_mode(settings)
+    spooled = None
+    if ack == "metered":
+        # Durable before anything else can fail (the broker, the stack): from here on the events
+        # are metered whatever happens to this command, by it or by the next `infermeter up`.
+        spool = Spool(spool_dir(settings) / "ingest.sqlite3", sync=settings.spool_sync)
+        try:
+            spooled = spool_lines(spool, read_lines(file))
+        finally:
+            spool.close()
+    with contextlib.ExitStack() as exit_stack:
+        outbox = None
+        try:
+            stack = exit_stack.enter_context(open_stack(settings))
+            run_settings = stack.settings_for(settings).model_copy(update={"ack": ack})
+            ensure_topics(stack.kafka_bootstrap, settings)
+            if spooled is not None:
+                outbox = outbox_for(run_settings, "ingest", bootstrap=stack.kafka_bootstrap,
+                                    database_url=stack.database_url)
+                producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend, idempotent=False,
+                                         client_id="infermeter-ingest")
+            else:
+                producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
+        except Exception as exc:
+            if spooled is None:
+                raise
+            raise CliError(f"{exc}; the {spooled.spooled} events are spooled in {spool.path}: "
+                           "`infermeter up` publishes them") from None
+        try:
+            with _progress(as_json) as progress:
+                task = progress.add_task("publishing", total=None)
+                if outbox is not None:
+                    publication = spooled
+                    try:
+                        publish_spooled(outbox, producer, publication,
+                                        on_progress=lambda n: progress.update(task, completed=n))
+                    except RuntimeError as exc:
+                        raise CliError(f"{exc} ({publication.spooled} events spooled)") from None
+                else:
+                    publication = publish_lines(
+                        producer, settings.events_topic, read_lines(file),
+                        on_progress=lambda n: progress.update(task, completed=n),
+                    )
+        finally:
+            producer.close()
         for bad in publication.bad_lines[:20]:
             err_console.print(f"{file}:{bad.line}: [yellow]rejected[/]: {bad.reason}", soft_wrap=True, highlight=False)
         if len(publication.bad_lines) > 20:
             err_console.print(f"… and {len(publication.bad_lines) - 20} more bad lines")
         counts = IngestCounts()
-        if wait or stack.owns_broker:
-            consumer = thread = None
-            if stack.owns_broker:
-                consumer = MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
-                thread = run_in_thread(consumer)
-            try:
-                with _progress(as_json) as progress:
-                    task = progress.add_task("metering", total=publication.published)
-                    counts = wait_for_receipt(
-                        to_libpq_url(stack.database_url), publication.ingest_id, publication.published,
-                        timeout_s=timeout,
-                        on_progress=lambda c: progress.update(task, completed=c.total),
-                        still_running=(thread.is_alive if thread else None),
-                    )
-            finally:
-                if consumer is not None:
-                    consumer.stop()
-                    thread.join(30)
+        try:
+            if wait or stack.owns_broker:
+                consumer = thread = None
+                if stack.owns_broker:
+                    consumer = MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
+                    thread = run_in_thread(consumer)
+                try:
+                    with _progress(as_json) as progress:
+                        task = progress.add_task("metering", total=publication.published)
+                        counts = wait_for_receipt(
+                            to_libpq_url(stack.database_url), publication.ingest_id, publication.published,
+                            timeout_s=timeout,
+                            on_progress=lambda c: progress.update(task, completed=c.total),
+                            still_running=(thread.is_alive if thread else None),
+                        )
+                    if outbox is not None:  # metering has every event: forget them here and now
+                        outbox.confirm_round(full=True)
+                finally:
+                    if consumer is not None:
+                        consumer.stop()
+                        thread.join(30)
+        finally:
+            if outbox is not None:
+                outbox.close()
+                outbox.spool.close()
         counts.rejected += len(publication.bad_lines)
         result = counts.as_dict()
         if not (wait or stack.owns_broker):

@@ -407,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure a minimal aiohttp pass-through proxy (what the usual Python libraries add)",
     )
+    parser.add_argument(
+        "--ack", default="broker",
+        help="comma-separated acknowledgement modes of the gateway's emitter (INFERMETER_ACK): broker,metered; "
+        "each gets its own gateway, measured against direct in the same run; a metering consumer runs "
+        "throughout so that metered ack is confirmed",
+    )
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -465,19 +471,42 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 return out
 
-            with process(
-                [python, "-m", "serving.cli", "gateway", "--upstream", stub_url, "--model", STUB_MODEL, "--port", str(gw_port)],
-                env=env, log=work / "gateway.log",
-            ) as gw:  # fmt: skip
-                _wait_http(gw_url + "/health", process=gw)
-                results = phase(("infermeter", gw_url + "/v1/chat/completions", customer_headers))
-                with contextlib.suppress(Exception):
-                    report["gateway_events_emitted"] = _gateway_metric(
-                        gw_url, "infermeter_emitter_events_emitted_total"
-                    )
-            report["stub"] = print_table(
-                "stub upstream: infermeter gateway (LiteLLM not running)", results, "direct"
-            )
+            acks = args.ack.split(",")
+            consumer = consumer_thread = None
+            if "metered" in acks:
+                from metering.consumer import MeteringConsumer, run_in_thread
+
+                consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
+                consumer_thread = run_in_thread(consumer)
+            by_ack: dict[str, list[Result]] = {}
+            try:
+                for ack in acks:
+                    name = "infermeter" if len(acks) == 1 else f"infermeter-{ack}"
+                    gw_port = _free_port()
+                    gw_url = f"http://127.0.0.1:{gw_port}"
+                    with process(
+                        [python, "-m", "serving.cli", "gateway", "--upstream", stub_url, "--model", STUB_MODEL, "--port", str(gw_port)],
+                        env={**env, "INFERMETER_ACK": ack, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-{ack}"},
+                        log=work / f"gateway-{ack}.log",
+                    ) as gw:  # fmt: skip
+                        _wait_http(gw_url + "/health", process=gw)
+                        by_ack[ack] = phase((name, gw_url + "/v1/chat/completions", customer_headers))
+                        with contextlib.suppress(Exception):
+                            report[f"gateway_events_emitted_{ack}"] = _gateway_metric(
+                                gw_url, "infermeter_emitter_events_emitted_total"
+                            )
+                            report[f"gateway_spool_depth_{ack}"] = _gateway_metric(
+                                gw_url, "infermeter_emitter_spool_depth"
+                            )
+            finally:
+                if consumer is not None:
+                    consumer.stop()
+                    consumer_thread.join(30)
+            for ack, results in by_ack.items():
+                rows = print_table(
+                    f"stub upstream: infermeter gateway, INFERMETER_ACK={ack} (LiteLLM not running)", results, "direct"
+                )
+                report["stub"] += [dict(row, ack=ack) for row in rows]
             if args.floor:
                 floor_port = _free_port()
                 floor_url = f"http://127.0.0.1:{floor_port}"

@@ -2,6 +2,7 @@
 
     python -m bench.ingest --events 200000 --json
     python -m bench.ingest --events 200000 --processes 1,2 --backends confluent,kafka-python
+    python -m bench.ingest --events 100000 --processes 1 --backends confluent --ack broker,metered
 
 For each backend and each number of consumer processes, in one run:
 1. produce N pre-generated request events (~330 bytes each) to a fresh topic;
@@ -11,6 +12,15 @@ For each backend and each number of consumer processes, in one run:
 Prints `metering_events_per_s`, `raw_consume_events_per_s` and their `ratio` for every cell, and
 the steady rate (first commit to last, without process start and group join) with its ratio.
 Uses the embedded PostgreSQL and Tansu unless DATABASE_URL / KAFKA_BOOTSTRAP are set.
+
+`--ack broker,metered` measures both acknowledgement modes in one run (default: broker only).
+broker: the events are produced straight from memory (what `events ingest` does with
+INFERMETER_ACK=broker). metered: they are appended to an outbox spool (SQLite) and published from
+it (`metering.ingest.spool_lines` + `publish_spooled`, what `events ingest` does by default with
+the embedded broker), and while the metering processes run, a confirmer asks their database every
+0.5 s which events are recorded and deletes those from the spool (`Outbox.confirm_round`, the work
+`infermeter up` does). Reported in addition: `spool_append_events_per_s`, and `confirmed_s_after`,
+how long after the last event was metered the spool was empty.
 """
 
 from __future__ import annotations
@@ -84,6 +94,65 @@ def produce(bootstrap: str, topic: str, events, ingest_id: str) -> float:
     return len(events) / (time.perf_counter() - started)
 
 
+def produce_via_outbox(bootstrap: str, topic: str, events, ingest_id: str, spool_path: Path) -> tuple[float, float]:
+    """`events ingest` with metered ack: spool, then publish from the spool. (append rate, produce rate)."""
+    from metering.ingest import publish_spooled, spool_lines
+    from metering.outbox import Outbox, Spool
+
+    spool = Spool(spool_path)
+    started = time.perf_counter()
+    taken = spool_lines(spool, enumerate((value for _key, value in events), 1), ingest_id=ingest_id)
+    appended = time.perf_counter()
+    outbox = Outbox(spool, topic=topic, bootstrap=bootstrap, ack="metered", confirm=lambda keys, since: set(),
+                    producer_factory=lambda b: make_producer(b, "confluent", linger_ms=20, idempotent=False))
+    producer = make_producer(bootstrap, "confluent", linger_ms=20, idempotent=False)
+    publish_spooled(outbox, producer, taken)
+    producer.close()
+    spool.close()
+    elapsed = time.perf_counter() - started
+    return len(events) / (appended - started), len(events) / elapsed
+
+
+class Confirming:
+    """The confirmer of metered ack against a cell's database, over a copy of the published spool."""
+
+    def __init__(self, spool_path: Path, database_url: str) -> None:
+        import shutil
+        import threading
+
+        from metering.outbox import MeteringConfirmer, Outbox, Spool
+
+        copy = spool_path.with_name(f"{spool_path.stem}-{uuid.uuid4().hex[:6]}.sqlite3")
+        shutil.copy(spool_path, copy)
+        self.spool = Spool(copy)
+        # The rows stay published for the whole measurement (no republishing: nothing is lost here).
+        self.outbox = Outbox(self.spool, topic="unused", bootstrap=None, producer_factory=lambda b: None,
+                             ack="metered", confirm=MeteringConfirmer(database_url), ack_timeout_s=3600)
+        self.empty_at: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.cpu_s = self.wall_s = 0.0
+        while not self.stop.wait(0.5):
+            cpu, wall = time.thread_time(), time.perf_counter()
+            self.outbox.confirm_round()
+            self.cpu_s += time.thread_time() - cpu
+            self.wall_s += time.perf_counter() - wall
+            if self.spool.depth() == 0:
+                self.empty_at = time.perf_counter()
+                return
+
+    def close(self, wait_s: float = 60) -> float | None:
+        self.thread.join(wait_s)
+        self.stop.set()
+        self.thread.join()
+        self.outbox.close()
+        self.spool.close()
+        return self.empty_at
+
+
 def raw_consume_rate(bootstrap: str, backend: str, topic: str, expected: int) -> float:
     partitions = list_partitions(bootstrap, topic, backend="confluent")
     consumer = make_assigned_consumer(bootstrap, backend=backend, offsets={tp: 0 for tp in partitions})
@@ -110,8 +179,10 @@ def new_database(server_url: str) -> str:
 
 
 def metering_rate(bootstrap: str, backend: str, topic_prefix: str, database_url: str, processes: int,
-                  expected: int, ingest_id: str) -> tuple[float, float]:
-    """(rate from process start to the last commit, steady rate from the first commit to the last)."""
+                  expected: int, ingest_id: str, spool_path: Path | None = None) -> tuple[float, float, float | None]:
+    """(rate from process start to the last commit, steady rate from the first commit to the last,
+    with `spool_path` (metered ack): seconds from the last commit until the confirmer emptied the spool)."""
+    confirming = Confirming(spool_path, database_url) if spool_path else None
     group = f"bench-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, DATABASE_URL=database_url, KAFKA_BOOTSTRAP=bootstrap, INFERMETER_KAFKA_BACKEND=backend,
                INFERMETER_TOPIC_PREFIX=topic_prefix, INFERMETER_CONSUMER_GROUP=group)
@@ -134,12 +205,20 @@ def metering_rate(bootstrap: str, backend: str, topic_prefix: str, database_url:
                 first = (now, done)
             if done >= expected:
                 steady = (expected - first[1]) / (now - first[0]) if now > first[0] else float("nan")
-                return expected / (now - started), steady
+                confirmed_after = None
+                if confirming is not None:
+                    empty_at = confirming.close()
+                    console.print(f"confirmer: {confirming.cpu_s:.2f} s CPU, {confirming.wall_s:.2f} s in rounds")
+                    confirming = None
+                    confirmed_after = None if empty_at is None else max(0.0, empty_at - now)
+                return expected / (now - started), steady, confirmed_after
             if any(w.poll() is not None for w in workers):
                 raise RuntimeError("a metering process exited early")
             time.sleep(0.05)
         raise RuntimeError("metering did not finish in 600 s")
     finally:
+        if confirming is not None:
+            confirming.close(0)
         for w in workers:
             w.terminate()
         for w in workers:
@@ -152,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--processes", default="1,2", help="comma-separated consumer process counts")
     parser.add_argument("--backends", default="confluent,kafka-python")
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--ack", default="broker", help="comma-separated acknowledgement modes: broker,metered")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args(argv)
 
@@ -172,29 +252,43 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
         events = generate(args.events)
         results = []
         for backend in args.backends.split(","):
-            prefix = f"bench{uuid.uuid4().hex[:6]}"
-            topic = Settings(INFERMETER_TOPIC_PREFIX=prefix).events_topic
-            create_topic(bootstrap, topic, args.partitions)
-            ingest_id = uuid.uuid4().hex
-            produce_rate = produce(bootstrap, topic, events, ingest_id)
-            for processes in [int(p) for p in args.processes.split(",")]:
-                raw = raw_consume_rate(bootstrap, backend, topic, args.events)
-                database_url = new_database(server_url)
-                rate, steady = metering_rate(bootstrap, backend, prefix, database_url, processes, args.events, ingest_id)
-                cell = {
-                    "backend": backend,
-                    "processes": processes,
-                    "events": args.events,
-                    "produce_events_per_s": round(produce_rate),
-                    "metering_events_per_s": round(rate),
-                    "raw_consume_events_per_s": round(raw),
-                    "ratio": round(rate / raw, 3),
-                    # Without the start-up (process start + consumer-group join, ~3-5 s on Tansu):
-                    "metering_steady_events_per_s": round(steady),
-                    "steady_ratio": round(steady / raw, 3),
-                }
-                results.append(cell)
-                console.print(cell)
+            for ack in args.ack.split(","):
+                if ack not in ("broker", "metered"):
+                    raise SystemExit(f"--ack: broker or metered, not {ack!r}")
+                prefix = f"bench{uuid.uuid4().hex[:6]}"
+                topic = Settings(INFERMETER_TOPIC_PREFIX=prefix).events_topic
+                create_topic(bootstrap, topic, args.partitions)
+                ingest_id = uuid.uuid4().hex
+                spool_path = append_rate = None
+                if ack == "metered":
+                    spool_path = workdir / f"spool-{prefix}.sqlite3"
+                    append_rate, produce_rate = produce_via_outbox(bootstrap, topic, events, ingest_id, spool_path)
+                else:
+                    produce_rate = produce(bootstrap, topic, events, ingest_id)
+                for processes in [int(p) for p in args.processes.split(",")]:
+                    raw = raw_consume_rate(bootstrap, backend, topic, args.events)
+                    database_url = new_database(server_url)
+                    rate, steady, confirmed_after = metering_rate(
+                        bootstrap, backend, prefix, database_url, processes, args.events, ingest_id, spool_path
+                    )
+                    cell = {
+                        "backend": backend,
+                        "ack": ack,
+                        "processes": processes,
+                        "events": args.events,
+                        "produce_events_per_s": round(produce_rate),
+                        "metering_events_per_s": round(rate),
+                        "raw_consume_events_per_s": round(raw),
+                        "ratio": round(rate / raw, 3),
+                        # Without the start-up (process start + consumer-group join, ~3-5 s on Tansu):
+                        "metering_steady_events_per_s": round(steady),
+                        "steady_ratio": round(steady / raw, 3),
+                    }
+                    if ack == "metered":
+                        cell["spool_append_events_per_s"] = round(append_rate)
+                        cell["confirmed_s_after"] = None if confirmed_after is None else round(confirmed_after, 2)
+                    results.append(cell)
+                    console.print(cell)
         report = {"benchmark": "ingest", "results": results}
         print(json.dumps(report, indent=None if args.json else 2))
         return report

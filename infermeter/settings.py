@@ -163,12 +163,36 @@ class Settings(BaseSettings):
     spool_dir: Path | None = Field(
         default=None,
         validation_alias="INFERMETER_SPOOL_DIR",
-        description="Folder of the emitters' durable event spools. Unset: INFERMETER_HOME/spool.",
+        description="Folder of the producers' durable event spools (gateway emitters, ingest, API). Unset: INFERMETER_HOME/spool.",
     )
     spool_sync: str = Field(
         default="normal",
         validation_alias="INFERMETER_SPOOL_SYNC",
         description="SQLite synchronous mode of the spool: normal (survives kill -9; fsync at checkpoints) or full (fsync every emit; survives power loss).",
+    )
+    ack: str | None = Field(
+        default=None,
+        validation_alias="INFERMETER_ACK",
+        description="When a producer (gateway emitter, `events ingest`, POST /v1/events) forgets a spooled event: "
+        "broker (once Kafka acknowledged it) or metered (once metering recorded or dead-lettered it). "
+        "Unset: metered with the embedded broker (memory-only: its ack survives no crash), broker with KAFKA_BOOTSTRAP "
+        "(acks=all on a replicated topic is durable). docs/metering.md, 'What each setup promises'.",
+    )
+    ack_timeout_s: float = Field(
+        default=30.0,
+        validation_alias="INFERMETER_ACK_TIMEOUT_S",
+        description="Metered ack: an event published this long ago and still not recorded by metering is "
+        "published again (the broker lost it); the wait doubles on each further attempt, up to an hour.",
+    )
+    ack_check_interval_s: float = Field(
+        default=0.5,
+        validation_alias="INFERMETER_ACK_CHECK_INTERVAL_S",
+        description="Metered ack: how often a producer's confirmer thread asks metering which published events it has recorded.",
+    )
+    ack_check_batch: int = Field(
+        default=5000,
+        validation_alias="INFERMETER_ACK_CHECK_BATCH",
+        description="Metered ack: most event keys the confirmer asks metering about in one query.",
     )
     emitter_batch_max_events: int = Field(
         default=2000,

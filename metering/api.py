@@ -26,6 +26,7 @@ from infermeter.settings import Settings
 from metering import queries
 from metering.contract import InvalidEvent, decode_event, event_partition_key
 from metering.kafka import ensure_topics, make_producer, publish_and_wait
+from metering.outbox import ack_mode, outbox_for
 
 CLOUDEVENT = "application/cloudevents+json"
 CLOUDEVENT_BATCH = "application/cloudevents-batch+json"
@@ -37,19 +38,38 @@ router = APIRouter(tags=["metering"])
 
 
 class Publisher:
-    """One shared producer; each request waits for the broker's ack of its own events."""
+    """Takes the events of POST /v1/events before the answer (202).
+
+    Broker ack (INFERMETER_ACK=broker): one shared producer; each request waits for the broker's ack
+    of its own events. Metered ack (the default with the embedded, memory-only broker): each request
+    appends its events to the durable spool INFERMETER_HOME/spool/api.sqlite3 (one SQLite
+    transaction) and is answered; this process's outbox publishes them and forgets them only once
+    metering has recorded them (metering/outbox.py), so a crash of the broker or of this process
+    loses none: they are published again on the next start."""
 
     def __init__(self, bootstrap: str, settings: Settings):
         ensure_topics(bootstrap, settings)
         self.topic = settings.events_topic
-        backend = settings.kafka_backend
-        self.producer = make_producer(bootstrap, backend, client_id="infermeter-api")
+        self.ack = ack_mode(settings)
+        self.outbox = None
+        self.producer = None
+        if self.ack == "metered":
+            self.outbox = outbox_for(settings, "api", bootstrap=bootstrap, database_url=settings.database_url)
+            self.outbox.start()
+        else:
+            self.producer = make_producer(bootstrap, settings.kafka_backend, client_id="infermeter-api")
         self.lock = threading.Lock()
 
-    def publish(self, items: list[tuple[bytes | None, bytes]], timeout_s: float = 30) -> None:
+    def publish(self, items: list[tuple], timeout_s: float = 30) -> None:
+        """items: (key, value) or (key, value, (source, id))."""
+        if self.outbox is not None:
+            self.outbox.spool.append_many(items)  # durable when this returns
+            self.outbox.wake()
+            return
         # The producer is shared by the request threads: each waits with poll under the lock.
         result = publish_and_wait(
-            self.producer, self.topic, items, timeout_s=timeout_s, poll_every_s=0.05, shared_lock=self.lock
+            self.producer, self.topic, [(item[0], item[1]) for item in items], timeout_s=timeout_s,
+            poll_every_s=0.05, shared_lock=self.lock,
         )
         if result.timed_out:
             raise error(503, "the event bus did not acknowledge the events in time; retry", "bus_timeout")
@@ -57,8 +77,12 @@ class Publisher:
             raise error(503, f"the event bus refused the events: {result.failures[0]}; retry", "bus_error")
 
     def close(self) -> None:
-        self.producer.flush(10)
-        self.producer.close()
+        if self.outbox is not None:
+            self.outbox.close()
+            self.outbox.spool.close()
+        if self.producer is not None:
+            self.producer.flush(10)
+            self.producer.close()
 
 
 @router.post("/v1/events", status_code=202)
@@ -86,7 +110,7 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
     if app_.state.publisher is None:
         raise error(503, "no event bus configured", "bus_unavailable")
     now = datetime.now(UTC)
-    good: list[tuple[bytes | None, bytes]] = []
+    good: list[tuple] = []
     rejected = []
     for index, item in enumerate(events):
         raw = _encode.encode(item)
@@ -100,7 +124,7 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
             rejected.append({"index": index, "id": event.id, "reason": "forbidden",
                              "detail": "these credentials may only send events for their own customer"})
             continue
-        good.append((event_partition_key(item), raw))
+        good.append((event_partition_key(item), raw, (event.source, event.id)))
     if good:
         from starlette.concurrency import run_in_threadpool
 

@@ -4,6 +4,12 @@ Every message carries the header `infermeter-ingest-id`; the metering consumer c
 id and in the same transaction as the events, how many were accepted, duplicates or rejected
 (`ingest_receipts`). Waiting for an ingest = waiting until those counts add up to what was sent.
 Lines that are not JSON never reach Kafka: they are reported with their line number.
+
+Broker ack (`publish_lines`): published straight from the file; Kafka's ack is the promise. Metered
+ack (`spool_lines` + `publish_spooled`, the default with the embedded broker): the events go to the
+outbox spool INFERMETER_HOME/spool/ingest.sqlite3 first and stay there until metering has recorded
+them, so a stack killed with events its broker had acknowledged publishes them again on the next
+`infermeter up` (metering/outbox.py).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import psycopg
 
 from metering.contract import event_partition_key
 from metering.kafka import Producer, publish_and_wait
+from metering.outbox import Outbox, Spool, identity_of
 from metering.processor import INGEST_ID_HEADER
 
 _json = msgspec.json.Decoder()
@@ -94,6 +101,83 @@ def publish_lines(
     if on_progress:
         on_progress(publication.published)
     return publication
+
+
+@dataclass
+class SpooledIngest:
+    """An ingest taken into the outbox spool: rows first..last of `spool` carry its ingest id."""
+
+    ingest_id: str
+    first: int = 0
+    last: int = -1
+    published: int = 0
+    bad_lines: list[BadLine] = field(default_factory=list)
+
+    @property
+    def spooled(self) -> int:
+        return self.last - self.first + 1
+
+
+def spool_lines(
+    spool: Spool, lines: Iterable[tuple[int, bytes]], *, ingest_id: str | None = None, chunk: int = 20_000
+) -> SpooledIngest:
+    """Append every JSON line to the spool (durable when this returns), in transactions of `chunk`
+    rows; lines that are not JSON are reported, not spooled."""
+    taken = SpooledIngest(ingest_id=ingest_id or uuid.uuid4().hex)
+    rows: list[tuple] = []
+
+    def flush() -> None:
+        first, last = spool.append_many(rows, ingest_id=taken.ingest_id)
+        if taken.last < taken.first:
+            taken.first = first
+        taken.last = last
+        rows.clear()
+
+    for number, raw in lines:
+        try:
+            parsed = _json.decode(raw)
+        except msgspec.DecodeError as exc:
+            taken.bad_lines.append(BadLine(number, f"not valid JSON ({exc})"))
+            continue
+        rows.append((event_partition_key(parsed), raw, identity_of(parsed)))
+        if len(rows) >= chunk:
+            flush()
+    if rows:
+        flush()
+    return taken
+
+
+def publish_spooled(
+    outbox: Outbox,
+    producer: Producer,
+    taken: SpooledIngest,
+    *,
+    on_progress: Callable[[int], None] | None = None,
+    chunk: int = 20_000,
+) -> SpooledIngest:
+    """Publish this ingest's spooled rows (claimed chunk by chunk: rows another publisher of the same
+    spool took meanwhile are its to publish). Rows stay in the spool, published, until metering
+    confirms them (the confirmer of `infermeter up`, or `confirm_spooled`). A broker failure raises
+    RuntimeError; the rows not acknowledged go back to pending, for `infermeter up` to publish."""
+    for first in range(taken.first, taken.last + 1, chunk):
+        batch = outbox.spool.claim_range(first, min(first + chunk - 1, taken.last))
+        if not batch:
+            continue
+        acked, failed = outbox.publish(producer, batch, track=False)
+        taken.published += len(acked)
+        if failed:
+            outbox.spool.release(set(e.seq for e in batch) - set(acked))
+            raise RuntimeError(
+                f"Kafka did not take every event ({outbox.last_error or f'{failed} not acknowledged'}); "
+                f"they stay in {outbox.spool.path}: `infermeter up` publishes them"
+            )
+        if on_progress:
+            on_progress(taken.published)
+    # Rows claimed by another publisher (a stack's replayer) are on their way too.
+    taken.published = taken.spooled
+    if on_progress:
+        on_progress(taken.published)
+    return taken
 
 
 def receipt(dsn: str, ingest_id: str) -> IngestCounts:

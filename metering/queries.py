@@ -624,3 +624,51 @@ def usage_as_of(
            for c, m, model, dep, q in rows if q]
     out.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"]))
     return out
+
+
+HANDLED_EVENT_IDS_SQL = """
+WITH asked AS (
+    SELECT a.event_id, a.n FROM jsonb_array_elements_text(%(ids)s::jsonb) WITH ORDINALITY AS a(event_id, n)
+), dead AS (
+    SELECT d.event_id FROM dead_letters d
+    WHERE d.received_at >= %(since)s AND d.event_source = %(source)s AND d.event_id IS NOT NULL
+)
+SELECT string_agg(
+    CASE WHEN EXISTS (SELECT 1 FROM event_keys k
+                      WHERE k.source = %(source)s COLLATE "C" AND k.event_id = a.event_id COLLATE "C")
+              OR a.event_id IN (SELECT event_id FROM dead)
+         THEN '1' ELSE '0' END, '' ORDER BY a.n)
+FROM asked a
+"""
+
+
+def handled_event_keys(
+    conn: psycopg.Connection, keys: Sequence[tuple[str, str]], *, since: float | datetime | None = None
+) -> set[tuple[str, str]]:
+    """Which of these (source, event id) keys metering has handled: recorded (in `event_keys`) or
+    dead-lettered. The producers' outbox asks this, in batches of thousands, to know which events
+    it may forget (metering/outbox.py).
+
+    `since` (unix seconds or a datetime): only dead letters received from then on are looked at
+    (dead_letters is indexed by received_at, not by key); None looks at all of them. One statement
+    per distinct source: the ids go as one JSON array and come back as one string of 0/1 flags,
+    which keeps the cost per key to the two index probes."""
+    from datetime import UTC
+
+    import msgspec
+
+    if not keys:
+        return set()
+    if isinstance(since, int | float):
+        since = datetime.fromtimestamp(since, UTC)
+    by_source: dict[str, list[str]] = {}
+    for source, event_id in keys:
+        by_source.setdefault(source, []).append(event_id)
+    handled: set[tuple[str, str]] = set()
+    for source, ids in by_source.items():
+        flags = conn.execute(HANDLED_EVENT_IDS_SQL, {
+            "ids": msgspec.json.encode(ids).decode(), "source": source,
+            "since": since or datetime(1970, 1, 1, tzinfo=UTC),
+        }).fetchone()[0] or ""
+        handled.update((source, event_id) for event_id, flag in zip(ids, flags, strict=True) if flag == "1")
+    return handled

@@ -1,4 +1,4 @@
-"""The event emitter: durable local spool first, then Kafka, retried until acknowledged.
+"""The event emitter: durable local spool first, then Kafka, forgotten once safe.
 
 Public API (the gateway and the replica agent code against this):
 
@@ -6,31 +6,38 @@ Public API (the gateway and the replica agent code against this):
     emitter.start()                 # replays whatever is spooled, then publishes in a thread
     emitter.emit(event_dict)        # CloudEvent dict (metering.contract.make_event); durable on return
     emitter.emit_many([...])        # several in one spool transaction
-    emitter.depth() -> int          # events spooled, not yet acknowledged by Kafka
-    emitter.publish_lag_s() -> float  # age of the oldest unacknowledged event (0.0 if none)
+    emitter.depth() -> int          # events spooled and not yet forgotten (see `ack`)
+    emitter.publish_lag_s() -> float  # age of the oldest spooled event (0.0 if none)
     emitter.wait_drained(timeout_s) -> bool
-    emitter.close(timeout_s=5)      # stops the publisher; unpublished events stay spooled
+    emitter.close(timeout_s=5)      # stops the threads; unconfirmed events stay spooled
     await emitter.aclose()          # the same from async code (runs close in a thread)
 
 Semantics:
 - `emit` encodes the event (`metering.contract.encode_event`) and appends it to the spool
-  (`serving.spool.Spool`, SQLite WAL) BEFORE returning. With the default
+  (`metering.outbox.Spool`, SQLite WAL) BEFORE returning. With the default
   INFERMETER_SPOOL_SYNC=normal the append is a write(2) into the WAL, no fsync: `kill -9` of
   the process loses nothing already emitted; only a power loss / kernel crash can lose the
   last appends since the previous checkpoint. Set INFERMETER_SPOOL_SYNC=full to fsync every
   append (power-loss safe, ~ a disk flush per emit). `emit` is synchronous and takes tens of
   microseconds with `normal`, so calling it on the event loop is fine.
-- A background thread reads the spool oldest first in batches
+- A background thread (`metering.outbox.Outbox`) reads the spool oldest first in batches
   (INFERMETER_EMITTER_BATCH_MAX_EVENTS), produces each event to `settings.events_topic` with
-  key = the event's `subject` (the customer id), acks=all, through
-  `metering.kafka.make_producer`, waits for every delivery report of the batch
-  (`metering.kafka.publish_and_wait`), deletes the acknowledged events from the spool, and
-  retries the failed ones (with backoff; the producer is re-created after failures). Kafka down: the spool grows (metrics
-  infermeter_emitter_spool_depth and infermeter_emitter_publish_lag_seconds), nothing is
-  dropped, and the backlog drains when the broker is back.
-- At-least-once: an event acknowledged by Kafka but killed before its spool row was deleted is
-  published again on restart. Metering drops duplicates by CloudEvents (source, id), so the
-  topic may carry an event twice but metering counts it once.
+  key = the event's `subject` (the customer id), acks=all, waits for every delivery report of
+  the batch and retries the failed ones (with backoff; the producer is re-created after failures).
+  Kafka down: the spool grows (metrics infermeter_emitter_spool_depth and
+  infermeter_emitter_publish_lag_seconds), nothing is dropped, and the backlog drains when the
+  broker is back.
+- When an event is forgotten (INFERMETER_ACK): `broker` (default with a configured
+  KAFKA_BOOTSTRAP, or a broker address passed by the caller): once Kafka acknowledged it.
+  `metered` (default with the embedded, memory-only broker of a running `infermeter up`): once
+  metering has recorded or dead-lettered it; a confirmer thread asks metering's database every
+  INFERMETER_ACK_CHECK_INTERVAL_S, and events still not recorded INFERMETER_ACK_TIMEOUT_S after
+  publication are published again. With the broker of a running `infermeter up`, the emitter
+  follows it when a new `up` starts it on another address, and publishes again whatever the old
+  one had not delivered to metering.
+- At-least-once: an event published but not yet forgotten when the process dies is published
+  again on restart. Metering drops duplicates by CloudEvents (source, id), so the topic may carry
+  an event twice but metering counts it once.
 - One spool file per emitter name: `<spool_dir>/<name>.sqlite3`. Each gateway process uses its
   own name (e.g. its INFERMETER_GATEWAY_ID) and restarts with the same name to replay.
 """
@@ -39,16 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from infermeter.settings import Settings, get_settings
-from metering.kafka import publish_and_wait
+from metering.outbox import MeteringConfirmer, Outbox, Spool, SpooledEvent, ack_mode, identity_of, spool_dir
 from serving import metrics
-from serving.spool import Spool, SpooledEvent
 
 log = logging.getLogger("serving.emitter")
 
@@ -56,7 +61,7 @@ ProducerFactory = Callable[[], Any]
 
 
 def default_spool_dir(settings: Settings) -> Path:
-    return Path(settings.spool_dir) if settings.spool_dir else Path(settings.home) / "spool"
+    return spool_dir(settings)
 
 
 class Emitter:
@@ -71,21 +76,26 @@ class Emitter:
         producer_factory: ProducerFactory | None = None,
         batch_max_events: int | None = None,
         idle_wait_s: float = 0.05,
+        ack: str | None = None,
+        confirm: Callable | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         self.name = name
         self.topic = topic or self.settings.events_topic
         self.bootstrap = bootstrap or self.settings.kafka_bootstrap
-        self._topic_ready = False
-        self._linger_s = self.settings.emitter_linger_ms / 1000
+        # The broker of a running `infermeter up` (KAFKA_BOOTSTRAP unset): memory-only, and the emitter
+        # follows it if a new `up` starts it elsewhere. An address of the caller's own (a test's or a
+        # benchmark's broker, with no metering behind it) counts as a configured Kafka.
+        from_stack = not self.settings.kafka_bootstrap and (
+            self.bootstrap is None or self.bootstrap == self._stack_bootstrap()
+        )
+        if ack is None and not self.settings.ack:
+            ack = "metered" if from_stack else "broker"
+        self.ack = ack or ack_mode(self.settings)
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync)
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
-        self._producer_factory = producer_factory or self._default_producer
-        self._idle_wait_s = idle_wait_s
-        self._wakeup = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._producer_factory = producer_factory
         self._closed = False
         # The gauges are read from the spool itself when /metrics is scraped: always exact.
         metrics.SPOOL_DEPTH.labels(spool=name).set_function(self._depth_for_metrics)
@@ -94,33 +104,81 @@ class Emitter:
         self._emitted = metrics.EVENTS_EMITTED.labels(spool=name)
         self._published = metrics.EVENTS_PUBLISHED.labels(spool=name)
         self._failures = metrics.PUBLISH_FAILURES.labels(spool=name)
-        self.last_error: str | None = None
+        if self.ack == "metered" and confirm is None:
+            confirm = MeteringConfirmer(self._database_url)
+        self.outbox = Outbox(
+            self.spool,
+            topic=self.topic,
+            bootstrap=self.bootstrap,
+            producer_factory=self._make_producer,
+            ack=self.ack,
+            confirm=confirm,
+            # The broker of a running `infermeter up`: follow it if a new `up` starts it elsewhere.
+            locate=self._stack_bootstrap if from_stack and topic is None else None,
+            ensure_topic=self._ensure_topic if self.topic == self.settings.events_topic else None,
+            name=name,
+            batch_max_events=self.batch_max_events,
+            linger_s=self.settings.emitter_linger_ms / 1000,
+            stall_timeout_s=self.settings.emitter_stall_timeout_ms / 1000,
+            ack_timeout_s=self.settings.ack_timeout_s,
+            confirm_every_s=self.settings.ack_check_interval_s,
+            confirm_batch=self.settings.ack_check_batch,
+            max_event_bytes=self.settings.max_event_bytes,
+            idle_wait_s=idle_wait_s,
+            hooks={"on_published": self._published.inc, "on_failure": self._count_failure},
+        )
 
-    def _default_producer(self):
+    @property
+    def last_error(self) -> str | None:
+        return self.outbox.last_error
+
+    def _count_failure(self, _message: str, count: int) -> None:
+        self._failures.inc(count)
+
+    def _database_url(self) -> str | None:
+        if self.settings.database_url:
+            return self.settings.database_url
+        from infermeter.stack import running_stack
+
+        return (running_stack(self.settings) or {}).get("database_url")
+
+    def _stack_bootstrap(self) -> str | None:
+        from infermeter.stack import running_stack
+
+        return (running_stack(self.settings) or {}).get("kafka_bootstrap")
+
+    def _make_producer(self, bootstrap: str):
+        if self._producer_factory is not None:
+            return self._producer_factory()
         from metering.kafka import make_producer
 
-        if not self.bootstrap:
-            raise ValueError("the emitter needs a Kafka bootstrap address (KAFKA_BOOTSTRAP)")
         # Not idempotent: the emitter is at-least-once anyway (metering dedupes by (source, id)),
         # and an idempotent producer stays stuck on a broker that lost its producer state (a
         # memory-only Tansu restarted on the same address never acknowledges it again).
         return make_producer(
-            self.bootstrap, self.settings.kafka_backend, client_id=f"infermeter-emitter-{self.name}",
+            bootstrap, self.settings.kafka_backend, client_id=f"infermeter-emitter-{self.name}",
             connect_timeout_s=None, idempotent=False,
         )
+
+    def _ensure_topic(self, bootstrap: str) -> None:
+        """Create the events topic before the first send: a producer that first sees the topic
+        missing can keep stale metadata for a long while after someone else creates it."""
+        from metering.kafka import ensure_topics
+
+        ensure_topics(bootstrap, self.settings)
 
     # --- producing side (any thread, event loop included) ---------------------------------------
 
     @staticmethod
-    def _encode(event: dict) -> tuple[bytes | None, bytes]:
+    def _encode(event: dict) -> tuple[bytes | None, bytes, tuple[str, str]]:
         from metering.contract import encode_event, event_partition_key
 
-        return event_partition_key(event), encode_event(event)
+        return event_partition_key(event), encode_event(event), identity_of(event)
 
     def emit(self, event: dict) -> None:
         """Append one CloudEvent to the spool (durable when this returns) and wake the publisher."""
-        key, value = self._encode(event)
-        self.spool.append(key, value)
+        key, value, identity = self._encode(event)
+        self.spool.append(key, value, identity)
         self._after_append(1)
 
     def emit_many(self, events: Iterable[dict]) -> None:
@@ -131,7 +189,7 @@ class Emitter:
 
     def _after_append(self, count: int) -> None:
         self._emitted.inc(count)
-        self._wakeup.set()
+        self.outbox.wake()
 
     def _depth_for_metrics(self) -> float:
         if not self._closed:
@@ -151,27 +209,15 @@ class Emitter:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> Emitter:
-        if self._thread is None:
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name=f"emitter-{self.name}", daemon=True)
-            self._thread.start()
+        self.outbox.start()
         return self
 
     def wait_drained(self, timeout_s: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.spool.depth() == 0:
-                return True
-            time.sleep(0.02)
-        return self.spool.depth() == 0
+        return self.outbox.wait_drained(timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop publishing (waiting up to `timeout_s` for the current batch); spooled events stay."""
-        self._stopping.set()
-        self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s + 5)
-            self._thread = None
+        self.outbox.close(timeout_s)
         if not self._closed:
             self._last_depth = self.spool.depth()
             self._closed = True
@@ -186,96 +232,6 @@ class Emitter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- the publisher thread -------------------------------------------------------------------
-
-    def _run(self) -> None:
-        producer = None
-        backoff = 0.2
-        try:
-            while not self._stopping.is_set():
-                batch = self.spool.peek(self.batch_max_events)
-                if not batch:
-                    self._wakeup.wait(self._idle_wait_s)
-                    self._wakeup.clear()
-                    continue
-                if len(batch) < self.batch_max_events and self._linger_s > 0:
-                    # One publish round for a burst, not one per event: far less work per event on
-                    # the gateway's cores. The events are already durable in the spool meanwhile.
-                    self._stopping.wait(self._linger_s)
-                    self._wakeup.clear()
-                    batch = self.spool.peek(self.batch_max_events)
-                if producer is None:
-                    try:
-                        self._ensure_topic()
-                        producer = self._producer_factory()
-                    except Exception as exc:  # noqa: BLE001 - any client failure means: retry later
-                        self._note_failure(f"cannot create producer: {exc}", len(batch))
-                        self._stopping.wait(backoff)
-                        backoff = min(backoff * 2, 5.0)
-                        continue
-                acked, failed = self._publish(producer, batch)
-                if acked:
-                    self.spool.ack(acked)
-                    self._published.inc(len(acked))
-                if failed and self._stopping.is_set():
-                    break  # closing: the unacknowledged events stay spooled for the next start
-                if failed:
-                    self._note_failure(self.last_error or "delivery failed", failed)
-                    _close_quietly(producer, 0.5)  # its queue is in the spool: do not wait for it
-                    producer = None
-                    self._stopping.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                else:
-                    backoff = 0.2
-        finally:
-            if producer is not None:
-                _close_quietly(producer, 2.0)
-
-    def _ensure_topic(self) -> None:
-        """Create the events topic before the first send: a producer that first sees the topic
-        missing can keep stale metadata for a long while after someone else creates it."""
-        if self._topic_ready or self.topic != self.settings.events_topic or not self.bootstrap:
-            return
-        from metering.kafka import ensure_topics
-
-        ensure_topics(self.bootstrap, self.settings)
-        self._topic_ready = True
-
-    def _note_failure(self, message: str, count: int) -> None:
-        self.last_error = message
-        self._failures.inc(count)
-        log.warning("emitter %s: %s (%d events stay spooled)", self.name, message, count)
-
     def _publish(self, producer, batch: list[SpooledEvent]) -> tuple[list[int], int]:
-        """Produce a batch and wait for every delivery report; (acked seqs, number failed).
-
-        The client keeps retrying while the broker is away. If no report arrives for
-        INFERMETER_EMITTER_STALL_TIMEOUT_MS, this client is given up on: the rest of the batch counts
-        as failed and is re-sent from the spool by a fresh producer. Any client error (queue full,
-        fatal state) counts the rest of the batch as failed too; so does closing (after a last
-        2 s for the messages in flight)."""
-        result = publish_and_wait(
-            producer,
-            self.topic,
-            [(item.key, item.value) for item in batch],
-            timeout_s=None,
-            poll_every_s=0.5,
-            stall_timeout_s=self.settings.emitter_stall_timeout_ms / 1000,
-            stop=self._stopping,
-            stop_grace_s=2.0,
-            errors="report",
-            track_acked=True,
-        )
-        if result.error is not None:
-            self.last_error = result.error
-        acked = [batch[position].seq for position in result.acked_positions]
-        return acked, len(batch) - len(acked)
-
-
-def _close_quietly(producer, timeout_s: float) -> None:
-    try:
-        producer.close(timeout_s)
-    except TypeError:  # a producer whose close takes no timeout
-        producer.close()
-    except Exception:  # noqa: BLE001 - a client in a fatal state may fail to close; it is dropped anyway
-        log.debug("emitter: producer close failed", exc_info=True)
+        """One publish round of `batch` (tests): (acked seqs, number failed)."""
+        return self.outbox.publish(producer, batch)

@@ -13,9 +13,9 @@ from infermeter.settings import Settings
 from infermeter.stack import free_port, start_tansu
 from metering.contract import encode_event
 from metering.kafka import ensure_topics
+from metering.outbox import Spool
 from serving import metrics
 from serving.emitter import Emitter
-from serving.spool import Spool
 from tests.serving_control.emit_child import request_event
 from tests.serving_control.kafka_helpers import identities, read_events
 
@@ -30,7 +30,7 @@ def test_spool_survives_reopen_and_acks_delete(tmp_path):
     spool = Spool(tmp_path / "s.sqlite3")
     assert spool.depth() == 7
     assert [e.value for e in spool.peek(3)] == [b"v0", b"v1", b"v2"]
-    spool.ack(seqs[:2])
+    assert spool.ack(seqs[:2]) == 2
     assert spool.depth() == 5 and spool.peek(1)[0].value == b"v2"
     assert spool.oldest_enqueued_at() is not None
     spool.close()
@@ -210,7 +210,7 @@ def _publish_script(tmp_path, values: list[bytes], *, stall_ms: int = 300, stopp
             emitter.spool.append(b"k", value)
         batch = emitter.spool.peek(100)
         if stopping:
-            emitter._stopping.set()
+            emitter.outbox._round_stop.set()
         producer = ScriptedProducer()
         acked, failed = emitter._publish(producer, batch)
         return [e.seq for e in batch], acked, failed, emitter.last_error, producer

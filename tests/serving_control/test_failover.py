@@ -34,7 +34,8 @@ from serving.routing import prefix_key, rank_replicas
 from serving.upstreams import UpstreamConfigError, load_upstreams, parse_upstreams
 from tests.serving_control.stub_vllm import StubLoop
 
-ADMIN = {"Authorization": "Bearer dev-admin-token", "X-Infermeter-Customer-Id": "cust-failover"}
+ADMIN_TOKEN = "failover-test-admin-token"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Infermeter-Customer-Id": "cust-failover"}
 
 
 @pytest.fixture
@@ -59,6 +60,7 @@ class Gateway:
         self.settings = Settings(
             INFERMETER_HOME=tmp_path / "home",
             INFERMETER_GATEWAY_ID="failover-test",
+            INFERMETER_ADMIN_TOKEN=ADMIN_TOKEN,
             **{
                 "INFERMETER_UPSTREAM_TIMEOUT_S": 5.0,
                 "INFERMETER_UPSTREAM_CONNECT_TIMEOUT_S": 2.0,
