@@ -533,8 +533,9 @@ def clean_stale(settings: Settings, pid_file: PidFile) -> list[str]:
     """Deal with what an `infermeter up` killed on this home left behind; one line per thing done.
 
     - another `up` still running on this home: StackError (two would share and stop each other's stack);
-    - its broker: stopped if still running. It is memory-only, so events it acknowledged that
-      metering had not consumed are gone either way; draining it is not attempted;
+    - its broker: stopped if still running (it is memory-only; draining it is not attempted). With
+      metered acknowledgement (INFERMETER_ACK, the default on the embedded broker) the producers'
+      outboxes still hold every event metering had not recorded and publish them to the new broker;
     - embedded PostgreSQL still running with no live user: reused (its data is safe on disk),
       and the dead users are forgotten so this run stops it on its way out.
     A process is touched only if its pid, start time and command line are the recorded ones.
@@ -550,7 +551,7 @@ def clean_stale(settings: Settings, pid_file: PidFile) -> list[str]:
         pid, port = broker.get("pid"), broker.get("port")
         if stop_recorded_process(broker):
             lines.append(f"found a stale broker (pid {pid}, port {port}) from a previous run: stopped it "
-                         "(memory-only: events it held that metering had not consumed are lost)")
+                         "(the producers' outboxes publish again whatever metering had not recorded)")
         elif pid and process_start(int(pid)) is not None:
             lines.append(f"the previous run's broker pid {pid} is now another process: left it alone")
         else:

@@ -50,6 +50,10 @@ def serve_gateway(
 
     settings = get_settings()
     try:
+        settings.check_listen_address(host or settings.gateway_host)  # no development credentials off loopback
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    try:
         if upstream:
             if not model:
                 _fail("--upstream needs --model (the model name clients use)")

@@ -10,8 +10,9 @@ default with the embedded broker) still hold every event metering has not record
 them again to the new broker. After each restart the rollups must equal the reference exactly
 (0 lost, 0 double), and at the end `infermeter reconcile` passes.
 
-INFERMETER_KILL9_RUNS sets the number of runs (default 10, the issue's count);
-INFERMETER_KILL9_SEED the seed.
+INFERMETER_KILL9_RUNS sets the number of runs (default 10, the issue's count),
+INFERMETER_KILL9_EVENTS the events ingested per run (default 10,000: 100k over the ten runs, plus
+the gateway's), INFERMETER_KILL9_SEED the seed.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tests.metering.conftest import request_event
 
 RUNS = int(os.environ.get("INFERMETER_KILL9_RUNS", "10"))
 SEED = int(os.environ.get("INFERMETER_KILL9_SEED", "20261102"))
-EVENTS_PER_RUN = 3000
+EVENTS_PER_RUN = int(os.environ.get("INFERMETER_KILL9_EVENTS", "10000"))  # 10 runs x 10k = 100k ingested
 CUSTOMERS = ("c0", "c1", "c2", "c3", "c4")
 GATEWAY_CUSTOMER = "gw-cust"
 STUB_MODEL = "stub-model"
