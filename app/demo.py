@@ -463,7 +463,14 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
     Asia/Kolkata, one with prepaid credit), the month's billing run as of BILLING_AS_OF (drafts,
     then finalized with gapless numbers), the invoices, money reconciled, the finance exports."""
     from billing_service.exports import export
-    from billing_service.run import assign_plan, billing_run, grant_credits, reconcile_money, set_customer
+    from billing_service.run import (
+        assign_plan,
+        billing_run,
+        grant_credits,
+        list_invoices,
+        reconcile_money,
+        set_customer,
+    )
     from billing_service.store import get_customer, money_text
     from pricing_service.books import EXAMPLE_BOOKS_DIR
 
@@ -489,16 +496,16 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
             path = out_dir / f"{kind}-{period}.{fmt}"
             path.write_bytes(export(conn, kind, period, fmt))
             files[f"{kind}.{fmt}"] = str(path)
-    invoices = [o for o in result.invoices if o.period == period]
+        # the period's invoices as stored (a rerun finds them final and changes nothing)
+        invoices = list_invoices(conn, period=period)
     table = Table(title=f"Invoices for {period} (as of {BILLING_AS_OF:%Y-%m-%d}; top 8 by total)")
     for column in ("number", "customer", "status", "subtotal", "credits", "total"):
         table.add_column(column, justify="right" if column in ("subtotal", "credits", "total") else "left")
-    for o in sorted(invoices, key=lambda o: (-o.total, o.customer_id))[:8]:
-        table.add_row(o.number or "-", o.customer_id, o.status, money_text(o.subtotal, o.currency),
-                      money_text(o.credits_applied, o.currency), money_text(o.total, o.currency))
+    for o in sorted(invoices, key=lambda o: (-Decimal(o["total"]), o["customer_id"]))[:8]:
+        table.add_row(o["number"] or "-", o["customer_id"], o["status"], o["subtotal"], o["credits_applied"], o["total"])
     console.print(table)
-    total = money_text(sum((o.total for o in invoices), Decimal(0)), "USD")
-    credits = money_text(sum((o.credits_applied for o in invoices), Decimal(0)), "USD")
+    total = money_text(sum((Decimal(o["total"]) for o in invoices), Decimal(0)), "USD")
+    credits = money_text(sum((Decimal(o["credits_applied"]) for o in invoices), Decimal(0)), "USD")
     status = "[green]ok[/]" if check.ok else f"[red]{len(check.differences)} differences[/]"
     console.print(f"{len(invoices)} invoices, {total} USD to collect after {credits} USD of prepaid credit; "
                   f"{NON_UTC_CUSTOMER[0]} is billed on {NON_UTC_CUSTOMER[1]} days; money reconcile {status}; "
@@ -506,7 +513,7 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
     if not check.ok:
         raise RuntimeError("demo: invoices do not reconcile with rated usage (see above)")
     return {"period": period, "invoices": len(invoices), "total": total, "credits_applied": credits,
-            "finalized": sum(1 for o in invoices if o.status == "open"), "reconcile_ok": check.ok,
+            "finalized": sum(1 for o in invoices if o["status"] == "open"), "reconcile_ok": check.ok,
             "unbilled": [u.customer_id for u in result.unbilled], "exports": files}
 
 

@@ -290,16 +290,21 @@ def render_console(report: ComparisonReport, console: Console) -> None:
                                [str(r.revenue_from_retries), str(r.absorbed_by_platform), r.paid_by]))
     console.print(t)
     if c.anatomy is not None:
-        t = Table(title="Cost anatomy per book: the GPU cost's five parts, and who carries idle loss and failures")
-        for col in ("book", "revenue", "new compute", "context not reused", "cache occupancy", "queue and idle",
-                    "failure", "margin", "idle billed / carried", "failure billed / carried"):
-            t.add_column(col, justify="left" if col == "book" else "right")
+        terms = ("new_compute", "context_not_reused", "cache_occupancy", "queue_and_idle", "failure")
+        t = Table(title="Cost anatomy: the GPU cost's five parts (the same under every book)")
+        for col in ("part", "cost"):
+            t.add_column(col, justify="left" if col == "part" else "right")
+        for x in terms:
+            t.add_row(x.replace("_", " "), str(c.anatomy.term(x)))
+        console.print(t)
+        t = Table(title="Idle loss and failure cost: billed to customers or carried by the platform")
+        for col in ("book", "margin", "idle billed", "idle carried", "failure billed", "failure carried"):
+            t.add_column(col, justify="left" if col == "book" else "right", no_wrap=col == "book")
         for b in c.books:
             e = {x.term: x for x in b.anatomy}
-            t.add_row(b.book.id, str(b.revenue), *[str(c.anatomy.term(x)) for x in
-                      ("new_compute", "context_not_reused", "cache_occupancy", "queue_and_idle", "failure")],
-                      str(b.margin),
-                      *[f"{e[x].billed_to_customers} / {e[x].carried_by_platform}" for x in ("queue_and_idle", "failure")])
+            t.add_row(b.book.id, str(b.margin),
+                      *[str(v) for x in ("queue_and_idle", "failure")
+                        for v in (e[x].billed_to_customers, e[x].carried_by_platform)])
         console.print(t)
     cpt = c.cost_per_successful_task
     console.print(
