@@ -220,12 +220,12 @@ def test_kill_9_of_up_while_events_arrive_loses_and_doubles_nothing(tmp_path):
         assert gw_requests == load.ok > 0
         assert gw_input % gw_requests == 0 and gw_output % gw_requests == 0  # every request counted whole
         # the user's view: usage and reconcile through the CLI
-        usage = subprocess.run(CLI + ["usage", "--from", "2026-11-02T00:00:00Z", "--to", "2026-11-03T00:00:00Z", "--json"],
+        usage = subprocess.run(CLI + ["usage", "--from", "2026-11-02T00:00:00Z", "--to", "2026-11-05T00:00:00Z", "--json"],
                                env=_env(home), capture_output=True, text=True, timeout=120)
         rows = {r["customer_id"]: r["requests"] for r in json.loads(usage.stdout)["rows"]}
         assert rows == {c: expected[c, "requests"] for c in CUSTOMERS}
         hour = gateway_start.replace(minute=0, second=0, microsecond=0)
-        for start, end in (("2026-11-02T00:00:00Z", "2026-11-03T00:00:00Z"),
+        for start, end in (("2026-11-02T00:00:00Z", "2026-11-05T00:00:00Z"),
                            (hour.isoformat(), (datetime.now(UTC) + timedelta(hours=1)).replace(
                                minute=0, second=0, microsecond=0).isoformat())):
             reconcile = subprocess.run(CLI + ["reconcile", "--from", start, "--to", end], env=_env(home),
