@@ -24,7 +24,7 @@ from infermeter.auth import Principal
 from infermeter.http import PrincipalDep, error, scope
 from infermeter.settings import Settings
 from metering import queries
-from metering.contract import InvalidEvent, decode_event, event_partition_key
+from metering.contract import REPLICA_V1, REQUEST_V1, InvalidEvent, decode_event, event_partition_key
 from metering.kafka import ensure_topics, make_producer, publish_and_wait
 from metering.outbox import ack_mode, outbox_for
 
@@ -35,6 +35,10 @@ _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
 router = APIRouter(tags=["metering"])
+# What a request cost and what a GPU ran are measured by the platform: only producer credentials (the
+# gateway, the replica agent) may report them. A customer key may report its own tool usage and task
+# outcomes (docs/metering.md, "Who may report what").
+PRODUCER_ONLY_TYPES = frozenset({REQUEST_V1, REPLICA_V1})
 
 
 class Publisher:
@@ -124,12 +128,20 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
             rejected.append({"index": index, "id": event.id, "reason": "forbidden",
                              "detail": "these credentials may only send events for their own customer"})
             continue
+        if event.type in PRODUCER_ONLY_TYPES and principal.kind == "customer":
+            rejected.append({"index": index, "id": event.id, "reason": "forbidden",
+                             "detail": f"{event.type} events come only from producer credentials (the gateway, "
+                                       "the replica agent); a customer key may send infermeter.usage.v1 and "
+                                       "infermeter.task.v1"})
+            continue
         good.append((event_partition_key(item), raw, (event.source, event.id)))
     if good:
         from starlette.concurrency import run_in_threadpool
 
         await run_in_threadpool(app_.state.publisher.publish, good)
     if rejected and not good:
+        if all(r["reason"] == "forbidden" for r in rejected):
+            raise error(403, f"every event was refused: {rejected[0]['detail']}", "forbidden")
         raise error(400, f"every event was rejected: {rejected[0]['reason']}: {rejected[0]['detail']}",
                     "invalid_events")
     return {"published": len(good), "rejected": rejected}

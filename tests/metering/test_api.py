@@ -11,7 +11,7 @@ from sqlalchemy import create_engine
 from app.api import create_app
 from metering.ingest import wait_for_receipt  # noqa: F401 - documents the path the consumer takes
 from serving.keys import KeyStore
-from tests.metering.conftest import meter, request_event, task_event
+from tests.metering.conftest import meter, request_event, task_event, usage_event
 
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 WINDOW = {"from": "2026-11-02T00:00:00Z", "to": "2026-11-03T00:00:00Z"}
@@ -88,14 +88,15 @@ def test_events_endpoint_single_batch_and_errors(api, settings):
     ok = client.post("/v1/events", content=one, headers={**auth(keys["producer"]),
                                                          "Content-Type": "application/cloudevents+json"})
     assert ok.status_code == 202 and ok.json() == {"published": 1, "rejected": []}
-    batch = b"[" + b",".join([request_event(11, customer="cust-a"), request_event(12, customer="cust-b"),
-                               request_event(13, customer="cust-a", cached=500)]) + b"]"
+    batch = b"[" + b",".join([usage_event(11, "cust-a", "tool_calls", "3", BASE),
+                               usage_event(12, "cust-b", "tool_calls", "3", BASE),
+                               usage_event(13, "cust-a", "Not A Meter", "3", BASE)]) + b"]"
     mixed = client.post("/v1/events", content=batch, headers={**auth(keys["a"]),
                                                                "Content-Type": "application/cloudevents-batch+json"})
     assert mixed.status_code == 202
     body = mixed.json()
     assert body["published"] == 1
-    assert [(r["index"], r["reason"]) for r in body["rejected"]] == [(1, "forbidden"), (2, "cached_exceeds_input")]
+    assert [(r["index"], r["reason"]) for r in body["rejected"]] == [(1, "forbidden"), (2, "invalid_data")]
     bad = client.post("/v1/events", content=b"{nope", headers={**auth(keys["a"]),
                                                                "Content-Type": "application/cloudevents+json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
@@ -103,3 +104,36 @@ def test_events_endpoint_single_batch_and_errors(api, settings):
     assert wrong_type.status_code == 415
     bad_window = client.get("/v1/usage", params={"from": "yesterday", "to": "2026-11-03"}, headers=auth(keys["a"]))
     assert bad_window.status_code == 400 and "ISO 8601" in bad_window.json()["error"]["message"]
+
+
+def test_a_customer_key_cannot_report_requests_or_gpu_time(api, settings):
+    """Request and replica events are measured by the platform: a customer key posting them is refused
+    (403) and nothing reaches metering; its own usage and task outcomes are accepted."""
+    from metering.contract import encode_event, replica_event
+
+    client, keys = api
+    replica = encode_event(replica_event(
+        source="//customer/replica", replica_id="r-x", deployment_id="d-x", customer_id="cust-a",
+        gpu_type="H100", gpu_count=1, interval_start=BASE, interval_end=BASE + timedelta(minutes=1),
+        busy_seconds="60", prompt_tokens=1, generation_tokens=1,
+    ))
+    published = []
+    real = client.app.state.publisher.publish
+    client.app.state.publisher.publish = lambda items, **kw: published.append(items) or real(items, **kw)
+    for body in (request_event(40, customer="cust-a", at=BASE), replica,
+                 b"[" + request_event(41, customer="cust-a", at=BASE) + b"," + replica + b"]"):
+        refused = client.post("/v1/events", content=body,
+                              headers={**auth(keys["a"]), "Content-Type": "application/cloudevents+json"
+                                       if not body.startswith(b"[") else "application/cloudevents-batch+json"})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "forbidden"
+        assert "producer credentials" in refused.json()["error"]["message"]
+    assert published == []
+    allowed = client.post("/v1/events", content=b"[" + b",".join([
+        usage_event(42, "cust-a", "tool_calls", "2", BASE), task_event("task-a1", "cust-a", "failed", BASE),
+    ]) + b"]", headers={**auth(keys["a"]), "Content-Type": "application/cloudevents-batch+json"})
+    assert allowed.status_code == 202 and allowed.json()["published"] == 2
+    for token in (keys["producer"], keys["admin"]):  # producers (the gateway, the replica agent) may
+        ok = client.post("/v1/events", content=replica,
+                         headers={**auth(token), "Content-Type": "application/cloudevents+json"})
+        assert ok.status_code == 202, ok.text
