@@ -512,12 +512,12 @@ def _reconcile_money(conn: psycopg.Connection, window, periods: list[str] | None
 
 @app.command()
 def demo(
-    full: Annotated[bool, typer.Option(help="Replay the whole trace (12,031 requests) instead of a sample.")] = False,
-    requests: Annotated[int | None, typer.Option(help="Replay the first N requests of the trace.")] = None,
+    full: Annotated[bool, typer.Option(help="Build the month from the whole trace (12,031 requests, each conversation 3 times).")] = False,
+    requests: Annotated[int | None, typer.Option(help="Build the month from the first N requests of the trace (default 4,000; the month holds 3 x N).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of customer, task and retry assignment.")] = 7,
     out: Annotated[Path | None, typer.Option(help="Folder for the demo's reports (default INFERMETER_HOME/demo).")] = None,
 ) -> None:
-    """The main job: replay the bundled Mooncake trace through the full local stack and report."""
+    """The main job: a month built from the bundled Mooncake trace, metered through the full local stack, priced and invoiced."""
     from app.demo import run_demo
 
     settings = get_settings()
