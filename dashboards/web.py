@@ -489,6 +489,16 @@ def _pricing_view(request: Request, params: list[tuple[str, str]]) -> dict:
             "versions": versions, "charts": views.pricing_charts(report, shadow)}
 
 
+async def _admin_viewer(request: Request, *, data: bool) -> Viewer | Response:
+    """The signed-in admin, or the response that sends anyone else away (to sign in, or 403)."""
+    try:
+        viewer = await _viewer(request, admin=True)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=data)
+    refused = _admin_only(viewer, request, data)
+    return viewer if refused is None else refused
+
+
 def _admin_only(viewer: Viewer, request: Request, data: bool) -> Response | None:
     return None if viewer.is_admin else _forbidden(request, viewer, data)
 
@@ -498,12 +508,9 @@ PRICING_ERRORS: tuple[type[Exception], ...] = (TimeInputError, ValueError)
 
 @router.get("/admin/pricing")
 async def pricing_page(request: Request, uploaded: str | None = None) -> Response:
-    try:
-        viewer = await _viewer(request, admin=True)
-    except SignInNeeded as exc:
-        return _sign_in_response(request, exc, data=False)
-    if (refused := _admin_only(viewer, request, False)) is not None:
-        return refused
+    viewer = await _admin_viewer(request, data=False)
+    if isinstance(viewer, Response):
+        return viewer
     params = list(request.query_params.multi_items())
     try:
         view = await run_in_threadpool(_pricing_view, request, params)
@@ -521,12 +528,9 @@ async def pricing_data(request: Request, name: str) -> Response:
     chart, _, fmt = name.partition(".")
     if chart not in PRICING_CHARTS or fmt not in ("json", "csv") or (chart == "comparison" and fmt == "csv"):
         return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
-    try:
-        viewer = await _viewer(request, admin=True)
-    except SignInNeeded as exc:
-        return _sign_in_response(request, exc, data=True)
-    if (refused := _admin_only(viewer, request, True)) is not None:
-        return refused
+    viewer = await _admin_viewer(request, data=True)
+    if isinstance(viewer, Response):
+        return viewer
     try:
         view = await run_in_threadpool(_pricing_view, request, list(request.query_params.multi_items()))
     except PRICING_ERRORS as exc:
@@ -539,12 +543,9 @@ async def pricing_data(request: Request, name: str) -> Response:
 
 @router.post("/admin/pricing/books")
 async def upload_book(request: Request) -> Response:
-    try:
-        viewer = await _viewer(request, admin=True)
-    except SignInNeeded as exc:
-        return _sign_in_response(request, exc, data=False)
-    if (refused := _admin_only(viewer, request, False)) is not None:
-        return refused
+    viewer = await _admin_viewer(request, data=False)
+    if isinstance(viewer, Response):
+        return viewer
     form = await _form(request)
     if (refused := _csrf_refused(request, form)) is not None:
         return refused
@@ -608,12 +609,9 @@ def _ops_view(request: Request, params: dict[str, str]) -> dict:
 
 @router.get("/admin/ops")
 async def ops_page(request: Request) -> Response:
-    try:
-        viewer = await _viewer(request, admin=True)
-    except SignInNeeded as exc:
-        return _sign_in_response(request, exc, data=False)
-    if (refused := _admin_only(viewer, request, False)) is not None:
-        return refused
+    viewer = await _admin_viewer(request, data=False)
+    if isinstance(viewer, Response):
+        return viewer
     params = dict(request.query_params)
     try:
         if params.get("reconcile_from") and params.get("reconcile_to"):
@@ -633,12 +631,9 @@ async def ops_data(request: Request, name: str) -> Response:
     chart, _, fmt = name.partition(".")
     if chart not in OPS_CHARTS or fmt not in ("json", "csv"):
         return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
-    try:
-        viewer = await _viewer(request, admin=True)
-    except SignInNeeded as exc:
-        return _sign_in_response(request, exc, data=True)
-    if (refused := _admin_only(viewer, request, True)) is not None:
-        return refused
+    viewer = await _admin_viewer(request, data=True)
+    if isinstance(viewer, Response):
+        return viewer
     try:
         view = await run_in_threadpool(_ops_view, request, dict(request.query_params))
     except TimeInputError as exc:
@@ -666,12 +661,9 @@ async def ops_data(request: Request, name: str) -> Response:
 
 @router.get("/admin/finance")
 async def finance_page(request: Request) -> Response:
-    try:
-        viewer = await _viewer(request, admin=True)
-    except SignInNeeded as exc:
-        return _sign_in_response(request, exc, data=False)
-    if (refused := _admin_only(viewer, request, False)) is not None:
-        return refused
+    viewer = await _admin_viewer(request, data=False)
+    if isinstance(viewer, Response):
+        return viewer
     provider = extensions.PROVIDERS.finance_page
     content = None
     if provider is not None:
