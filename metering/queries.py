@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg.rows import dict_row
 
-from infermeter.times import HOUR, TimeInputError, Window, parse_time, utc_text  # noqa: F401 - re-exported
+from infermeter.times import HOUR, TimeInputError, Window, floor_hour, parse_time, utc_text  # noqa: F401 - re-exported
 
 GROUP_BY_CHOICES = ("model", "deployment", "day", "hour")
 TOKEN_FIELDS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
@@ -303,7 +303,7 @@ def customers_with_usage(conn: psycopg.Connection, window: Window) -> list[str]:
     """Every customer with any metered usage in the UTC hours that overlap [start, end): requests,
     usage meters, task outcomes, or GPU time of a dedicated deployment. A superset at the edges
     (a whole edge hour counts); callers read the exact quantities with the functions above."""
-    start, end = window.start.replace(minute=0, second=0, microsecond=0), window.end
+    start, end = floor_hour(window.start), window.end
     rows = conn.execute(
         "SELECT customer_id FROM request_rollup_hourly WHERE hour >= %(s)s AND hour < %(e)s "
         "UNION SELECT customer_id FROM usage_rollup_hourly WHERE hour >= %(s)s AND hour < %(e)s "

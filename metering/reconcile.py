@@ -83,7 +83,7 @@ class Reconciliation:
 
 
 def reconcile(conn: psycopg.Connection, window: Window) -> Reconciliation:
-    if window.whole_hours != (window.start, window.end):
+    if not window.on_hours:
         raise QueryError("reconcile needs whole hours: from and to must be on the hour (rollups are hourly)")
     params = {"start": window.start, "end": window.end}
     raw = {(c, m): v for c, m, v in conn.execute(RAW_REQUESTS, params).fetchall()}
