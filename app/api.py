@@ -7,7 +7,10 @@
                           exports)
     billing_service.stripe_api  POST /v1/stripe/webhook (Stripe-Signature is the credential)
     serving.capacity_api  GET /v1/deployments/{id}/capacity (admin)
-    dashboards.web        the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering
+    dashboards.web        the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering;
+                          billing's parts of them (invoices, current-period spend, the customer's own book, the
+                          finance page and its exports) come from billing_service.dashboard_views, registered by
+                          `register_dashboard_billing` (dashboards never imports billing_service)
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
 resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker),
@@ -19,6 +22,7 @@ optionally `clock` (tests set it; the webhook's signature check and the status p
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from decimal import Decimal
 
 from fastapi import FastAPI, HTTPException
 from psycopg_pool import ConnectionPool
@@ -40,6 +44,36 @@ from serving.capacity_api import router as capacity_router
 from serving.keys import KeyStore
 
 ROUTERS = (metering_router, pricing_router, billing_router, stripe_router, capacity_router, dashboards_router)
+
+
+def register_dashboard_billing(settings: Settings, database_url: str) -> None:
+    """Plug billing into the dashboards (dashboards.extensions): the customer's invoices and current-period
+    spend (the billing preview, with its budget from serving.budgets), its own price book, and the finance
+    page and its exports. Every provider is a billing_service.dashboard_views function."""
+    from billing_service import dashboard_views as billing_views
+    from billing_service.store import money_text
+    from dashboards import extensions
+    from pricing_service.books import read_cost_model
+    from serving.budgets import get_budget
+
+    engine = get_engine(database_url)
+
+    def current_period_spend(conn, customer_id: str, now, period: str | None = None) -> dict:
+        spend = billing_views.current_period_spend(conn, customer_id, now, period=period,
+                                                   cost_model=read_cost_model(settings.pricing_cost_model))
+        budget = get_budget(engine, customer_id)
+        if spend["available"] and budget is not None and budget.monthly_cap is not None:
+            cap = budget.monthly_cap
+            spend["budget"] = {"monthly_cap": money_text(cap, spend["currency"]), "mode": budget.mode,
+                               "used": None if not cap else round(float(Decimal(spend["subtotal"]) / cap), 6)}
+        return spend
+
+    extensions.register_invoices(billing_views.customer_invoices)
+    extensions.register_invoice(billing_views.customer_invoice)
+    extensions.register_current_period_spend(current_period_spend)
+    extensions.register_customer_price_book(billing_views.customer_price_book)
+    extensions.register_finance_page(billing_views.finance_view)
+    extensions.register_finance_export(billing_views.export_file)
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
@@ -69,4 +103,5 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
 
     for router in ROUTERS:
         app.include_router(router)
+    register_dashboard_billing(settings, database_url)
     return app

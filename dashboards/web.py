@@ -14,7 +14,13 @@ app.api.create_app does; or run `create_dashboard_app` (`infermeter serve dashbo
     POST /admin/pricing/books                 store an uploaded price book version (YAML)
     GET  /admin/ops                           operations (?from=&to= for deployments; ?reconcile_from=&reconcile_to=)
     GET  /admin/ops/data/{chart}.{json|csv}   ingest, deployments, dead_letters, consumers, gateways, reconcile
-    GET  /admin/finance                       billing's page (placeholder until billing registers one)
+    GET  /dashboard/invoices.{json|csv}, /dashboard/invoice-lines.csv   the customer's invoices (billing registered)
+    GET  /dashboard/invoices/{id}[.json|.csv] one of the customer's invoices (another's: 404)
+    GET  /dashboard/current-period.{json|csv} current-period spend: the billing preview (?period=YYYY-MM)
+    GET  /admin/finance                       finance (?period=YYYY-MM; a placeholder until billing registers it)
+    GET  /admin/finance/data/{table}.{json|csv}  revenue_month, revenue_customer, revenue_model, revenue_meter,
+                                              invoice_status, credits
+    GET  /admin/finance/exports/{kind}.{csv|parquet}?period=   the finance exports, for the signed-in admin
     GET  /metrics/metering                    metering's Prometheus metrics (dashboards.metering_metrics)
     GET  /static/plotly.min.js, /static/dashboards.js, /static/dashboards.css
 
@@ -396,7 +402,8 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
             if extensions.PROVIDERS.invoices:
                 result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
             if extensions.PROVIDERS.current_period_spend:
-                result["current_period"] = extensions.PROVIDERS.current_period_spend(conn, customer, now())
+                result["current_period"] = extensions.PROVIDERS.current_period_spend(
+                    conn, customer, now(), period=params.get("period") or None)
     return result
 
 
@@ -425,14 +432,15 @@ async def dashboard(request: Request) -> Response:
         view = await run_in_threadpool(_customer_view, request, viewer, params, spend=True)
     except TimeInputError as exc:
         return _bad_input(request, viewer, False, str(exc))
-    query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("from", "to", "model", "customer_id") and v})
+    query = urllib.parse.urlencode({k: v for k, v in params.items()
+                                    if k in ("from", "to", "model", "customer_id", "period") and v})
     charts = []
     if view["customer_id"] is not None:
         charts = _chart_context(views.customer_charts(view["usage"], view["gpu"], view["tasks"]), "/dashboard/data", query)
     return render(request, "customer.html", viewer=viewer, view=view, charts=charts, query=query,
                   window=views.window_json(view["window"]), project_id=viewer.principal.project_id,
                   project_asked=params.get("project"), summary_json=f"/dashboard/data/summary.json?{query}",
-                  summary_csv=f"/dashboard/data/summary.csv?{query}")
+                  summary_csv=f"/dashboard/data/summary.csv?{query}", billing_query=_billing_query(view, params), request_params=params)
 
 
 @router.get("/dashboard/data/{name}")
@@ -466,6 +474,139 @@ async def dashboard_data(request: Request, name: str) -> Response:
     found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
                    "model": view["model"]}
     return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+
+
+# --- the customer dashboard: billing (registered by the roof through dashboards.extensions) ------------
+
+INVOICE_COLUMNS = ("number", "period", "period_start", "period_end", "status", "status_label", "currency", "subtotal",
+                   "credits_applied", "total", "issued_at", "id")
+LINE_COLUMNS = ("invoice_number", "invoice_period", "meter", "model", "group", "kind", "quantity", "unit_price",
+                "amount", "period", "adjustment")
+
+
+def _billing_query(view: dict, params: dict[str, str]) -> str:
+    """The query the billing links carry: an admin's customer_id and the previewed period."""
+    keep = {"customer_id": params.get("customer_id") if view.get("customer_id") else None,
+            "period": params.get("period")}
+    return urllib.parse.urlencode({k: v for k, v in keep.items() if v})
+
+
+def _invoice_lines(invoices: list[dict]) -> list[dict]:
+    return [{"invoice_number": i["number"], "invoice_period": i["period"], **line}
+            for i in invoices for line in i["lines"]]
+
+
+async def _billing_viewer(request: Request, data: bool) -> tuple[Viewer, str] | Response:
+    """The viewer and the customer whose billing it may see (its own; an admin names one), or the
+    response that refuses (sign in, 404 for another customer, 400 for an admin without customer_id, 404
+    while billing is not wired)."""
+    try:
+        viewer = await _viewer(request, admin=False)
+    except SignInNeeded as exc:
+        return _sign_in_response(request, exc, data=data)
+    requested = request.query_params.get("customer_id")
+    if not _customer_scope(viewer, requested) or extensions.PROVIDERS.invoices is None:
+        return _not_found(request, viewer, data=data)
+    customer = viewer.customer_id if not viewer.is_admin else requested
+    if not customer:
+        return _bad_input(request, viewer, data, "customer_id is required for admin credentials")
+    return viewer, customer
+
+
+@router.get("/dashboard/invoices.{fmt}")
+async def customer_invoices_data(request: Request, fmt: str) -> Response:
+    """The customer's invoices (JSON: with their lines; CSV: one row per invoice; lines.csv below)."""
+    if fmt not in ("json", "csv"):
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    found = await _billing_viewer(request, data=True)
+    if isinstance(found, Response):
+        return found
+    _, customer = found
+
+    def load() -> list[dict]:
+        with request.app.state.pool.connection() as conn:
+            return extensions.PROVIDERS.invoices(conn, customer)
+
+    invoices = await run_in_threadpool(load)
+    if fmt == "json":
+        return _json({"customer_id": customer, "invoices": invoices})
+    return _csv([{k: i.get(k) for k in INVOICE_COLUMNS} for i in invoices], "invoices")
+
+
+@router.get("/dashboard/invoice-lines.csv")
+async def customer_invoice_lines_csv(request: Request) -> Response:
+    """Every line of the customer's invoices, one row each, with the invoice's number and period."""
+    found = await _billing_viewer(request, data=True)
+    if isinstance(found, Response):
+        return found
+    _, customer = found
+
+    def load() -> list[dict]:
+        with request.app.state.pool.connection() as conn:
+            return extensions.PROVIDERS.invoices(conn, customer)
+
+    lines = _invoice_lines(await run_in_threadpool(load))
+    return _csv([{k: r.get(k) for k in LINE_COLUMNS} for r in lines], "invoice-lines")
+
+
+@router.get("/dashboard/invoices/{name}")
+async def customer_invoice(request: Request, name: str) -> Response:
+    """One invoice of the signed-in customer: its page, `.json` or `.csv` (its lines). Another
+    customer's invoice id answers 404, as an unknown one does."""
+    invoice_id, _, fmt = name.partition(".")
+    data = fmt != ""
+    if fmt not in ("", "json", "csv"):
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    found = await _billing_viewer(request, data=data)
+    if isinstance(found, Response):
+        return found
+    viewer, customer = found
+
+    def load() -> dict | None:
+        provider = extensions.PROVIDERS.invoice
+        if provider is None:
+            return None
+        with request.app.state.pool.connection() as conn:
+            return provider(conn, customer, invoice_id)
+
+    invoice = await run_in_threadpool(load)
+    if invoice is None:
+        return _not_found(request, viewer, data=data)
+    if fmt == "json":
+        return _json(invoice)
+    if fmt == "csv":
+        return _csv([{k: r.get(k) for k in LINE_COLUMNS} for r in _invoice_lines([invoice])], f"invoice-{invoice_id}")
+    query = urllib.parse.urlencode({"customer_id": customer} if viewer.is_admin else {})
+    return render(request, "invoice.html", viewer=viewer, invoice=invoice, query=query)
+
+
+@router.get("/dashboard/current-period.{fmt}")
+async def current_period_data(request: Request, fmt: str) -> Response:
+    """Current-period spend (the billing preview, `infermeter invoice preview`) against the budget or the
+    prepaid credit balance; `?period=YYYY-MM` previews another period. CSV: one row per line."""
+    if fmt not in ("json", "csv"):
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    found = await _billing_viewer(request, data=True)
+    if isinstance(found, Response):
+        return found
+    viewer, customer = found
+    if extensions.PROVIDERS.current_period_spend is None:
+        return _not_found(request, viewer, data=True)
+
+    def load() -> dict:
+        with request.app.state.pool.connection() as conn:
+            return extensions.PROVIDERS.current_period_spend(conn, customer, now(),
+                                                              period=request.query_params.get("period") or None)
+
+    try:
+        spend = await run_in_threadpool(load)
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, True, str(exc))
+    if fmt == "json":
+        return _json(spend)
+    head = {k: spend.get(k) for k in ("customer_id", "period", "period_start", "period_end", "currency", "subtotal",
+                                      "credits_applied", "total", "credit_balance")}
+    return _csv([{**head, **line} for line in spend.get("lines", [])] or [head], "current-period")
 
 
 # --- admin: pricing experiments --------------------------------------------------------------------
@@ -659,20 +800,80 @@ async def ops_data(request: Request, name: str) -> Response:
 # --- admin: finance (billing's extension point) ----------------------------------------------------
 
 
+def _finance_view(request: Request, period: str | None) -> dict:
+    with request.app.state.pool.connection() as conn:
+        content = extensions.PROVIDERS.finance_page(conn, period or None, now())
+    charts = []
+    for t in content["tables"]:
+        if t.get("chart"):
+            c = t["chart"]
+            charts.append(views.Chart(t["id"], t["title"], c["kind"], c["x"], [tuple(s) for s in c["series"]],
+                                      t["rows"], note=t.get("note", ""), y_title=c.get("y_title", ""), x_title=c["x"],
+                                      extra={"period": content["period"]}))
+    return {**content, "charts": charts}
+
+
 @router.get("/admin/finance")
 async def finance_page(request: Request) -> Response:
     viewer = await _admin_viewer(request, data=False)
     if isinstance(viewer, Response):
         return viewer
-    provider = extensions.PROVIDERS.finance_page
-    content = None
-    if provider is not None:
-        def build() -> dict:
-            with request.app.state.pool.connection() as conn:
-                return provider(conn, request.app.state.settings)
+    if extensions.PROVIDERS.finance_page is None:
+        return render(request, "finance.html", viewer=viewer, content=None)
+    try:
+        content = await run_in_threadpool(_finance_view, request, request.query_params.get("period"))
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, False, str(exc))
+    query = urllib.parse.urlencode({"period": content["period"]})
+    charts = {c["chart"].id: c for c in _chart_context(content["charts"], "/admin/finance/data", query)}
+    return render(request, "finance.html", viewer=viewer, content=content, charts=charts, query=query)
 
-        content = await run_in_threadpool(build)
-    return render(request, "finance.html", viewer=viewer, content=content)
+
+@router.get("/admin/finance/data/{name}")
+async def finance_data(request: Request, name: str) -> Response:
+    """One table of the finance page: `{table}.json` or `.csv`, `?period=YYYY-MM`."""
+    table, _, fmt = name.partition(".")
+    if fmt not in ("json", "csv") or extensions.PROVIDERS.finance_page is None:
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    viewer = await _admin_viewer(request, data=True)
+    if isinstance(viewer, Response):
+        return viewer
+    try:
+        content = await run_in_threadpool(_finance_view, request, request.query_params.get("period"))
+    except TimeInputError as exc:
+        return _bad_input(request, viewer, True, str(exc))
+    found = {t["id"]: t for t in content["tables"]}.get(table)
+    if found is None:
+        return _not_found(request, viewer, data=True)
+    if fmt == "json":
+        return _json({"table": table, "title": found["title"], "period": content["period"], "rows": found["rows"]})
+    return _csv([{k: r.get(k) for k in found["columns"]} for r in found["rows"]], f"{table}-{content['period']}")
+
+
+@router.get("/admin/finance/exports/{name}")
+async def finance_export(request: Request, name: str, period: str | None = None) -> Response:
+    """A finance export for the signed-in admin (`{kind}.{csv|parquet}?period=`): the same bytes as
+    `infermeter export KIND` and GET /v1/billing/exports/KIND, which takes the admin bearer token."""
+    kind, _, fmt = name.partition(".")
+    if extensions.PROVIDERS.finance_export is None:
+        return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
+    viewer = await _admin_viewer(request, data=True)
+    if isinstance(viewer, Response):
+        return viewer
+
+    if not period:
+        return _bad_input(request, viewer, True, "period is required (YYYY-MM)")
+
+    def build() -> tuple[bytes, str, str]:
+        with request.app.state.pool.connection() as conn:
+            return extensions.PROVIDERS.finance_export(conn, kind, period, fmt)
+
+    try:
+        data, file_name, media = await run_in_threadpool(build)
+    except ValueError as exc:  # an unknown kind, format or period
+        return _bad_input(request, viewer, True, str(exc))
+    return Response(data, media_type=media, headers={"Content-Disposition": f'attachment; filename="{file_name}"',
+                                                      "Cache-Control": "no-store"})
 
 
 # --- metering's Prometheus metrics ---------------------------------------------------------------

@@ -80,10 +80,9 @@ def test_customer_page_shows_its_usage_as_metering_counts_it(web, site):
     from decimal import Decimal
 
     assert Decimal(per_task.split()[0]) == (Decimal(spend.split()[0]) / 2).quantize(Decimal("0.0001"))
-    # nothing of the platform's cost or margin, no invoices section without billing
+    # nothing of the platform's cost or margin
     body = p.page.inner_text("main").lower()
     assert "margin" not in body and "cost" not in body
-    assert p.page.query_selector("[data-testid=invoices]") is None
     assert "not tracked per project" in body
     assert p.problems == []
     shoot(p, "customer")
@@ -178,9 +177,8 @@ def test_forms_without_their_csrf_token_are_refused(web, site):
     refused = req.post(f"{site.url}/admin/pricing/books", form={"yaml": "id: x", "effective_from": "2026-11-01T00:00:00Z"})
     assert refused.status == 403
     assert req.post(f"{site.url}/signout", form={}, max_redirects=0).status == 403
-    p.goto("/admin/finance")
+    p.goto("/admin/ops")
     assert p.text("who") == "admin"  # still signed in
-    assert "Billing is not wired yet" in p.text("finance-placeholder")
     # sign-out with its token works and ends the session
     with p.page.expect_navigation():
         p.page.click("form.signout button")
@@ -338,7 +336,9 @@ def test_signin_page_screenshot(site, web):
     assert datetime.now(UTC)  # the page rendered
 
 
-def test_billing_extension_points_show_their_sections_only_when_registered(site, web):
+def test_billing_sections_show_only_when_billing_is_registered(site, web):
+    import dataclasses
+
     from dashboards import extensions
 
     p = web()
@@ -346,25 +346,25 @@ def test_billing_extension_points_show_their_sections_only_when_registered(site,
     p.goto(f"/dashboard?{Q}")  # an admin picks a customer first
     options = p.page.eval_on_selector_all("select[name=customer_id] option", "os => os.map(o => o.value)")
     assert options == ["cust-a", "cust-b"]
-    p.goto(f"/dashboard?{Q}&customer_id=cust-b")
-    p.wait_for_charts(5)
-    assert num(p.text("total-output")) == 7 * 999
-    assert p.page.query_selector("[data-testid=invoices]") is None
-    assert p.page.query_selector("[data-testid=current-period]") is None
+    registered = dataclasses.replace(extensions.PROVIDERS)  # the API app registers billing's providers
+    assert registered.invoices is not None and registered.finance_page is not None
     try:
-        extensions.register_invoices(lambda conn, customer: [
-            {"number": f"INV-2026-{customer}", "period": "2026-11", "status": "open", "total": "1.00", "currency": "USD"}])
-        extensions.register_current_period_spend(lambda conn, customer, now: {
-            "period_from": "2026-12-01", "period_to": "2027-01-01", "amount": "2.50", "currency": "USD"})
-        extensions.register_finance_page(lambda conn, settings: {
-            "title": "Revenue", "sections": [{"title": "Invoices", "columns": ["number"], "rows": [["INV-1"]]}]})
+        extensions.reset()  # as a dashboards app without billing
         p.goto(f"/dashboard?{Q}&customer_id=cust-b")
         p.wait_for_charts(5)
-        assert "INV-2026-cust-b" in p.text("invoices")
-        assert "2.50 USD" in p.text("current-period")
+        assert num(p.text("total-output")) == 7 * 999
+        assert p.page.query_selector("[data-testid=invoices]") is None
+        assert p.page.query_selector("[data-testid=current-period]") is None
+        assert p.context.request.get(f"{site.url}/dashboard/invoices.json?customer_id=cust-b").status == 404
         p.goto("/admin/finance")
-        assert "INV-1" in p.page.inner_text("main")
-        assert p.page.query_selector("[data-testid=finance-placeholder]") is None
+        assert "Billing is not wired yet" in p.text("finance-placeholder")
     finally:
-        extensions.reset()
+        for f in dataclasses.fields(registered):
+            setattr(extensions.PROVIDERS, f.name, getattr(registered, f.name))
+    p.goto(f"/dashboard?{Q}&customer_id=cust-b")
+    p.wait_for_charts(5)
+    assert p.page.query_selector("[data-testid=invoices]") is not None
+    assert p.page.query_selector("[data-testid=current-period]") is not None
+    p.goto("/admin/finance")
+    assert p.page.query_selector("[data-testid=finance-placeholder]") is None
     assert p.problems == []

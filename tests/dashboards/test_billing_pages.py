@@ -1,0 +1,224 @@
+"""Billing on the dashboards, in Chromium against the real API app: the metered usage of the site
+(through Kafka and the consumer) billed by a real billing run, then the customer page's invoices and
+current-period spend equal what `infermeter invoices list` and `infermeter invoice preview` print, the
+finance page's totals equal the revenue export, its charts draw, and no customer reaches another's
+invoice by URL tampering."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+
+from infermeter.stack import to_libpq_url
+from tests.dashboards.conftest import ROOT
+from tests.dashboards.test_pages import shoot
+
+SETUP_AT = datetime(2026, 10, 25, tzinfo=UTC)
+BILLED_AT = datetime(2026, 12, 3, tzinfo=UTC)  # after November and its grace window: invoices finalize
+PERIOD = "2026-11"
+
+
+def infermeter(site, *args: str) -> dict:
+    """The real CLI on the site's database, its --json output."""
+    env = {**os.environ, "DATABASE_URL": site.settings.database_url, "INFERMETER_HOME": str(site.settings.home)}
+    env.pop("KAFKA_BOOTSTRAP", None)
+    done = subprocess.run([sys.executable, "-m", "app.cli", *args, "--json"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def billed(site) -> dict:
+    """cust-a and cust-b billed for November on the per-token book (cust-b with 0.05 USD of prepaid
+    credit); cust-a's first invoice voided and reissued, then paid; cust-a has a monthly budget."""
+    from billing_service.run import (
+        assign_plan,
+        billing_run,
+        grant_credits,
+        list_invoices,
+        record_payment_status,
+        set_customer,
+        void_invoice,
+    )
+    from pricing_service.books import EXAMPLE_BOOKS_DIR
+    from serving.budgets import set_budget
+
+    book = EXAMPLE_BOOKS_DIR / "per-token.yaml"
+    with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
+        for customer in ("cust-a", "cust-b"):
+            set_customer(conn, customer, now=SETUP_AT, name=customer.upper())
+            assign_plan(conn, customer, book.read_text(), str(book), "2026-11-01", now=SETUP_AT)
+        grant_credits(conn, "cust-b", "0.05", now=SETUP_AT, reason="prepaid top-up")
+        conn.commit()
+        billing_run(conn, PERIOD, now=BILLED_AT)
+        conn.commit()
+        [first] = list_invoices(conn, customer_id="cust-a", period=PERIOD)
+        void_invoice(conn, first["id"], now=BILLED_AT)
+        conn.commit()
+        billing_run(conn, PERIOD, now=BILLED_AT)
+        conn.commit()
+        reissued = [i for i in list_invoices(conn, customer_id="cust-a", period=PERIOD) if i["status"] == "open"][0]
+        record_payment_status(conn, reissued["id"], "paid", BILLED_AT, now=BILLED_AT)
+        conn.commit()
+        invoices = {c: list_invoices(conn, customer_id=c) for c in ("cust-a", "cust-b")}
+    set_budget(create_engine(site.settings.database_url), "cust-a", monthly_cap=Decimal("50.00"), mode="soft")
+    return invoices
+
+
+def money(text: str) -> Decimal:
+    return Decimal(text.split()[0].replace(",", ""))
+
+
+def test_customer_page_invoices_and_spend_equal_the_cli(web, site, billed):
+    p = web()
+    p.sign_in(site.keys["a"])
+    for period in (None, PERIOD):  # the running period (period to date), then November (final)
+        suffix = f"&period={period}" if period else ""
+        p.goto(f"/dashboard?from=2026-11-01T00:00:00Z&to=2026-12-01T00:00:00Z{suffix}")
+        p.wait_for_charts(5)
+        shown = p.text("cp-period")
+        preview = infermeter(site, "invoice", "preview", "--customer", "cust-a", "--period", shown)
+        assert period in (None, shown)
+        assert money(p.text("cp-subtotal")) == Decimal(preview["subtotal"])
+        assert money(p.text("cp-credits")) == Decimal(preview["credits_applied"])
+        assert money(p.text("cp-total")) == Decimal(preview["total"])
+        as_json = p.context.request.get(f"{site.url}/dashboard/current-period.json?period={shown}").json()
+        assert [(x["meter"], x["group"], x["amount"]) for x in as_json["lines"]] == \
+            [(x["meter"], x["group"], x["amount"]) for x in preview["lines"]]
+        assert as_json["total"] == preview["total"] and as_json["budget"]["monthly_cap"] == "50.00"
+    assert money(p.text("cp-budget")) == Decimal("50.00")
+    # the invoices: what `infermeter invoices list --customer cust-a` lists, drafts aside
+    listed = [i for i in infermeter(site, "invoices", "list", "--customer", "cust-a")["invoices"] if i["status"] != "draft"]
+    rows = p.page.eval_on_selector_all("[data-testid=invoice-table] > tbody > tr[data-invoice]", """rows => rows.map(r => ({
+        number: r.dataset.invoice, status: r.children[2].innerText, total: r.children[5].innerText}))""")
+    assert sorted((r["number"], r["total"].split()[0]) for r in rows) == sorted((i["number"], i["total"]) for i in listed)
+    assert sorted(r["status"] for r in rows) == ["paid", "void"]
+    # expand the paid invoice's lines, then open its page: the lines are `invoices show`'s
+    paid = next(i for i in listed if i["status"] == "paid")
+    p.page.click(f"tr[data-invoice='{paid['number']}'] summary")
+    shown_lines = p.page.eval_on_selector_all(f"tr[data-invoice='{paid['number']}'] details tbody tr",
+                                              "rows => rows.map(r => r.children[4].innerText)")
+    full = infermeter(site, "invoices", "show", paid["id"])
+    assert shown_lines == [x["amount"] for x in full["lines"]] and shown_lines
+    body = p.page.inner_text("main").lower()
+    assert "margin" not in body and "cost" not in body
+    shoot(p, "customer")
+    with p.page.expect_navigation():
+        p.page.click(f"tr[data-invoice='{paid['number']}'] a")
+    assert p.text("invoice-number") == paid["number"] and money(p.text("invoice-total")) == Decimal(paid["total"])
+    req = p.context.request
+    lines_csv = list(csv.DictReader(io.StringIO(req.get(f"{site.url}/dashboard/invoices/{paid['id']}.csv").text())))
+    assert [r["amount"] for r in lines_csv] == [x["amount"] for x in full["lines"]]
+    listed_csv = list(csv.DictReader(io.StringIO(req.get(f"{site.url}/dashboard/invoices.csv").text())))
+    assert sorted(r["number"] for r in listed_csv) == sorted(i["number"] for i in listed)
+    every_line = list(csv.DictReader(io.StringIO(req.get(f"{site.url}/dashboard/invoice-lines.csv").text())))
+    assert {r["invoice_number"] for r in every_line} == {i["number"] for i in listed}
+    assert p.problems == []
+
+
+def test_prepaid_credit_shows_against_the_preview(web, site, billed):
+    p = web()
+    p.sign_in(site.keys["b"])
+    p.goto(f"/dashboard?period={PERIOD}")
+    p.wait_for_charts(5)
+    preview = infermeter(site, "invoice", "preview", "--customer", "cust-b", "--period", PERIOD)
+    credits = infermeter(site, "credits", "show", "--customer", "cust-b")
+    assert money(p.text("cp-credits")) == Decimal(preview["credits_applied"]) == Decimal("0.05")
+    assert money(p.text("cp-balance")) == Decimal(credits["balance"])
+    assert p.page.query_selector("[data-testid=cp-budget]") is None
+    [invoice] = billed["cust-b"]
+    assert p.page.inner_text(f"tr[data-invoice='{invoice['number']}'] [data-testid=invoice-total]") == \
+        f"{invoice['total']} USD"
+    assert p.problems == []
+
+
+def test_a_customer_cannot_reach_another_customers_invoices(web, site, billed):
+    p = web()
+    p.sign_in(site.keys["a"])
+    req = p.context.request
+    [b_invoice] = billed["cust-b"]
+    a_invoice = billed["cust-a"][0]
+    assert req.get(f"{site.url}/dashboard/invoices/{a_invoice['id']}.json").status == 200
+    for path in (f"/dashboard/invoices/{b_invoice['id']}", f"/dashboard/invoices/{b_invoice['id']}.json",
+                 f"/dashboard/invoices/{b_invoice['id']}.csv", f"/dashboard/invoices/{b_invoice['id']}.json?customer_id=cust-b",
+                 "/dashboard/invoices.json?customer_id=cust-b", "/dashboard/invoices.csv?customer_id=cust-b",
+                 "/dashboard/invoice-lines.csv?customer_id=cust-b", "/dashboard/current-period.json?customer_id=cust-b",
+                 "/dashboard/invoices/no-such-invoice"):
+        assert req.get(site.url + path).status == 404, path
+    for path in ("/admin/finance", f"/admin/finance/data/revenue_customer.json?period={PERIOD}",
+                 f"/admin/finance/exports/revenue.csv?period={PERIOD}"):
+        assert req.get(site.url + path, max_redirects=0).status == 403, path
+    bearer = {"Authorization": f"Bearer {site.keys['a']}"}
+    assert req.get(f"{site.url}/dashboard/invoices/{b_invoice['id']}.json", headers=bearer).status == 404
+    own = req.get(f"{site.url}/dashboard/invoices.json", headers=bearer).json()
+    assert {i["customer_id"] for i in own["invoices"]} == {"cust-a"}
+    # the page and its JSON say nothing of cust-b's invoice
+    p.goto("/dashboard")
+    assert b_invoice["number"] not in p.page.content()
+    # without signing in: back to sign-in (pages) or 401 (data)
+    anonymous = p.context.browser.new_context()
+    try:
+        assert anonymous.request.get(f"{site.url}/dashboard/invoices.json").status == 401
+    finally:
+        anonymous.close()
+
+
+def test_finance_page_totals_equal_the_revenue_export(web, site, billed):
+    p = web()
+    p.admin_sign_in(site.keys["admin"])
+    p.goto("/admin/finance")
+    p.wait_for_charts(5)
+    assert p.text("finance-period") == PERIOD
+    export = p.context.request.get(f"{site.url}/admin/finance/exports/revenue.csv?period={PERIOD}")
+    assert export.status == 200
+    rows = list(csv.DictReader(io.StringIO(export.text())))
+    # the same bytes as the admin API's export
+    api = p.context.request.get(f"{site.url}/v1/billing/exports/revenue?period={PERIOD}&format=csv",
+                                headers={"Authorization": f"Bearer {site.keys['admin']}"})
+    assert api.body() == export.body()
+    per_customer: dict[str, Decimal] = {}
+    for r in rows:
+        per_customer[r["customer_id"]] = per_customer.get(r["customer_id"], Decimal(0)) + Decimal(r["net_amount"])
+    shown = p.page.eval_on_selector_all("[data-testid=rows-revenue_customer] tbody tr", """rows => rows.map(r => ({
+        customer: r.querySelector('[data-col=customer_id]').innerText,
+        net: r.querySelector('[data-col=net_amount]').innerText}))""")
+    assert {s["customer"]: Decimal(s["net"]) for s in shown} == per_customer
+    assert set(per_customer) == {"cust-a", "cust-b"}
+    total = sum(per_customer.values())
+    month = p.page.eval_on_selector_all("[data-testid=rows-revenue_month] tbody tr", """rows => rows.map(r => ({
+        period: r.querySelector('[data-col=period]').innerText, net: r.querySelector('[data-col=net_amount]').innerText}))""")
+    assert {m["period"]: Decimal(m["net"]) for m in month} == {PERIOD: total}
+    meters = p.context.request.get(f"{site.url}/admin/finance/data/revenue_meter.json?period={PERIOD}").json()["rows"]
+    assert sum(Decimal(m["net_amount"]) for m in meters) == total
+    # the charts drew the table's numbers
+    drawn = p.chart_data("revenue_customer")
+    assert drawn[0]["x"] == sorted(per_customer) and [Decimal(str(y)) for y in drawn[0]["y"]] == \
+        [per_customer[c] for c in sorted(per_customer)]
+    assert p.svg_points("revenue_customer") == 2
+    # invoice statuses: cust-a's voided and its paid reissue, cust-b's final
+    statuses = {s["status"]: s["invoices"] for s in p.context.request.get(
+        f"{site.url}/admin/finance/data/invoice_status.json?period={PERIOD}").json()["rows"]}
+    assert statuses == {"draft": 0, "final": 1, "paid": 1, "failed": 0, "void": 1}
+    assert p.svg_points("invoice_status") == 5
+    # credits outstanding: cust-b's grant, used by its invoice
+    credits = p.context.request.get(f"{site.url}/admin/finance/data/credits.csv").text()
+    [credit] = list(csv.DictReader(io.StringIO(credits)))
+    assert credit["customer_id"] == "cust-b" and credit["granted"] == "0.05"
+    # every export is linked and downloads
+    for kind in ("invoices", "lines", "revenue", "usage"):
+        for fmt in ("csv", "parquet"):
+            link = p.page.get_attribute(f"[data-testid=export-{kind}-{fmt}]", "href")
+            assert p.context.request.get(site.url + link).status == 200, link
+    assert p.problems == []
+    shoot(p, "finance")
