@@ -47,9 +47,11 @@ How the trace becomes a month (seeded; docs/demo.md says the same, with the numb
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
+import os
 import random
 import uuid
 from collections import defaultdict
@@ -318,10 +320,16 @@ def generate(limit: int | None, seed: int) -> tuple[list[bytes], DemoTotals, tup
 
 
 def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, out_dir: Path,
-             console: Console, pricing: bool = True) -> dict:
+             console: Console, pricing: bool = True, serve: bool = False, host: str | None = None,
+             port: int | None = None) -> dict:
     """The demo's steps, in order, on one stack: build the month's events, meter them, report usage
-    and reconcile, compare the price books; each step adds its part to `summary` (summary.json).
-    Later steps take the same stack, the month [start, end) and out_dir."""
+    and reconcile, compare the price books, bill the month; each step adds its part to `summary`
+    (summary.json). Later steps take the same stack, the month [start, end) and out_dir. It ends with
+    the dashboards' addresses, a demo customer's API key and the admin sign-in; `serve` keeps the API
+    and the pages up on the same stack until Ctrl-C or SIGTERM (the caller handles the signals)."""
+    bind = host or settings.api_host
+    if serve:
+        settings.check_listen_address(bind)  # before the work: no development credentials off loopback
     limit = None if full else (limit or DEFAULT_REQUESTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     with console.status("reading the Mooncake trace and laying out the month…"):
@@ -343,7 +351,79 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
         console.print(f"reports in {out_dir}")
         if not agree:
             raise RuntimeError("demo: metered usage does not match what was emitted (see above)")
+        run_settings = stack.settings_for(settings)
+        base = f"http://{bind}:{port or settings.api_port}"
+        summary["dashboards"] = _dashboard_links(run_settings, stack.database_url, base, start, end, out_dir,
+                                                 console, serve=serve)
+        if serve:
+            from app.api import create_app
+            from infermeter.stack import serve_http
+            from metering.outbox import ack_mode
+
+            run_settings = run_settings.model_copy(update={"ack": ack_mode(settings)})
+            serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap), host=bind,
+                       port=port or settings.api_port, log_level="warning")
         return summary
+
+
+DEMO_CUSTOMER = "cust-003"  # the customer with prepaid credit: its page shows spend against the balance
+
+
+def demo_key(settings: Settings, database_url: str, out_dir: Path) -> str:
+    """An API key of DEMO_CUSTOMER for the dashboards: the one an earlier run on this home kept in
+    out_dir/demo-key.json (mode 0600) while it is still active, else a new one."""
+    from infermeter.db import get_engine
+    from serving.keys import KeyStore
+
+    store = KeyStore(get_engine(database_url), settings=settings)
+    kept = out_dir / "demo-key.json"
+    if kept.exists():
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            found = json.loads(kept.read_text())
+            key = store.get(found["key_id"])
+            if key is not None and key.active and key.customer_id == DEMO_CUSTOMER:
+                return found["key"]
+    key_id, token = store.create(DEMO_CUSTOMER, project_id="demo")
+    kept.unlink(missing_ok=True)
+    descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        json.dump({"customer_id": DEMO_CUSTOMER, "key_id": key_id, "key": token}, out)
+    return token
+
+
+def _dashboard_links(settings: Settings, database_url: str, base: str, start: datetime, end: datetime,
+                     out_dir: Path, console: Console, *, serve: bool) -> dict:
+    """Print where the dashboards are, with a demo customer's key and the admin sign-in."""
+    from urllib.parse import urlencode
+
+    key = demo_key(settings, database_url, out_dir)
+    month = urlencode({"from": f"{start:%Y-%m-%dT%H:%M:%SZ}", "to": f"{end:%Y-%m-%dT%H:%M:%SZ}"})
+    period = f"{start:%Y-%m}"
+    links = {
+        "signin": f"{base}/signin", "dashboard": f"{base}/dashboard?{month}&period={period}",
+        "admin_signin": f"{base}/admin/signin", "finance": f"{base}/admin/finance?period={period}",
+        "pricing": f"{base}/admin/pricing?{month}", "ops": f"{base}/admin/ops?{month}",
+    }
+    if settings.admin_token_configured:
+        admin = "the admin token: your INFERMETER_ADMIN_TOKEN"
+    else:
+        admin = f"the admin token (development, {settings.credentials_note()}):\n  {settings.admin_token}"
+    where = ("serving until Ctrl-C" if serve else
+             "`infermeter demo --serve` or `infermeter up` on this home serves them")
+    lines = [
+        f"[bold]dashboards[/] ({where}):",
+        f"customer {DEMO_CUSTOMER}: sign in at {links['signin']} with its API key:",
+        f"  {key}",
+        "  then its month, invoices and spend:",
+        f"  {links['dashboard']}",
+        f"admin: sign in at {links['admin_signin']} with {admin}",
+        f"  finance    {links['finance']}",
+        f"  pricing    {links['pricing']}",
+        f"  operations {links['ops']}",
+    ]
+    for line in lines:  # long addresses stay whole (a terminal wraps them; copying still works)
+        console.print(line, soft_wrap=True, highlight=False)
+    return {**links, "customer_id": DEMO_CUSTOMER}
 
 
 def _meter(settings: Settings, stack, events: list[bytes], console: Console):

@@ -1,0 +1,78 @@
+"""`infermeter demo --serve`: the demo ends by printing the dashboards' addresses with a demo customer's
+API key and the admin sign-in, keeps the API and the pages up, and SIGTERM stops it and everything it
+started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infermeter.stack import free_port, wait_for_port
+from tests.cli.test_up import _left_behind
+
+
+def _sign_in(client: httpx.Client, path: str, field: str, secret: str) -> httpx.Response:
+    form = client.get(path).text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form).group(1)
+    return client.post(path, data={field: secret, "csrf": csrf}, follow_redirects=True)
+
+
+def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
+    home = Path(tempfile.mkdtemp(prefix="infermeter-demo-serve-")) / "home"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP", "INFERMETER_ADMIN_TOKEN", "INFERMETER_PRODUCER_TOKEN")}
+    env.update(INFERMETER_HOME=str(home), COLUMNS="80")
+    demo = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--requests", "300", "--serve", "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(demo.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not any("operations http" in line for line in out):
+            assert demo.poll() is None, "".join(out)
+            assert time.monotonic() < deadline, "".join(out)
+            time.sleep(0.2)
+        printed = "".join(out)
+        base = f"http://127.0.0.1:{port}"
+        assert "serving until Ctrl-C" in printed
+        key = re.search(r"^\s+(im_live_\S+)$", printed, re.M).group(1)
+        admin_token = re.search(r"admin token \(development.*\):\n\s+(\S+)$", printed, re.M).group(1)
+        dashboard = re.search(rf"^\s+({re.escape(base)}/dashboard\?\S+)$", printed, re.M).group(1)
+        assert "period=2026-11" in dashboard
+        wait_for_port("127.0.0.1", port, timeout_s=60)
+        with httpx.Client(base_url=base, timeout=30) as customer:
+            assert _sign_in(customer, "/signin", "api_key", key).status_code == 200
+            page = customer.get(dashboard)
+            assert page.status_code == 200 and "cust-003" in page.text
+            assert 'data-testid="invoices"' in page.text and "INV-2026-" in page.text
+            assert 'data-testid="cp-balance"' in page.text  # spend against its prepaid credit
+            assert customer.get(f"{base}/admin/finance").status_code == 403
+        with httpx.Client(base_url=base, timeout=30) as admin:
+            finance = _sign_in(admin, "/admin/signin", "admin_token", admin_token)
+            assert finance.status_code == 200
+            assert "2026-11" in admin.get(f"{base}/admin/finance").text
+    finally:
+        demo.send_signal(signal.SIGTERM)
+        try:
+            code = demo.wait(90)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            raise
+        reader.join(10)
+    assert code == 0, "".join(out)[-3000:]
+    assert _left_behind(home) == {}
+    with pytest.raises(OSError):  # nothing listens any more
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
