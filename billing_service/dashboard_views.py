@@ -113,8 +113,10 @@ def _money(value: Decimal, currency: str) -> str:
     return money_text(value, currency)
 
 
-def _grouped(rows: Iterable[dict], key: Callable[[dict], tuple], names: tuple[str, ...]) -> list[dict]:
-    """Revenue rows summed by `key` (which ends with the currency): quantity, amount, credited, net."""
+def _grouped(rows: Iterable[dict], key: Callable[[dict], tuple], names: tuple[str, ...],
+             quantity: bool = False) -> list[dict]:
+    """Revenue rows summed by `key` (which ends with the currency): amount, credited, net, and the
+    quantity when every row of a group has one unit (`quantity`: grouped by meter)."""
     sums: dict[tuple, dict] = {}
     for r in rows:
         k = key(r)
@@ -125,7 +127,7 @@ def _grouped(rows: Iterable[dict], key: Callable[[dict], tuple], names: tuple[st
     for k in sorted(sums):
         s = sums[k]
         currency = k[-1]
-        out.append({**dict(zip(names, k, strict=True)), "quantity": format(s["quantity"], "f"),
+        out.append({**dict(zip(names, k, strict=True)), **({"quantity": format(s["quantity"], "f")} if quantity else {}),
                     "amount": _money(s["amount"], currency), "credited": _money(s["credited"], currency),
                     "net_amount": _money(s["net_amount"], currency)})
     return out
@@ -137,7 +139,8 @@ def _table(id_: str, title: str, columns: list[str], rows: list[dict], note: str
 
 
 def _bar(x: str, series: list[tuple[str, str]], y_title: str, kind: str = "bar") -> dict:
-    return {"kind": kind, "x": x, "series": series, "y_title": y_title}
+    """A bar chart over categories (a period label such as 2026-11 is a category, not a date)."""
+    return {"kind": kind, "x": x, "series": series, "y_title": y_title, "x_type": "category"}
 
 
 def finance_view(conn: psycopg.Connection, period: str | None, now: datetime) -> dict:
@@ -159,7 +162,7 @@ def finance_view(conn: psycopg.Connection, period: str | None, now: datetime) ->
         credits = [credits_view(conn, c, now=now) for c in granted]
     currencies = sorted({r["currency"] for r in revenue} | {i["currency"] for i in invoices}) or ["USD"]
     money = "/".join(currencies)
-    amounts = ["quantity", "amount", "credited", "net_amount"]
+    amounts = ["amount", "credited", "net_amount"]
 
     statuses: dict[tuple[str, str], dict] = {}
     for cur in currencies:
@@ -174,8 +177,9 @@ def finance_view(conn: psycopg.Connection, period: str | None, now: datetime) ->
     outstanding = []
     for c in credits:
         granted_total = sum((Decimal(g["amount"]) for g in c["grants"]), ZERO)
-        used = sum((-Decimal(e["amount"]) for e in c["ledger"] if e["kind"] == "use"), ZERO)
-        expired = sum((-Decimal(e["amount"]) for e in c["ledger"] if e["kind"] == "expiry"), ZERO)
+        known = [e for e in c["ledger"] if datetime.fromisoformat(e["at"]) <= now]  # as the balance counts
+        used = sum((-Decimal(e["amount"]) for e in known if e["kind"] == "use"), ZERO)
+        expired = sum((-Decimal(e["amount"]) for e in known if e["kind"] == "expiry"), ZERO)
         outstanding.append({"customer_id": c["customer_id"], "currency": c["currency"],
                             "granted": _money(granted_total, c["currency"]), "used": _money(used, c["currency"]),
                             "expired": _money(expired, c["currency"]), "balance": c["balance"]})
@@ -197,8 +201,8 @@ def finance_view(conn: psycopg.Connection, period: str | None, now: datetime) ->
                _grouped(revenue, lambda r: (r["model"] or "(not per model)", r["currency"]), ("model", "currency")),
                "Request meters (tokens, requests) by model; GPU time, tasks and other meters are not per model.",
                _bar("model", [("net revenue", "net_amount")], money)),
-        _table("revenue_meter", f"Revenue by meter, {period}", ["meter", "currency"] + amounts,
-               _grouped(revenue, lambda r: (r["meter"], r["currency"]), ("meter", "currency")), "",
+        _table("revenue_meter", f"Revenue by meter, {period}", ["meter", "currency", "quantity"] + amounts,
+               _grouped(revenue, lambda r: (r["meter"], r["currency"]), ("meter", "currency"), quantity=True), "",
                _bar("meter", [("net revenue", "net_amount")], money)),
         _table("invoice_status", f"Invoices by status, {period}",
                ["status", "status_code", "currency", "invoices", "total"], status_rows,

@@ -42,11 +42,12 @@ class Chart:
     y_title: str = ""
     x_title: str = ""
     extra: dict = field(default_factory=dict)
+    x_type: str = ""  # plotly's axis type; "" lets plotly guess (dates for hours), "category" for labels
 
     def spec(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "kind": self.kind, "x": self.x,
                 "series": [{"label": label, "key": key} for label, key in self.series],
-                "rows": self.rows, "y_title": self.y_title, "x_title": self.x_title}
+                "rows": self.rows, "y_title": self.y_title, "x_title": self.x_title, "x_type": self.x_type}
 
     def to_json(self) -> dict[str, Any]:
         return {"chart": self.id, "title": self.title, **self.extra, "rows": self.rows}

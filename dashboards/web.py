@@ -809,7 +809,7 @@ def _finance_view(request: Request, period: str | None) -> dict:
             c = t["chart"]
             charts.append(views.Chart(t["id"], t["title"], c["kind"], c["x"], [tuple(s) for s in c["series"]],
                                       t["rows"], note=t.get("note", ""), y_title=c.get("y_title", ""), x_title=c["x"],
-                                      extra={"period": content["period"]}))
+                                      extra={"period": content["period"]}, x_type=c.get("x_type", "")))
     return {**content, "charts": charts}
 
 

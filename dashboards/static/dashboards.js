@@ -28,6 +28,7 @@
       paper_bgcolor: "#fff",
       plot_bgcolor: "#fff"
     };
+    if (spec.x_type) layout.xaxis.type = spec.x_type;
     return Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
   }
   function start() {
