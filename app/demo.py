@@ -397,7 +397,7 @@ def _dashboard_links(settings: Settings, database_url: str, base: str, start: da
     from urllib.parse import urlencode
 
     key = demo_key(settings, database_url, out_dir)
-    month = urlencode({"from": f"{start:%Y-%m-%dT%H:%M:%SZ}", "to": f"{end:%Y-%m-%dT%H:%M:%SZ}"})
+    month = urlencode({"from": f"{start:%Y-%m-%dT%H:%M:%SZ}", "to": f"{end:%Y-%m-%dT%H:%M:%SZ}"}, safe=":")
     period = f"{start:%Y-%m}"
     links = {
         "signin": f"{base}/signin", "dashboard": f"{base}/dashboard?{month}&period={period}",
@@ -405,9 +405,10 @@ def _dashboard_links(settings: Settings, database_url: str, base: str, start: da
         "pricing": f"{base}/admin/pricing?{month}", "ops": f"{base}/admin/ops?{month}",
     }
     if settings.admin_token_configured:
-        admin = "the admin token: your INFERMETER_ADMIN_TOKEN"
-    else:
-        admin = f"the admin token (development, {settings.credentials_note()}):\n  {settings.admin_token}"
+        admin = ["  with your INFERMETER_ADMIN_TOKEN"]
+    else:  # a development token generated on this home (served on loopback only)
+        admin = [f"  with the admin token (development, kept in {settings.credentials_file.resolve()}):",
+                 f"  {settings.admin_token}"]
     where = ("serving until Ctrl-C" if serve else
              "`infermeter demo --serve` or `infermeter up` on this home serves them")
     lines = [
@@ -416,7 +417,8 @@ def _dashboard_links(settings: Settings, database_url: str, base: str, start: da
         f"  {key}",
         "  then its month, invoices and spend:",
         f"  {links['dashboard']}",
-        f"admin: sign in at {links['admin_signin']} with {admin}",
+        f"admin: sign in at {links['admin_signin']}",
+        *admin,
         f"  finance    {links['finance']}",
         f"  pricing    {links['pricing']}",
         f"  operations {links['ops']}",
