@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -23,8 +22,8 @@ from metering import queries
 from tests.dashboards.conftest import ROOT, WINDOW
 
 Q = f"from={WINDOW['from']}&to={WINDOW['to']}"
-# INFERMETER_SCREENSHOTS=1 refreshes the committed screenshots of docs/dashboards.md; otherwise they
-# are still taken (the pages must render), into a scratch folder.
+# Screenshots are taken (the pages must render) into a scratch folder; scripts/screenshots refreshes the
+# committed ones of docs/dashboards.md from a demo month.
 
 
 def window() -> Window:
@@ -41,8 +40,7 @@ def num(text: str) -> int:
 
 
 def shoot(page, name: str) -> None:
-    shots = ROOT / "docs" / "screenshots" if os.environ.get("INFERMETER_SCREENSHOTS") else Path(tempfile.gettempdir())
-    shots.mkdir(parents=True, exist_ok=True)
+    shots = Path(tempfile.gettempdir())
     page.page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
 
