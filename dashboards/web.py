@@ -377,7 +377,8 @@ async def signout(request: Request) -> Response:
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
 
 
-def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool) -> dict:
+def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
+                   billing: bool = False) -> dict:
     window = views.page_window(params.get("from"), params.get("to"), now=now(), default=timedelta(days=7))
     customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
     model = params.get("model") or None
@@ -399,11 +400,11 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
             result["spend"] = views.customer_spend(conn, window, customer, book,
                                                    read_cost_model(settings.pricing_cost_model),
                                                    tasks["totals"]["succeeded"])
-            if extensions.PROVIDERS.invoices:
-                result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
-            if extensions.PROVIDERS.current_period_spend:
-                result["current_period"] = extensions.PROVIDERS.current_period_spend(
-                    conn, customer, now(), period=params.get("period") or None)
+        if billing and extensions.PROVIDERS.invoices:  # the page's billing sections (their endpoints: below)
+            result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
+        if billing and extensions.PROVIDERS.current_period_spend:
+            result["current_period"] = extensions.PROVIDERS.current_period_spend(
+                conn, customer, now(), period=params.get("period") or None)
     return result
 
 
@@ -429,7 +430,7 @@ async def dashboard(request: Request) -> Response:
     if not _customer_scope(viewer, params.get("customer_id")):
         return _not_found(request, viewer, data=False)
     try:
-        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=True)
+        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=True, billing=True)
     except TimeInputError as exc:
         return _bad_input(request, viewer, False, str(exc))
     query = urllib.parse.urlencode({k: v for k, v in params.items()

@@ -222,3 +222,26 @@ def test_finance_page_totals_equal_the_revenue_export(web, site, billed):
             assert p.context.request.get(site.url + link).status == 200, link
     assert p.problems == []
     shoot(p, "finance")
+
+
+def test_bad_periods_and_exports_get_a_clear_error(web, site, billed):
+    p = web()
+    p.sign_in(site.keys["a"])
+    req = p.context.request
+    bad = req.get(f"{site.url}/dashboard/current-period.json?period=2026-13")
+    assert bad.status == 400 and "2026-13" in bad.json()["error"]["message"]
+    page = req.get(f"{site.url}/dashboard?period=November")
+    assert page.status == 400 and "Check the filters" in page.text()
+    admin = web()
+    admin.admin_sign_in(site.keys["admin"])
+    req = admin.context.request
+    assert req.get(f"{site.url}/admin/finance?period=2026-13").status == 400
+    for path in ("/admin/finance/exports/profits.csv?period=2026-11", "/admin/finance/exports/revenue.xlsx?period=2026-11",
+                 "/admin/finance/exports/revenue.csv", "/admin/finance/exports/revenue.csv?period=11-2026"):
+        answer = req.get(site.url + path)
+        assert answer.status == 400 and answer.json()["error"]["message"], path
+    assert req.get(f"{site.url}/admin/finance/data/profits.json").status == 404
+    # a period without invoices: empty tables, every status at zero
+    empty = req.get(f"{site.url}/admin/finance/data/invoice_status.json?period=2025-01").json()
+    assert {r["status"]: r["invoices"] for r in empty["rows"]} == {"draft": 0, "final": 0, "paid": 0, "failed": 0,
+                                                                    "void": 0}
