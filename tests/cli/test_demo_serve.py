@@ -4,6 +4,7 @@ started."""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -60,10 +62,21 @@ def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
             assert 'data-testid="invoices"' in page.text and "INV-2026-" in page.text
             assert 'data-testid="cp-balance"' in page.text  # spend against its prepaid credit
             assert customer.get(f"{base}/admin/finance").status_code == 403
+            # the invoice on the page is the one the demo's invoices export (written at the billing step) has
+            exported = {r["customer_id"]: r for r in csv.DictReader(open(home / "demo" / "invoices-2026-11.csv"))}
+            [invoice] = customer.get(f"{base}/dashboard/invoices.json").json()["invoices"]
+            assert (invoice["number"], invoice["total"], invoice["credits_applied"]) == (
+                exported["cust-003"]["number"], exported["cust-003"]["total"], exported["cust-003"]["credits_applied"])
         with httpx.Client(base_url=base, timeout=30) as admin:
             finance = _sign_in(admin, "/admin/signin", "admin_token", admin_token)
             assert finance.status_code == 200
             assert "2026-11" in admin.get(f"{base}/admin/finance").text
+            # the finance page's revenue by customer is the demo's revenue export summed per customer
+            revenue: dict[str, Decimal] = {}
+            for r in csv.DictReader(open(home / "demo" / "revenue-2026-11.csv")):
+                revenue[r["customer_id"]] = revenue.get(r["customer_id"], Decimal(0)) + Decimal(r["net_amount"])
+            shown = admin.get(f"{base}/admin/finance/data/revenue_customer.json?period=2026-11").json()["rows"]
+            assert {r["customer_id"]: Decimal(r["net_amount"]) for r in shown} == revenue and len(revenue) > 10
     finally:
         demo.send_signal(signal.SIGTERM)
         try:
