@@ -168,3 +168,16 @@ def test_pricing_compare_rates_each_book_with_its_own_trust(db_url, tasks, tmp_p
     by_day = {x.start.day: x.revenue for x in report.books[1].risk.buckets if x.revenue}
     # a task counts (with its attempts) on the day of its billed time: t1 and t4 at their deadlines
     assert by_day == {4: Decimal("1.02"), 5: Decimal("1.01"), 6: Decimal("0.11"), 8: Decimal("1.01")}
+
+
+def test_metering_reconciles_every_outcome_report_with_the_raw_events(conn, tasks):
+    from metering.queries import Window
+    from metering.reconcile import reconcile
+
+    result = reconcile(conn, Window(*FEB))
+    assert result.ok, result.differences
+    assert {k: v for k, v in result.totals.items() if k.startswith("task_reports:")} == {
+        "task_reports:failed": 5, "task_reports:succeeded": 3}
+    conn.execute("DELETE FROM task_outcome_reports WHERE source = %s AND task_id = 't2'", (VERIFIER,))
+    assert [(d.meter, d.raw, d.rollup) for d in reconcile(conn, Window(*FEB)).differences] == [
+        ("task_reports:succeeded", 3, 2)]
