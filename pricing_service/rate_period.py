@@ -165,7 +165,8 @@ def task_totals(
     need not be whole hours."""
     if task_outcomes is None:
         return period_reads.task_totals(conn, start, end, customer_id)
-    rows = period_reads.task_reports(conn, start, end, timedelta(seconds=task_outcomes.task_timeout), customer_id)
+    rows = period_reads.task_reports(conn, start, end, timedelta(seconds=task_outcomes.task_timeout),
+                                     task_outcomes.trusted_sources, customer_id)
     counted = task_quantities(tasks_from_rows(rows), task_outcomes, start, end)
     return [(customer, *quantities) for customer, quantities in sorted(counted.items())]
 
