@@ -12,9 +12,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
 
 from billing_service.run import assign_plan, billing_run, set_customer, show_invoice
+from infermeter.stack import to_libpq_url
 from pricing.book import parse_price_book
 from pricing_service.books import read_cost_model
 from pricing_service.rate_period import rate_period
@@ -181,3 +183,72 @@ def test_metering_reconciles_every_outcome_report_with_the_raw_events(conn, task
     conn.execute("DELETE FROM task_outcome_reports WHERE source = %s AND task_id = 't2'", (VERIFIER,))
     assert [(d.meter, d.raw, d.rollup) for d in reconcile(conn, Window(*FEB)).differences] == [
         ("task_reports:succeeded", 3, 2)]
+
+
+def _metered(settings, keys: list[tuple[str, str]]) -> None:
+    """Run the real metering consumer until these (source, id) events are recorded."""
+    import time
+
+    from metering.consumer import MeteringConsumer, run_in_thread
+    from metering.queries import recorded_event_keys
+
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    thread = run_in_thread(consumer)
+    try:
+        with psycopg.connect(to_libpq_url(settings.database_url), autocommit=True) as c:
+            until = time.monotonic() + 120
+            while time.monotonic() < until and recorded_event_keys(c, keys) != set(keys):
+                time.sleep(0.2)
+            assert recorded_event_keys(c, keys) == set(keys)
+    finally:
+        consumer.stop()
+        thread.join(30)
+
+
+def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_can_change_it(
+    conn, tasks, settings, monkeypatch
+):
+    """The whole path over HTTP: the customer's key posts outcomes to POST /v1/events (its own source
+    only; a verifier's source is refused), metering records them, and the customer's own invoice
+    preview (GET /v1/invoices/preview) does not move; the verifier's report (producer credential) does."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import create_engine
+
+    from app.api import create_app
+    from metering.contract import encode_event, task_event
+    from metering.kafka import ensure_topics
+    from serving.keys import KeyStore
+
+    set_customer(conn, "acme", now=at(1, 0, month=1))
+    assign_plan(conn, "acme", book("bill_as_success"), "per-task-verified.yaml", "2026-02-01", now=at(1, 0, month=1))
+    ensure_topics(settings.kafka_bootstrap, settings)
+    _, key = KeyStore(create_engine(settings.database_url), settings=settings).create("acme")
+    monkeypatch.setattr("billing_service.api.clock", lambda: at(20))
+
+    def outcome(task_id: str, outcome: str, finished: datetime, source: str, event_id: str) -> bytes:
+        return encode_event(task_event(source=source, customer_id="acme", task_id=task_id, outcome=outcome,
+                                       finished_at=finished, event_id=event_id))
+
+    cloudevent = {"Content-Type": "application/cloudevents+json"}
+    customer = {"Authorization": f"Bearer {key}", **cloudevent}
+    with TestClient(create_app(settings, settings.database_url, settings.kafka_bootstrap)) as client:
+        def preview() -> str:
+            answer = client.get("/v1/invoices/preview", params={"period": "2026-02"}, headers=customer)
+            assert answer.status_code == 200, answer.text
+            return answer.json()["total"]
+
+        assert preview() == "3.15"
+        spoof = client.post("/v1/events", content=outcome("t2", "failed", at(5, 14), VERIFIER, "spoof"),
+                            headers=customer)
+        assert spoof.status_code == 403 and spoof.json()["error"]["code"] == "forbidden"
+        own = client.post("/v1/events", content=outcome("t2", "failed", at(5, 14), CUSTOMER, "own"), headers=customer)
+        assert own.status_code == 202, own.text
+        _metered(settings, [(CUSTOMER, "own")])
+        assert preview() == "3.15"  # the customer's word does not count under this book
+
+        verified = client.post("/v1/events", content=outcome("t1", "failed", at(4, 9), VERIFIER, "v-t1"),
+                               headers={"Authorization": f"Bearer {settings.producer_token}", **cloudevent})
+        assert verified.status_code == 202, verified.text
+        _metered(settings, [(VERIFIER, "v-t1")])
+        assert preview() == "2.25"  # t1 failed by the verifier, within its deadline
+    assert conn.execute("SELECT count(*) FROM event_keys WHERE event_id = 'spoof'").fetchone() == (0,)
