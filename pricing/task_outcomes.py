@@ -23,24 +23,22 @@ here as plain rows; `task_quantities` counts what a window bills.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from pricing.book import TaskOutcomeTrust
 
 RULE_OUTCOMES = {"bill_as_success": "succeeded", "bill_as_failure": "failed", "not_billed": None}
 
 
-@dataclass(frozen=True)
-class OutcomeReport:
+class OutcomeReport(NamedTuple):
     source: str
     event_id: str
     outcome: str  # succeeded | failed | abandoned
     finished_at: datetime
 
 
-@dataclass(frozen=True)
-class TaskReports:
+class TaskReports(NamedTuple):
     """One task: its first request (None: no attempt recorded), how many attempts it had, and every
     outcome reported for it, whoever reported it."""
 
@@ -51,8 +49,7 @@ class TaskReports:
     reports: tuple[OutcomeReport, ...]
 
 
-@dataclass(frozen=True)
-class BilledOutcome:
+class BilledOutcome(NamedTuple):
     outcome: str  # succeeded | failed | abandoned
     at: datetime  # when it counts: the trusted outcome's finished_at, or the deadline
     by_rule: bool  # True when no trusted outcome came before the deadline
@@ -66,16 +63,23 @@ def deadline(task: TaskReports, trust: TaskOutcomeTrust) -> datetime | None:
 
 def billed_outcome(task: TaskReports, trust: TaskOutcomeTrust) -> BilledOutcome | None:
     """The outcome the book bills `task` at and when, or None when it bills nothing for it."""
-    due = deadline(task, trust)
-    believed = [r for r in task.reports
-                if trust.trusts(r.source) and (due is None or r.finished_at < due)]
-    if believed:
-        latest = max(believed, key=lambda r: (r.finished_at, r.source, r.event_id))
+    return _billed(task, tuple(trust.trusted_sources), timedelta(seconds=trust.task_timeout),
+                   RULE_OUTCOMES[trust.untrusted_outcome])
+
+
+def _billed(task: TaskReports, prefixes: tuple[str, ...], timeout: timedelta, rule: str | None) -> BilledOutcome | None:
+    due = None if task.first_request_at is None else task.first_request_at + timeout
+    latest = None
+    for r in task.reports:
+        if r.source.startswith(prefixes) and (due is None or r.finished_at < due) and (
+                latest is None or (r.finished_at, r.source, r.event_id) > (latest.finished_at, latest.source,
+                                                                           latest.event_id)):
+            latest = r
+    if latest is not None:
         return BilledOutcome(latest.outcome, latest.finished_at, False)
-    if due is None:
+    if due is None or rule is None:
         return None
-    outcome = RULE_OUTCOMES[trust.untrusted_outcome]
-    return None if outcome is None else BilledOutcome(outcome, due, True)
+    return BilledOutcome(rule, due, True)
 
 
 def tasks_from_rows(rows: Iterable[tuple]) -> list[TaskReports]:
@@ -107,8 +111,10 @@ def task_quantities(
     the tasks whose billed outcome counts inside the window. Abandoned tasks count in neither meter
     and their attempts are not billed (as `metering.queries.task_totals` counts them)."""
     out: dict[str, tuple[int, int, int]] = {}
+    prefixes, timeout = tuple(trust.trusted_sources), timedelta(seconds=trust.task_timeout)
+    rule = RULE_OUTCOMES[trust.untrusted_outcome]
     for task in tasks:
-        billed = billed_outcome(task, trust)
+        billed = _billed(task, prefixes, timeout, rule)
         if billed is None or not start <= billed.at < end or billed.outcome not in ("succeeded", "failed"):
             continue
         ok, failed, attempts = out.get(task.customer_id, (0, 0, 0))
