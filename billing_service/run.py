@@ -248,7 +248,7 @@ class _Ctx:
         key = (period.label, book.sha256)
         if key not in self.ratings:
             usage = period_usage(self.conn, self.customer.customer_id, period, meters=meters_of(book.book),
-                                 cost_model=self.cost_model)
+                                 cost_model=self.cost_model, task_outcomes=book.book.task_outcomes)
             self.ratings[key] = rate(book.book, usage)
         return self.ratings[key]
 
@@ -872,7 +872,8 @@ def reconcile_money(conn: psycopg.Connection, period: str, *, cost_model: CostMo
                                                           "an invoice", "only void invoices"))
                 continue
             book = load_book(conn, charging[-1].book_sha256)
-            used = period_usage(conn, customer.customer_id, target, meters=meters_of(book.book), cost_model=cost_model)
+            used = period_usage(conn, customer.customer_id, target, meters=meters_of(book.book), cost_model=cost_model,
+                                task_outcomes=book.book.task_outcomes)
             rating = rate(book.book, used)
             expected = {line.line_id: line for line in rating.lines}
             found: dict[str, tuple[Decimal, Decimal]] = {}

@@ -156,7 +156,8 @@ def customer_spend(conn: psycopg.Connection, window: Window, customer_id: str, b
     from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
 
     usages = load_period_usages(conn, window.start, window.end, cost_model, by_deployment=needs_deployment(book),
-                                meters=priced_meters(book), customer_id=customer_id)
+                                meters=priced_meters(book), customer_id=customer_id,
+                                task_outcomes=book.task_outcomes)
     usage = usages.get(customer_id) or Usage(customer_id, window.start, window.end, {})
     spend = rate(book, usage).usage_total
     per_task = (spend / succeeded).quantize(Decimal("0.0001")) if succeeded else None

@@ -7,7 +7,8 @@
     GET  /v1/dead-letters    (admin)
 
 Credentials: `Authorization: Bearer <token>` — the admin token, the producer token, or a
-customer API key (`infermeter keys create`). A customer asking for another customer's data gets
+customer API key (`infermeter keys create`). A customer key sends usage and task outcome events for
+its own customer only, with source `//customer/<customer_id>` (403 otherwise). A customer asking for another customer's data gets
 404 (existence is not disclosed); producer credentials cannot read (403).
 """
 
@@ -24,7 +25,14 @@ from infermeter.auth import Principal
 from infermeter.http import PrincipalDep, error, scope
 from infermeter.settings import Settings
 from metering import queries
-from metering.contract import REPLICA_V1, REQUEST_V1, InvalidEvent, decode_event, event_partition_key
+from metering.contract import (
+    REPLICA_V1,
+    REQUEST_V1,
+    InvalidEvent,
+    customer_source,
+    decode_event,
+    event_partition_key,
+)
 from metering.kafka import ensure_topics, make_producer, publish_and_wait
 from metering.outbox import ack_mode, outbox_for
 
@@ -39,6 +47,8 @@ router = APIRouter(tags=["metering"])
 # gateway, the replica agent) may report them. A customer key may report its own tool usage and task
 # outcomes (docs/metering.md, "Who may report what").
 PRODUCER_ONLY_TYPES = frozenset({REQUEST_V1, REPLICA_V1})
+# Every event a customer key sends carries the customer's own source, `//customer/<customer_id>`, so no
+# customer can report an outcome in the name of a source a price book trusts (a verifier, the gateway).
 
 
 class Publisher:
@@ -134,13 +144,19 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
                                        "the replica agent); a customer key may send infermeter.usage.v1 and "
                                        "infermeter.task.v1"})
             continue
+        if principal.kind == "customer" and event.source != customer_source(event.subject):
+            rejected.append({"index": index, "id": event.id, "reason": "forbidden_source",
+                             "detail": f"an event sent with a customer key must have source "
+                                       f"'{customer_source(event.subject)}' (its customer's own), not "
+                                       f"'{event.source}': other sources belong to producers"})
+            continue
         good.append((event_partition_key(item), raw, (event.source, event.id)))
     if good:
         from starlette.concurrency import run_in_threadpool
 
         await run_in_threadpool(app_.state.publisher.publish, good)
     if rejected and not good:
-        if all(r["reason"] == "forbidden" for r in rejected):
+        if all(r["reason"] in ("forbidden", "forbidden_source") for r in rejected):
             raise error(403, f"every event was refused: {rejected[0]['detail']}", "forbidden")
         raise error(400, f"every event was rejected: {rejected[0]['reason']}: {rejected[0]['detail']}",
                     "invalid_events")

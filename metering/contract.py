@@ -32,6 +32,17 @@ REQUEST_STATUSES: tuple[str, ...] = get_args(RequestStatus)
 TASK_OUTCOMES: tuple[str, ...] = get_args(TaskOutcome)
 FAILURE_CAUSES: tuple[str, ...] = get_args(FailureCause)
 
+# The source of every event a customer's own key reports (POST /v1/events, the gateway's task and
+# usage endpoints): the platform sets or checks it, so a price book can tell a customer's word from a
+# producer's (docs/metering.md, "Who may report what").
+CUSTOMER_SOURCE_PREFIX = "//customer/"
+
+
+def customer_source(customer_id: str) -> str:
+    """The CloudEvents source of the events a customer reports itself: `//customer/<customer_id>`."""
+    return CUSTOMER_SOURCE_PREFIX + customer_id
+
+
 MAX_TOKENS = 10**12  # per event; keeps every sum far inside bigint
 QUANTITY_DECIMALS = 12  # the project-wide NUMERIC scale (infermeter.db.QUANTITY_SCALE)
 

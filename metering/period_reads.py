@@ -9,6 +9,9 @@ Windows are [start, end) on whole UTC hours (the rollups are hourly): callers ch
 - `request_sums`: per customer x model (x deployment), the request-meter sums of the period, streamed
   in customer order by a reading thread (what an invoice run rates; `python -m bench.rating`).
 - `task_totals`, `meter_totals`: tasks finished in the window, usage-meter quantities.
+- `task_reports`: the outcome reports (with their sources) from the given source prefixes of the
+  tasks that may count in a window under a book that trusts only those (`pricing.task_outcomes`
+  decides).
 - `has_gpu_time`, `gpu_ms_attribution`: GPU-ms of each deployment-hour attributed by weighted tokens
   (the cost model's method, docs/cost-model.md).
 - `hourly_requests`, `hourly_gpu`, `task_usage`, `task_attempts`, `hourly_meters`: the hourly
@@ -20,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import psycopg
@@ -181,6 +184,53 @@ def task_totals(
     only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
     params = {"start": start, "end": end, "customer": customer_id}
     return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()
+
+
+# The tasks whose billed outcome may fall in [start, end) under a book that trusts only some outcome
+# sources (pricing.task_outcomes): those with a report from one of those sources in the window, and those
+# whose deadline (first request + timeout) may be in it; with every report of each from those sources.
+# Pricing applies the rule (latest trusted report before the deadline, else the book's rule).
+TASK_REPORTS_SQL = """
+WITH reports AS NOT MATERIALIZED (
+    SELECT * FROM task_outcome_reports
+    WHERE EXISTS (SELECT 1 FROM unnest(%(sources)s::text[]) AS p(prefix) WHERE starts_with(source, p.prefix))
+), candidates AS (
+    SELECT customer_id, task_id FROM reports
+    WHERE finished_at >= %(start)s AND finished_at < %(end)s {only}
+    UNION
+    SELECT customer_id, task_id FROM task_attempts
+    WHERE first_request_at >= %(start)s - %(timeout)s AND first_request_at < %(end)s - %(timeout)s {only}
+), started AS (
+    SELECT a.customer_id, a.task_id, min(a.first_request_at) AS first_at, count(*) AS attempts
+    FROM task_attempts a JOIN candidates c ON c.customer_id = a.customer_id AND c.task_id = a.task_id
+    GROUP BY a.customer_id, a.task_id
+)
+SELECT c.customer_id, c.task_id, s.first_at, coalesce(s.attempts, 0), r.source, r.event_id, r.outcome, r.finished_at
+FROM candidates c
+LEFT JOIN started s ON s.customer_id = c.customer_id AND s.task_id = c.task_id
+LEFT JOIN reports r ON r.customer_id = c.customer_id AND r.task_id = c.task_id
+ORDER BY c.customer_id, c.task_id, r.finished_at, r.source, r.event_id
+"""
+
+
+def task_reports(
+    conn: psycopg.Connection,
+    start: datetime,
+    end: datetime,
+    timeout: timedelta,
+    sources: Sequence[str],
+    customer_id: str | None = None,
+) -> list[tuple]:
+    """The tasks that may count in [start, end) when each task has until its first request +
+    `timeout` for an outcome from a source starting with one of `sources`: those with such a report
+    with finished_at in the window, and those whose first request is in [start - timeout,
+    end - timeout). One row per such report, in (customer, task, finished_at, source, event_id) order:
+    (customer, task, first request (None without attempts), attempts, source, event_id, outcome,
+    finished_at); a task without one has a single row with the last four None. `start`/`end` need not
+    be whole hours (outcome times are exact)."""
+    only = "" if customer_id is None else "AND customer_id = %(customer)s"
+    params = {"start": start, "end": end, "timeout": timeout, "customer": customer_id, "sources": list(sources)}
+    return conn.execute(TASK_REPORTS_SQL.format(only=only), params).fetchall()
 
 
 def meter_totals(

@@ -2,7 +2,8 @@
 
 The window must be whole hours (rollups are hourly). Request meters compare raw request events
 (by event time) with request_rollup_hourly; usage meters with usage_rollup_hourly; task outcomes
-(latest per task, by finished_at) with task_outcomes; replica GPU time (each interval's overlap
+(latest per task, by finished_at) with task_outcomes, and every task outcome event (by finished_at)
+with task_outcome_reports (each report and its source, what trusted-outcome books read); replica GPU time (each interval's overlap
 with the window, in ms x gpu_count) with gpu_ledger_hourly.
 """
 
@@ -36,6 +37,11 @@ SELECT customer_id, 'tasks:' || outcome, count(*)::numeric FROM (
              source DESC, event_id DESC
 ) t WHERE finished_at >= %(start)s AND finished_at < %(end)s GROUP BY 1, 2
 UNION ALL
+SELECT customer_id, 'task_reports:' || (payload->'data'->>'outcome'), count(*)::numeric
+FROM raw_events WHERE type = 'infermeter.task.v1'
+  AND (payload->'data'->>'finished_at')::timestamptz >= %(start)s AND (payload->'data'->>'finished_at')::timestamptz < %(end)s
+GROUP BY 1, 2
+UNION ALL
 SELECT coalesce(payload->'data'->>'customer_id', ''), 'gpu_ms:' || (payload->'data'->>'gpu_type'),
        sum((floor(extract(epoch FROM least((payload->'data'->>'interval_end')::timestamptz, %(end)s)) * 1000)
           - floor(extract(epoch FROM greatest((payload->'data'->>'interval_start')::timestamptz, %(start)s)) * 1000))
@@ -56,6 +62,9 @@ SELECT customer_id, 'usage:' || meter, sum(quantity) FROM usage_rollup_hourly
 WHERE hour >= %(start)s AND hour < %(end)s GROUP BY 1, 2
 UNION ALL
 SELECT customer_id, 'tasks:' || outcome, count(*)::numeric FROM task_outcomes
+WHERE finished_at >= %(start)s AND finished_at < %(end)s GROUP BY 1, 2
+UNION ALL
+SELECT customer_id, 'task_reports:' || outcome, count(*)::numeric FROM task_outcome_reports
 WHERE finished_at >= %(start)s AND finished_at < %(end)s GROUP BY 1, 2
 UNION ALL
 SELECT customer_id, 'gpu_ms:' || gpu_type, sum(gpu_ms)::numeric FROM gpu_ledger_hourly

@@ -95,6 +95,8 @@ task_attempts = Table(
     timestamp_column("last_request_at", nullable=False),
     PrimaryKeyConstraint("customer_id", "task_id", "attempt", name="task_attempts_pkey"),
 )
+# a task's timeout runs from its first request (migration 0009: tasks whose deadline falls in a period)
+Index("task_attempts_first_request", task_attempts.c.first_request_at)
 
 # infermeter.task.v1: one outcome per task; a later finished_at replaces an earlier one.
 task_outcomes = Table(
@@ -110,6 +112,22 @@ task_outcomes = Table(
     PrimaryKeyConstraint("customer_id", "task_id", name="task_outcomes_pkey"),
 )
 Index("task_outcomes_finished", task_outcomes.c.finished_at)
+
+# infermeter.task.v1, every report kept with its source (migration 0009): who said what about a task.
+# task_outcomes keeps the latest report from anyone; a price book that trusts only some sources
+# (docs/billing.md, "Trusted task outcomes") reads these instead.
+task_outcome_reports = Table(
+    "task_outcome_reports",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    Column("task_id", Key, nullable=False),
+    Column("source", Key, nullable=False),
+    Column("event_id", Key, nullable=False),
+    Column("outcome", Text, nullable=False),
+    timestamp_column("finished_at", nullable=False),
+    PrimaryKeyConstraint("customer_id", "task_id", "source", "event_id", name="task_outcome_reports_pkey"),
+)
+Index("task_outcome_reports_finished", task_outcome_reports.c.finished_at)
 
 # infermeter.usage.v1 that name a task: tool and verification usage per task and meter.
 task_usage = Table(

@@ -122,6 +122,11 @@ WITH fresh_keys AS (
         outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at, failure_cause = EXCLUDED.failure_cause,
         source = EXCLUDED.source, event_id = EXCLUDED.event_id
     WHERE (EXCLUDED.finished_at, EXCLUDED.source, EXCLUDED.event_id) > (o.finished_at, o.source, o.event_id)
+), reports AS (
+    INSERT INTO task_outcome_reports (customer_id, task_id, source, event_id, outcome, finished_at)
+    SELECT customer_id, task_id, source, event_id, outcome, finished_at FROM outcome
+    ORDER BY customer_id, task_id, source, event_id
+    ON CONFLICT DO NOTHING
 ), usage AS (
     INSERT INTO usage_rollup_hourly AS u (customer_id, meter, hour, quantity, events)
     SELECT customer_id, meter, hour, sum(quantity), count(*)

@@ -10,6 +10,10 @@ A price book is a YAML document (see docs/pricing.md):
         price: {type: unit, amount: "2.40", per: 1000000}
     minimum: "100.00"                          # optional per-period commitment
     credits: "0"                               # optional prepaid credits applied each period
+    task_outcomes:                             # optional: the task outcomes the task meters believe
+      trusted_sources: ["//verifier/"]
+      task_timeout: 24h
+      untrusted_outcome: bill_as_success
 
 Amounts are decimal strings (the documented form). A bare YAML number such as `0.1` is also
 accepted, but is read from its source text exactly (never through a binary float). Any amount
@@ -186,14 +190,60 @@ class Charge(_Strict):
         return sum(v is not None for v in (self.model, self.deployment, self.gpu_type))
 
 
+UNTRUSTED_OUTCOME_RULES = ("bill_as_success", "bill_as_failure", "not_billed")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(value: Any) -> int:
+    """A duration as whole seconds: an integer of seconds, or a string `<n>s|m|h|d` ("24h")."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string such as '24h', '90m', '3600s', '2d'")
+    if isinstance(value, int):
+        seconds = value
+    elif isinstance(value, str) and value[:-1].isdigit() and value[-1:] in _DURATION_UNITS:
+        seconds = int(value[:-1]) * _DURATION_UNITS[value[-1]]
+    elif isinstance(value, str) and value.isdigit():
+        seconds = int(value)
+    else:
+        raise ValueError(f"{value!r} is not a duration: give seconds or a string such as '24h', '90m', '3600s', '2d'")
+    if seconds <= 0:
+        raise ValueError("a task timeout must be longer than zero")
+    return seconds
+
+
+class TaskOutcomeTrust(_Strict):
+    """Which task outcomes a book believes (docs/billing.md, "Trusted task outcomes").
+
+    A task counts at its latest outcome from a trusted source (a source equal to an entry of
+    `trusted_sources` or starting with it) whose `finished_at` is before its deadline, the first
+    request of the task plus `task_timeout`. A task with attempts and no such outcome is billed at
+    its deadline by `untrusted_outcome`: as a success, as a failure, or not at all."""
+
+    trusted_sources: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    task_timeout: Annotated[int, BeforeValidator(_seconds)] = Field(description="seconds from the task's first request")
+    untrusted_outcome: Literal["bill_as_success", "bill_as_failure", "not_billed"]
+
+    def trusts(self, source: str) -> bool:
+        return source.startswith(tuple(self.trusted_sources))
+
+
 class PriceBook(_Strict):
     id: str = Field(min_length=1)
     currency: str
     charges: list[Charge] = Field(min_length=1)
     minimum: Amount | None = Field(default=None, ge=0)
     credits: Amount | None = Field(default=None, ge=0)
+    task_outcomes: TaskOutcomeTrust | None = None
     name: str | None = None
     description: str | None = None
+
+    @model_validator(mode="after")
+    def _trust_needs_task_meters(self) -> PriceBook:
+        if self.task_outcomes is not None and not any(c.meter in TASK_METERS for c in self.charges):
+            raise ValueError(
+                f"task_outcomes applies to the task meters ({', '.join(TASK_METERS)}); this book prices none"
+            )
+        return self
 
     @field_validator("currency")
     @classmethod

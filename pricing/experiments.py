@@ -50,6 +50,9 @@ class ExperimentUsages:
     window: Mapping[str, Usage]
     buckets: Sequence[Mapping[str, Usage]]
     caching_off: Mapping[str, Mapping[str, Usage]]  # model -> customer -> usage
+    # position of a book in `compare(books=...)` -> the usage that book rates, when it counts task
+    # outcomes its own way (`PriceBook.task_outcomes`: only trusted sources); other books rate the above
+    by_book: Mapping[int, ExperimentUsages] = field(default_factory=dict)
 
 
 def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attribution,
@@ -305,8 +308,9 @@ def compare(
         raise ExperimentError(f"expected the usage of {len(bucket_bounds)} {bucket_name} buckets, got {len(usage.buckets)}")
     if missing := [m for m in models if m not in usage.caching_off]:
         raise ExperimentError(f"no usage with caching off for model(s) {', '.join(missing)}")
-    usages, bucket_usages, caching_off_usages = usage.window, usage.buckets, usage.caching_off
-    customers = sorted(set(usages) | {k.customer_id for k in attribution.cost if k.customer_id})
+    usages = usage.window
+    customers = sorted(set(usages).union(*(u.window for u in usage.by_book.values()))
+                       | {k.customer_id for k in attribution.cost if k.customer_id})
 
     # one pass over the attributed cost and the usage meters: per customer and per time bucket
     starts = [a for a, _ in bucket_bounds]
@@ -331,31 +335,42 @@ def compare(
     model_weights: dict[str, dict[str, Decimal]] = defaultdict(dict)
     for (c, m), w in attribution.weighted_tokens.items():
         model_weights[c][m] = w
-    no_retry_usages = {
-        c: without_retries(u, retried_by_customer.get(c, []), attribution, model_weights.get(c, {}))
-        for c, u in usages.items()
-    }
 
-    caching_off = {m: (attribute(dataset, cost_model, caching_off_for=[m]), caching_off_usages[m]) for m in models}
+    caching_off_cost = {m: attribute(dataset, cost_model, caching_off_for=[m]) for m in models}
 
     all_parts = parts(dataset, cost_model, anatomy_inputs or AnatomyInputs(), attribution)
     split = anatomy(all_parts, currency.code, group_by="deployment")
     idle_keep = _keep_shares(all_parts, "queue_and_idle", "deployment")
     failure_gpu_keep = _keep_shares(all_parts, "failure", "deployment")
     failure_token_keep = _keep_shares(all_parts, "failure", "model")
-    without = {
-        "queue_and_idle": {c: usage_without(u, idle_keep.get(c, {}), {}) for c, u in usages.items()},
-        "failure": {c: usage_without(u, failure_gpu_keep.get(c, {}), failure_token_keep.get(c, {}))
-                    for c, u in usages.items()},
-    }
+
+    def derived(rated: ExperimentUsages) -> tuple:
+        """What a book rates from `rated`: the window, buckets, caching off, without retries, and
+        without each anatomy term."""
+        window = rated.window
+        no_retry = {
+            c: without_retries(u, retried_by_customer.get(c, []), attribution, model_weights.get(c, {}))
+            for c, u in window.items()
+        }
+        without = {
+            "queue_and_idle": {c: usage_without(u, idle_keep.get(c, {}), {}) for c, u in window.items()},
+            "failure": {c: usage_without(u, failure_gpu_keep.get(c, {}), failure_token_keep.get(c, {}))
+                        for c, u in window.items()},
+        }
+        return window, rated.buckets, rated.caching_off, no_retry, without
+
+    shared = derived(usage)
 
     def empty(c: str) -> Usage:
         return Usage(c, start, end, {})
 
     results: list[BookResult] = []
     baseline: dict[str, Decimal] | None = None
-    for book in books:
-        ratings = {c: rate(book, usages.get(c) or empty(c)) for c in customers}
+    for position, book in enumerate(books):
+        own = usage.by_book.get(position)
+        book_usages, bucket_usages, caching_off_usages, no_retry_usages, without = (
+            shared if own is None else derived(own))
+        ratings = {c: rate(book, book_usages.get(c) or empty(c)) for c in customers}
         revenue_by = {c: r.total for c, r in ratings.items()}
         if baseline is None:
             baseline = revenue_by
@@ -388,7 +403,7 @@ def compare(
         )
         gains = []
         for m in models:
-            att_off, usages_off = caching_off[m]
+            att_off, usages_off = caching_off_cost[m], caching_off_usages[m]
             revenue_off = sum((rate(book, usages_off.get(c) or empty(c)).total for c in customers), ZERO)
             gains.append(
                 CachingGain(

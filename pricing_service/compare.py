@@ -4,7 +4,8 @@ and report (console tables, JSON, CSV, HTML)."""
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -20,7 +21,7 @@ from pricing.records import Dataset
 from pricing.usage import Usage
 from pricing_service.anatomy import load_anatomy_inputs
 from pricing_service.books import book_in_force, read_cost_model, read_price_book
-from pricing_service.rate_period import load_period_usages
+from pricing_service.rate_period import load_period_usages, usages_for_book
 from pricing_service.source import check_window, connect, load_dataset
 
 STORED_PREFIX = "stored:"
@@ -188,7 +189,7 @@ def run_comparison(
     with connect(database_url) as conn:
         books, sources = resolve_books(conn, list(book_paths), start)
         dataset = load_dataset(conn, start, end)
-        usages = experiment_usages(conn, dataset, cost_model)
+        usages = experiment_usages(conn, dataset, cost_model, books)
         anatomy_inputs = load_anatomy_inputs(conn, start, end)
     report = compare(dataset, books, cost_model, usages, anatomy_inputs)
     from pricing_service.books import EXAMPLE_COST_MODEL
@@ -196,17 +197,31 @@ def run_comparison(
     return ComparisonReport(report, sources, str(cost_model_path or EXAMPLE_COST_MODEL))
 
 
-def experiment_usages(conn, dataset: Dataset, cost_model: CostModel) -> ExperimentUsages:
+def experiment_usages(
+    conn, dataset: Dataset, cost_model: CostModel, books: Sequence[PriceBook] = ()
+) -> ExperimentUsages:
     """The usage an experiment rates, loaded as invoices load it (`load_period_usages`): the window,
-    each risk bucket, and the window with prefix caching off for each model served in it."""
+    each risk bucket, and the window with prefix caching off for each model served in it. A book
+    that trusts only some task outcome sources (`task_outcomes`) gets its own copy with the task
+    meters counted its way (`usages_for_book`), as its invoices would count them."""
     start, end = dataset.start, dataset.end
     _, bounds = experiment_buckets(start, end)
     models = sorted({r.model for r in dataset.requests})
-    return ExperimentUsages(
+    shared = ExperimentUsages(
         _nonzero(load_period_usages(conn, start, end, cost_model)),
         [_nonzero(load_period_usages(conn, a, b, cost_model)) for a, b in bounds],
         {m: _nonzero(load_period_usages(conn, start, end, cost_model, caching_off_for=[m])) for m in models},
     )
+    by_book = {}
+    for position, book in enumerate(books):
+        if book.task_outcomes is None:
+            continue
+        by_book[position] = ExperimentUsages(
+            _nonzero(usages_for_book(conn, dict(shared.window), book, start, end)),
+            [_nonzero(usages_for_book(conn, dict(u), book, a, b)) for u, (a, b) in zip(shared.buckets, bounds, strict=True)],
+            {m: _nonzero(usages_for_book(conn, dict(u), book, start, end)) for m, u in shared.caching_off.items()},
+        )
+    return replace(shared, by_book=by_book) if by_book else shared
 
 
 def _nonzero(usages: dict[str, Usage]) -> dict[str, Usage]:

@@ -17,16 +17,17 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import psycopg
 
 from metering import period_reads
-from pricing.book import GPU_METER, PriceBook
+from pricing.book import GPU_METER, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel, split_gpu_seconds
 from pricing.money import precise
 from pricing.rating import Rating, rate
+from pricing.task_outcomes import task_quantities, tasks_from_rows
 from pricing.usage import Usage, UsageKey
 from pricing_service.source import check_window
 
@@ -45,13 +46,16 @@ def load_period_usages(
     meters: Iterable[str] | None = None,
     customer_id: str | None = None,
     caching_off_for: Iterable[str] = (),
+    task_outcomes: TaskOutcomeTrust | None = None,
 ) -> dict[str, Usage]:
     """Each customer's usage of [start, end) (or one customer's). `by_deployment=False` sums request
     meters over deployments and `meters` limits the meters read (see `needs_deployment` and
     `priced_meters`: enough for books that name no deployment / do not price every meter). GPU time
     needs the cost model (its weights attribute the shared pool). `caching_off_for`: the usage as if
     prefix caching were off for these models (pricing experiments): their cached input tokens count
-    as uncached, and GPU time is grown and attributed as `pricing.cost.attribute` does it."""
+    as uncached, and GPU time is grown and attributed as `pricing.cost.attribute` does it.
+    `task_outcomes`: the book's trusted outcome sources (`PriceBook.task_outcomes`; None: every
+    outcome counts), see `task_totals`."""
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
     off = sorted(set(caching_off_for))
@@ -59,7 +63,7 @@ def load_period_usages(
         out = dict(request_sums(conn, start, end, by_deployment=by_deployment, meters=wanted, customer_id=customer_id))
         if off:
             _caching_off(out, frozenset(off))
-        _add_other_meters(conn, out, start, end, cost_model, wanted, customer_id, off)
+        _add_other_meters(conn, out, start, end, cost_model, wanted, customer_id, off, task_outcomes)
     return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
 
 
@@ -123,6 +127,7 @@ def _add_other_meters(
     wanted: set[str] | None,
     customer_id: str | None,
     caching_off_for: list[str] | None = None,
+    task_outcomes: TaskOutcomeTrust | None = None,
 ) -> None:
     """Add the task, usage-meter and GPU quantities of [start, end) to `out` (customer -> quantities)."""
     def add(customer: str, key: UsageKey, q) -> None:
@@ -132,7 +137,7 @@ def _add_other_meters(
         quantities[key] = quantities.get(key, 0) + q
 
     if wanted is None or wanted & {"successful_tasks", "failed_tasks", "task_attempts"}:
-        for customer, ok, failed, attempts in period_reads.task_totals(conn, start, end, customer_id):
+        for customer, ok, failed, attempts in task_totals(conn, start, end, customer_id, task_outcomes):
             add(customer, UsageKey("successful_tasks"), ok)
             add(customer, UsageKey("failed_tasks"), failed)
             add(customer, UsageKey("task_attempts"), attempts)
@@ -143,6 +148,57 @@ def _add_other_meters(
         attributed = gpu_seconds(conn, start, end, cost_model, customer_id, caching_off_for=caching_off_for)
         for customer, deployment, gpu_type, seconds in attributed:
             add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
+
+
+def task_totals(
+    conn: psycopg.Connection,
+    start: datetime,
+    end: datetime,
+    customer_id: str | None = None,
+    task_outcomes: TaskOutcomeTrust | None = None,
+) -> list[tuple[str, int, int, int]]:
+    """(customer, successful tasks, failed tasks, their attempts) billed in [start, end), per customer
+    with any. Without `task_outcomes` every outcome counts: metering's latest outcome of each task, at
+    its finished_at (`metering.period_reads.task_totals`). With it, only outcomes from the sources the
+    book trusts, and a task without one within its timeout is billed by the book's rule at its deadline
+    (`pricing.task_outcomes`, on the reports `metering.period_reads.task_reports` reads). The window
+    need not be whole hours."""
+    if task_outcomes is None:
+        return period_reads.task_totals(conn, start, end, customer_id)
+    rows = period_reads.task_reports(conn, start, end, timedelta(seconds=task_outcomes.task_timeout),
+                                     task_outcomes.trusted_sources, customer_id)
+    counted = task_quantities(tasks_from_rows(rows), task_outcomes, start, end)
+    return [(customer, *quantities) for customer, quantities in sorted(counted.items())]
+
+
+TASK_KEYS = (UsageKey("successful_tasks"), UsageKey("failed_tasks"), UsageKey("task_attempts"))
+
+
+def usages_for_book(
+    conn: psycopg.Connection,
+    usages: dict[str, Usage],
+    book: PriceBook,
+    start: datetime,
+    end: datetime,
+    customer_id: str | None = None,
+) -> dict[str, Usage]:
+    """`usages` (loaded for every outcome, as `load_period_usages` does without `task_outcomes`) with
+    the task meters counted as `book` counts them: the same dict when the book trusts every outcome
+    source or prices no task meter, else a copy whose task quantities are `task_totals` under the
+    book's `task_outcomes` (shadow rating and experiments load usage once for several books)."""
+    trust = book.task_outcomes
+    if trust is None or not priced_meters(book) & {k.meter for k in TASK_KEYS}:
+        return usages
+    counted = {row[0]: row[1:] for row in task_totals(conn, start, end, customer_id, trust)}
+    out: dict[str, Usage] = {}
+    for customer in sorted(set(usages) | set(counted)):
+        before = usages.get(customer)
+        quantities = {k: q for k, q in (before.quantities.items() if before else ()) if k not in TASK_KEYS}
+        for key, q in zip(TASK_KEYS, counted.get(customer, (0, 0, 0)), strict=True):
+            if q:
+                quantities[key] = q
+        out[customer] = Usage.trusted(customer, start, end, quantities)
+    return out
 
 
 def gpu_seconds(
@@ -213,7 +269,8 @@ def rate_period(
     others: dict[str, dict[UsageKey, object]] = {}
     ratings: dict[str, Rating] = {}
     with _gc_paused():
-        _add_other_meters(conn, others, start, end, cost_model, meters - set(REQUEST_METERS), None)
+        _add_other_meters(conn, others, start, end, cost_model, meters - set(REQUEST_METERS), None,
+                          task_outcomes=book.task_outcomes)
         for customer, quantities in request_sums(conn, start, end, by_deployment=needs_deployment(book), meters=meters):
             more = others.pop(customer, None)
             if more:

@@ -20,7 +20,7 @@ from pricing.book import PriceBook
 from pricing.cost import CostModel
 from pricing.rating import rate
 from pricing.usage import Usage
-from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
+from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters, usages_for_book
 from pricing_service.source import connect, current_period
 
 
@@ -93,11 +93,12 @@ def shadow_rating_on(
         conn, start, end, cost_model, by_deployment=needs_deployment(*books), meters=priced_meters(*books),
         customer_id=customer_id,
     )
-    customers = [customer_id] if customer_id is not None else sorted(usages)
+    # a book that trusts only some task outcome sources counts the task meters its own way
+    per_book = [usages_for_book(conn, usages, book, start, end, customer_id) for book in books]
+    customers = [customer_id] if customer_id is not None else sorted(set().union(*per_book))
     lines = []
     for c in customers:
-        usage = usages.get(c) or Usage(c, start, end, {})
-        for book in books:
-            rating = rate(book, usage)
+        for book, book_usages in zip(books, per_book, strict=True):
+            rating = rate(book, book_usages.get(c) or Usage(c, start, end, {}))
             lines.append(ShadowLine(c, book.id, book.currency, rating.usage_total, rating.total))
     return ShadowReport(start, end, now, tuple(lines))

@@ -6,6 +6,11 @@
   `task_attempts`), else 404, the same answer as for an unknown task.
 - `POST /v1/events` `{"meter", "quantity", "task_id"?, "id"?, "occurred_at"?}` emits
   `infermeter.usage.v1` for the caller's customer (`id` makes client retries idempotent).
+
+Source: what a customer key reports carries the customer's own source, `//customer/<customer_id>`
+(`metering.contract.customer_source`), never the gateway's: a price book that trusts the gateway's
+or a verifier's outcomes must not believe a customer's word about its own tasks. Producer and admin
+credentials report under the gateway's source.
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from fastapi import Request
 from starlette.responses import Response
 
 from infermeter.times import TimeInputError, parse_time
-from metering.contract import TASK_OUTCOMES, decode_event, encode_event, task_event, usage_event
+from metering.contract import (
+    TASK_OUTCOMES,
+    customer_source,
+    decode_event,
+    encode_event,
+    task_event,
+    usage_event,
+)
 from serving.gateway_context import GatewayState, acting_customer, authenticate
 from serving.openai_api import ApiError, bad_request, read_json_object
 
@@ -59,6 +71,11 @@ def _time_field(value: Any, name: str) -> datetime:
         raise bad_request(str(exc), name) from None
 
 
+def _source(state: GatewayState, principal: Any, customer_id: str) -> str:
+    """The source of an event reported through the gateway: the customer's own for a customer key."""
+    return customer_source(customer_id) if principal.kind == "customer" else state.source
+
+
 async def post_task_outcome(state: GatewayState, task_id: str, request: Request) -> Response:
     principal = await authenticate(state, request)
     body = await read_json_object(request)
@@ -78,7 +95,7 @@ async def post_task_outcome(state: GatewayState, task_id: str, request: Request)
         raise ApiError(404, f"task '{task_id}' not found", type_="not_found_error", code="task_not_found")
     event_id = body.get("id") if isinstance(body.get("id"), str) and body.get("id") else None
     event = task_event(
-        source=state.source,
+        source=_source(state, principal, customer_id),
         customer_id=customer_id,
         task_id=task_id,
         outcome=outcome,
@@ -116,7 +133,7 @@ async def post_usage_event(state: GatewayState, request: Request) -> Response:
     event_id = body.get("id") if isinstance(body.get("id"), str) and body.get("id") else None
     try:
         event = usage_event(
-            source=state.source,
+            source=_source(state, principal, customer_id),
             customer_id=customer_id,
             meter=meter,
             quantity=format(quantity, "f"),

@@ -1,5 +1,6 @@
 """Models and migrations do not drift: autogenerate against a migrated database finds nothing."""
 
+import json
 import re
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -155,3 +156,30 @@ def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drif
         with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
             for name in names:
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_0009_keeps_every_task_outcome_already_stored_with_its_source(pg_server_url):
+    """Upgrading to 0009 fills task_outcome_reports from the task events in raw_events: every report,
+    not only the latest per task that task_outcomes kept."""
+    name = "t_mig_0009_reports"
+    try:
+        url = _fresh_database(pg_server_url, name)
+        upgrade(url, "0008")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            conn.execute("CREATE TABLE raw_events_2026_11 PARTITION OF raw_events "
+                         "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
+            for source, event_id, outcome, finished in (("//verifier/v", "e1", "succeeded", "10:00"),
+                                                        ("//customer/c", "e2", "failed", "11:00")):
+                payload = json.dumps({"data": {"task_id": "t1", "customer_id": "c", "outcome": outcome,
+                                               "finished_at": f"2026-11-02T{finished}:00Z"}})
+                conn.execute("INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload) "
+                             "VALUES (%s, %s, %s, 'infermeter.task.v1', 'c', %s)",
+                             (f"2026-11-02T{finished}:00Z", source, event_id, payload))
+        upgrade(url, "0009")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            rows = conn.execute("SELECT task_id, source, event_id, outcome, to_char(finished_at AT TIME ZONE 'UTC', "
+                                "'HH24:MI') FROM task_outcome_reports ORDER BY source").fetchall()
+        assert rows == [("t1", "//customer/c", "e2", "failed", "11:00"), ("t1", "//verifier/v", "e1", "succeeded", "10:00")]
+    finally:
+        with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

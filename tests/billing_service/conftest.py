@@ -100,8 +100,9 @@ class Metering:
         self.sent.append(Sent("request", customer, at, {"model": model, "input": input_tokens, "cached": cached,
                                                         "output": output}))
 
-    def task(self, customer: str, task_id: str, outcome: str, at: datetime) -> None:
-        self._write([make_event(TASK_V1, source="//test/agents", subject=customer, event_id=f"{task_id}/{outcome}",
+    def task(self, customer: str, task_id: str, outcome: str, at: datetime, *, source: str = "//test/agents",
+             event_id: str | None = None) -> None:
+        self._write([make_event(TASK_V1, source=source, subject=customer, event_id=event_id or f"{task_id}/{outcome}",
                                 time=at, data={"task_id": task_id, "customer_id": customer, "outcome": outcome,
                                                "finished_at": at})])
         self.sent.append(Sent("task", customer, at, {"outcome": outcome}))

@@ -23,6 +23,7 @@ ROLLUP_TABLES = {
     "request_rollup_hourly": "customer_id, model, deployment_id, hour",
     "task_attempts": "customer_id, task_id, attempt",
     "task_outcomes": "customer_id, task_id",
+    "task_outcome_reports": "customer_id, task_id, source, event_id",
     "task_usage": "customer_id, task_id, meter",
     "usage_rollup_hourly": "customer_id, meter, hour",
     "gpu_ledger_hourly": "customer_id, deployment_id, replica_id, gpu_type, hour",
@@ -86,16 +87,17 @@ def request_event(i: int, *, customer: str = "cust-a", model: str = "m1", at: da
     ))
 
 
-def task_event(task_id: str, customer: str, outcome: str, at: datetime) -> bytes:
+def task_event(task_id: str, customer: str, outcome: str, at: datetime, *, source: str = "//test/agents") -> bytes:
     return encode_event(make_event(
-        TASK_V1, source="//test/agents", subject=customer, event_id=f"{task_id}/outcome/{outcome}", time=at,
+        TASK_V1, source=source, subject=customer, event_id=f"{task_id}/outcome/{outcome}", time=at,
         data={"task_id": task_id, "customer_id": customer, "outcome": outcome, "finished_at": at},
     ))
 
 
-def usage_event(i: int, customer: str, meter: str, quantity: str, at: datetime, task_id: str | None = None) -> bytes:
+def usage_event(i: int, customer: str, meter: str, quantity: str, at: datetime, task_id: str | None = None,
+                *, source: str = "//test/tools") -> bytes:
     return encode_event(make_event(
-        USAGE_V1, source="//test/tools", subject=customer, event_id=f"u-{i}", time=at,
+        USAGE_V1, source=source, subject=customer, event_id=f"u-{i}", time=at,
         data={"customer_id": customer, "meter": meter, "quantity": quantity, "task_id": task_id},
     ))
 

@@ -88,9 +88,9 @@ def test_events_endpoint_single_batch_and_errors(api, settings):
     ok = client.post("/v1/events", content=one, headers={**auth(keys["producer"]),
                                                          "Content-Type": "application/cloudevents+json"})
     assert ok.status_code == 202 and ok.json() == {"published": 1, "rejected": []}
-    batch = b"[" + b",".join([usage_event(11, "cust-a", "tool_calls", "3", BASE),
-                               usage_event(12, "cust-b", "tool_calls", "3", BASE),
-                               usage_event(13, "cust-a", "Not A Meter", "3", BASE)]) + b"]"
+    batch = b"[" + b",".join([usage_event(11, "cust-a", "tool_calls", "3", BASE, source="//customer/cust-a"),
+                               usage_event(12, "cust-b", "tool_calls", "3", BASE, source="//customer/cust-b"),
+                               usage_event(13, "cust-a", "Not A Meter", "3", BASE, source="//customer/cust-a")]) + b"]"
     mixed = client.post("/v1/events", content=batch, headers={**auth(keys["a"]),
                                                                "Content-Type": "application/cloudevents-batch+json"})
     assert mixed.status_code == 202
@@ -130,10 +130,61 @@ def test_a_customer_key_cannot_report_requests_or_gpu_time(api, settings):
         assert "producer credentials" in refused.json()["error"]["message"]
     assert published == []
     allowed = client.post("/v1/events", content=b"[" + b",".join([
-        usage_event(42, "cust-a", "tool_calls", "2", BASE), task_event("task-a1", "cust-a", "failed", BASE),
+        usage_event(42, "cust-a", "tool_calls", "2", BASE, source="//customer/cust-a"),
+        task_event("task-a1", "cust-a", "failed", BASE, source="//customer/cust-a"),
     ]) + b"]", headers={**auth(keys["a"]), "Content-Type": "application/cloudevents-batch+json"})
     assert allowed.status_code == 202 and allowed.json()["published"] == 2
     for token in (keys["producer"], keys["admin"]):  # producers (the gateway, the replica agent) may
         ok = client.post("/v1/events", content=replica,
                          headers={**auth(token), "Content-Type": "application/cloudevents+json"})
         assert ok.status_code == 202, ok.text
+
+
+def test_a_customer_key_cannot_report_an_outcome_under_a_producers_source(api, settings):
+    """A price book may trust a verifier's or the gateway's outcomes: a customer key posting an
+    outcome (or usage) under any source but its own `//customer/<id>` is refused (403, reason
+    `forbidden_source`) and nothing reaches the bus; producer credentials keep their own sources."""
+    import time
+
+    import psycopg
+
+    from metering.consumer import MeteringConsumer, run_in_thread
+    from metering.queries import recorded_event_keys
+    from tests.metering.conftest import dsn
+
+    client, keys = api
+    published = []
+    real = client.app.state.publisher.publish
+    client.app.state.publisher.publish = lambda items, **kw: published.append(items) or real(items, **kw)
+    cloudevent = {"Content-Type": "application/cloudevents+json"}
+    for source in ("//verifier/checks", "infermeter://gateway/gw-1", "//customer/cust-b", "//customer/cust-a/x"):
+        spoof = client.post("/v1/events", content=task_event("task-a1", "cust-a", "failed", BASE, source=source),
+                            headers={**auth(keys["a"]), **cloudevent})
+        assert spoof.status_code == 403, spoof.text
+        assert spoof.json()["error"]["code"] == "forbidden"
+        assert "//customer/cust-a" in spoof.json()["error"]["message"]
+    mixed = client.post("/v1/events", headers={**auth(keys["a"]), "Content-Type": "application/cloudevents-batch+json"},
+                        content=b"[" + task_event("task-a1", "cust-a", "failed", BASE, source="//verifier/checks")
+                        + b"," + usage_event(50, "cust-a", "tool_calls", "1", BASE, source="//customer/cust-a") + b"]")
+    assert mixed.status_code == 202
+    assert [(r["index"], r["reason"]) for r in mixed.json()["rejected"]] == [(0, "forbidden_source")]
+    assert [len(items) for items in published] == [1]  # only the usage event with the customer's own source
+    verifier = client.post("/v1/events", content=task_event("task-a1", "cust-a", "succeeded", BASE,
+                                                            source="//verifier/checks"),
+                           headers={**auth(keys["producer"]), **cloudevent})
+    assert verifier.status_code == 202 and verifier.json() == {"published": 1, "rejected": []}
+    # metering consumes what the API published: the usage event and the verifier's outcome
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    thread = run_in_thread(consumer)
+    try:
+        with psycopg.connect(dsn(settings), autocommit=True) as conn:
+            wanted = [("//customer/cust-a", "u-50"), ("//verifier/checks", "task-a1/outcome/succeeded")]
+            until = time.monotonic() + 120
+            while time.monotonic() < until and recorded_event_keys(conn, wanted) != set(wanted):
+                time.sleep(0.2)
+            reports = conn.execute("SELECT source, outcome FROM task_outcome_reports WHERE customer_id = 'cust-a' "
+                                   "ORDER BY source").fetchall()
+    finally:
+        consumer.stop()
+        thread.join(30)
+    assert reports == [("//verifier/checks", "succeeded")]

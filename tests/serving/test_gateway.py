@@ -286,15 +286,35 @@ def test_tasks_are_tagged_and_outcomes_reported_only_by_their_customer(
         assert bad.status_code == 400
         # another gateway process never saw the task: ownership then comes from metering's task_attempts
         gateway.state.recent_tasks.clear()
-        ok = http.post("/v1/tasks/task-42/outcome", json={"outcome": "succeeded"}, headers=_auth(customer))
+        ok = http.post(
+            "/v1/tasks/task-42/outcome",
+            json={"outcome": "succeeded", "finished_at": "2026-11-02T10:00:00Z"},
+            headers=_auth(customer),
+        )
         assert ok.status_code == 202, ok.text
+        # a producer credential (a verifier behind the gateway) reports under the gateway's own source
+        verified = http.post(
+            "/v1/tasks/task-42/outcome",
+            json={"outcome": "failed", "finished_at": "2026-11-02T09:00:00Z", "customer_id": customer.customer_id},
+            headers={"Authorization": f"Bearer {pipeline.settings.producer_token}"},
+        )
+        assert verified.status_code == 202, verified.text
 
-    [task_event] = pipeline.events(customer.customer_id, "infermeter.task.v1", 1)
-    assert task_event["data"]["task_id"] == "task-42" and task_event["data"]["outcome"] == "succeeded"
+    events = pipeline.events(customer.customer_id, "infermeter.task.v1", 2)
+    # a customer's own report carries its own source, never the gateway's (which a book may trust)
+    assert sorted((e["source"], e["data"]["outcome"]) for e in events) == [
+        (f"//customer/{customer.customer_id}", "succeeded"),
+        (gateway.state.source, "failed"),
+    ]
+    assert gateway.state.source.startswith("infermeter://gateway/")
     assert pipeline.rows(
         "SELECT outcome FROM task_outcomes WHERE customer_id = %s AND task_id = %s",
         (customer.customer_id, "task-42"),
     ) == [("succeeded",)]
+    assert pipeline.rows(
+        "SELECT source FROM task_outcome_reports WHERE customer_id = %s AND task_id = %s ORDER BY source",
+        (customer.customer_id, "task-42"),
+    ) == [(f"//customer/{customer.customer_id}",), (gateway.state.source,)]
     assert pipeline.rows("SELECT count(*) FROM raw_events WHERE customer_id = %s", (other.customer_id,)) == [
         (0,)
     ]
@@ -317,6 +337,7 @@ def test_tool_usage_events(gateway, customer, pipeline):
         assert spoof.status_code == 403
     [event] = pipeline.events(customer.customer_id, "infermeter.usage.v1", 1)
     assert event["data"]["meter"] == "tool_calls" and event["data"]["quantity"] == "3"
+    assert event["source"] == f"//customer/{customer.customer_id}"
     pipeline.settle()
     assert len(pipeline.events(customer.customer_id, "infermeter.usage.v1", 1)) == 1
 
