@@ -398,7 +398,7 @@ def usage(
     from_: Annotated[str, typer.Option("--from", help="Start, inclusive (ISO 8601, e.g. 2026-11-02T00:00:00Z).")],
     to: Annotated[str, typer.Option("--to", help="End, exclusive.")],
     customer: Annotated[str | None, typer.Option(help="One customer only.")] = None,
-    group_by: Annotated[str | None, typer.Option(help="model, deployment, day or hour (comma-separated).")] = None,
+    group_by: Annotated[str | None, typer.Option(help="model, deployment, region, day or hour (comma-separated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print {\"rows\": [...]} with integers.")] = False,
 ) -> None:
     """Request usage per customer over [from, to) on event time."""
