@@ -559,6 +559,7 @@ def _mount_optional_apps() -> None:
     from serving.capacity_api import capacity_command
     from serving.cli import bench_app, serve_app
     from serving.control_cli import budgets_app, keys_app
+    from serving.residency_api import residency_command
 
     app.add_typer(pricing_cli, name="pricing")
     app.add_typer(cost_app, name="cost")
@@ -571,6 +572,8 @@ def _mount_optional_apps() -> None:
     # customers, plans, billing, invoices, invoice, credits, stripe (sync, status), export (finance exports)
     for name, billing_group in billing_apps.items():
         app.add_typer(billing_group, name=name)
+    # `customers residency`: the store is serving's (the gateway reads it), the group billing's
+    billing_apps["customers"].command("residency")(residency_command)
     serve_app.command("dashboards")(_serve_dashboards())
     _mount_optional_apps.done = True
 
