@@ -6,6 +6,8 @@ a replica (`open_upstream`: serving/routing.py picks it; a try that fails before
 the client goes to another replica, or to the model's fallback model, within
 INFERMETER_FAILOVER_ATTEMPTS tries and the client's deadline) and answers vLLM's own bytes, or a
 `MeteredStream` (serving/relay.py) for streams. Each exit arranges the request's one usage event.
+A customer restricted to regions (serving/residency.py) is only ever tried on healthy replicas in
+them, failover and fallback included; with none left it gets 503 and a `rejected`/`residency` event.
 
 Hot path: plain functions called from `GatewayApp`; the upstream pool is serving/upstream_http.py.
 """
