@@ -110,3 +110,20 @@ def test_usage_group_by_region_on_the_cli(settings):
     )  # fmt: skip
     assert bad.returncode == 2
     assert "unknown continent" in bad.stderr and "region" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_reconcile_checks_the_region_rollup(settings):
+    from metering.reconcile import reconcile
+
+    writer = BatchWriter(dsn(settings), group_id="g1", max_bytes=65536, future_tolerance_s=300, clock=lambda: NOW)
+    writer.write(_messages(_stream()))
+    writer.close()
+    window = queries.Window(BASE, BASE + timedelta(hours=3))
+    with psycopg.connect(dsn(settings)) as conn:
+        result = reconcile(conn, window)
+        assert result.ok and result.totals["region:eu-west:requests"] == 30
+        conn.execute("UPDATE request_region_hourly SET output_tokens = output_tokens + 1 "
+                     "WHERE customer_id = 'cust-1' AND region = 'us-east' AND hour = %s", (BASE,))
+        broken = reconcile(conn, window)
+    assert [(d.customer_id, d.meter, d.rollup - d.raw) for d in broken.differences] == [
+        ("cust-1", "region:us-east:output_tokens", 1)]
