@@ -208,11 +208,11 @@ class KeyStore:
             self._refuse(key_id, "API key has been revoked")
             raise AuthError("API key has been revoked")
         principal = Principal(kind="customer", customer_id=row.customer_id, api_key_id=key_id, project_id=row.project_id)
-        if self.residency is not None:
-            self.residency.prime(row.customer_id, row.regions)
         if self.cache_ttl_s > 0:
             with self._lock:
                 self._cache[key_id] = _Cached(self._clock() + self.cache_ttl_s, bytes(row.secret_sha256), principal)
+        if self.residency is not None:  # after the key's entry, so the regions never expire first
+            self.residency.prime(row.customer_id, row.regions)
         return principal
 
     def _refuse(self, key_id: str, reason: str) -> None:
