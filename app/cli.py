@@ -398,7 +398,7 @@ def usage(
     from_: Annotated[str, typer.Option("--from", help="Start, inclusive (ISO 8601, e.g. 2026-11-02T00:00:00Z).")],
     to: Annotated[str, typer.Option("--to", help="End, exclusive.")],
     customer: Annotated[str | None, typer.Option(help="One customer only.")] = None,
-    group_by: Annotated[str | None, typer.Option(help="model, deployment, day or hour (comma-separated).")] = None,
+    group_by: Annotated[str | None, typer.Option(help="model, deployment, region, day or hour (comma-separated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print {\"rows\": [...]} with integers.")] = False,
 ) -> None:
     """Request usage per customer over [from, to) on event time."""
@@ -570,6 +570,7 @@ def _mount_optional_apps() -> None:
     from serving.capacity_api import capacity_command
     from serving.cli import bench_app, serve_app
     from serving.control_cli import budgets_app, keys_app
+    from serving.residency_api import residency_command
 
     app.add_typer(pricing_cli, name="pricing")
     app.add_typer(cost_app, name="cost")
@@ -582,6 +583,8 @@ def _mount_optional_apps() -> None:
     # customers, plans, billing, invoices, invoice, credits, stripe (sync, status), export (finance exports)
     for name, billing_group in billing_apps.items():
         app.add_typer(billing_group, name=name)
+    # `customers residency`: the store is serving's (the gateway reads it), the group billing's
+    billing_apps["customers"].command("residency")(residency_command)
     serve_app.command("dashboards")(_serve_dashboards())
     _mount_optional_apps.done = True
 

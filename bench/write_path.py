@@ -7,6 +7,9 @@
   statement + offsets + commit), on an already-decoded batch, one connection;
 - `end_to_end_events_per_s`: both, as the consumer's writer does them (decode then write),
   without Kafka.
+- with `--region`: `postgres_region_events_per_s`, the same events each carrying a `region` (two
+  regions), so request_region_hourly is written too; alternating with the plain events, batch by
+  batch, and their ratio (`region_write_ratio`).
 The ratios tell which part bounds a consumer process; bench.ingest adds the broker.
 """
 
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=60_000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--region", action="store_true", help="also measure events that carry a region")
     args = parser.parse_args(argv)
     with scratch_folder("infermeter-bench-") as folder:
         return _run(args, os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg"))
@@ -66,6 +70,7 @@ def _run(args: argparse.Namespace, server: str) -> dict:
 
     postgres_rate = timed_writes(prepare_inside=False)
     both_rate = timed_writes(prepare_inside=True)
+    region_report = _region_rates(server, messages) if args.region else {}
     with psycopg.connect(to_libpq_url(server)) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
     report = {
@@ -77,9 +82,39 @@ def _run(args: argparse.Namespace, server: str) -> dict:
         "postgres_events_per_s": round(postgres_rate),
         "end_to_end_events_per_s": round(both_rate),
         "postgres_share_of_time": round(both_rate / postgres_rate, 3),
+        **region_report,
     }
     print(json.dumps(report, indent=None if args.json else 2))
     return report
+
+
+def _region_rates(server: str, messages: list[Message]) -> dict:
+    """Plain events and the same events with a `region`, written alternately batch by batch (each into
+    its own database), so both see the same minutes of this shared machine."""
+    import orjson
+
+    def with_region(message: Message, n: int) -> Message:
+        event = orjson.loads(message.value)
+        event["data"]["region"] = ("eu-west", "us-east")[n % 2]
+        return Message(message.topic, message.partition, message.offset, message.key, orjson.dumps(event), {}, None)
+
+    regional = [with_region(m, n) for n, m in enumerate(messages)]
+    writers, seconds = {}, {"plain": [], "region": []}
+    for name in seconds:
+        writers[name] = BatchWriter(to_libpq_url(new_database(server)), group_id=f"b{uuid.uuid4().hex[:6]}",
+                                    max_bytes=65536, future_tolerance_s=300)
+    for start in range(0, len(messages), BATCH):
+        for name, source in (("plain", messages), ("region", regional)):
+            ready = writers[name].prepare(source[start:start + BATCH])
+            t = time.perf_counter()
+            writers[name].write(ready)
+            if start:  # the first batch warms partitions, temp tables and plans
+                seconds[name].append(time.perf_counter() - t)
+    for writer in writers.values():
+        writer.close()
+    plain, region = (BATCH / statistics.median(seconds[name]) for name in ("plain", "region"))
+    return {"postgres_plain_events_per_s": round(plain), "postgres_region_events_per_s": round(region),
+            "region_write_ratio": round(region / plain, 3)}
 
 
 if __name__ == "__main__":

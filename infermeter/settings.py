@@ -142,6 +142,12 @@ class Settings(BaseSettings):
         description="Seconds a replica whose try failed is skipped (circuit breaker open); then one request probes it. "
         "An upstreams file entry's down_for_s overrides it per model.",
     )
+    regions: str = Field(
+        default="",
+        validation_alias="INFERMETER_REGIONS",
+        description="Data-residency regions, comma-separated (e.g. eu-west,eu-central,us-east): the only regions an "
+        "upstreams file, a replica agent or a customer's residency may name. Empty: none (replicas carry no region).",
+    )
     vllm_python: str = Field(
         default=".venv-vllm/bin/python",
         validation_alias="INFERMETER_VLLM_PYTHON",

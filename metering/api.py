@@ -1,7 +1,7 @@
 """The metering HTTP API router (FastAPI): event ingestion, usage and task queries, dead letters.
 
     POST /v1/events          application/cloudevents+json (one) or application/cloudevents-batch+json
-    GET  /v1/usage           ?from=&to=&group_by=model,deployment,day|hour[&customer_id=]
+    GET  /v1/usage           ?from=&to=&group_by=model,deployment,region,day|hour[&customer_id=]
     GET  /v1/tasks           ?customer_id=   (customers: their own)
     GET  /v1/tasks/{task_id}
     GET  /v1/dead-letters    (admin)

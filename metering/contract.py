@@ -52,6 +52,8 @@ When = Annotated[datetime, msgspec.Meta(tz=True)]
 MeterName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
 DecimalString = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,26}(\.[0-9]{1,12})?$")]
 Tags = Annotated[dict[str, str], msgspec.Meta(max_length=64)]
+# A data-residency region (e.g. eu-west): lower-case letters, digits and dashes.
+Region = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,62}$")]
 
 
 class Envelope(msgspec.Struct, frozen=True):
@@ -91,6 +93,9 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     # set by the router: whether the prompt's prefix was already served in the window, and on which replica
     prefix_seen: bool | None = None
     prefix_seen_replica: Id | None = None
+    # the region of the replica that served (or was tried last); absent when it has none, or when
+    # the producer does not record it (data residency, docs/serving.md)
+    region: Region | None = None
 
 
 class TaskData(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +128,7 @@ class ReplicaData(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_usage: DecimalString | None = None  # KV-cache usage, a fraction 0..1, mean of the interval's scrapes
     requests_waiting: DecimalString | None = None  # requests in the engine's queue, time-averaged
     requests_running: DecimalString | None = None  # requests running, time-averaged
+    region: Region | None = None  # where the replica runs (the replica agent's --region)
 
 
 DATA_TYPES: dict[str, type[msgspec.Struct]] = {
@@ -337,10 +343,12 @@ def request_event(
     attempt: int = 1,
     tags: dict[str, str] | None = None,
     upstream_attempts: int | None = None,
+    region: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
     (usage counts in the period in which the request finished). `upstream_attempts` (how many
-    replicas the gateway tried) is left out of the data when None."""
+    replicas the gateway tried) and `region` (the serving replica's) are left out of the data
+    when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -363,6 +371,8 @@ def request_event(
     }
     if upstream_attempts is not None:
         data["upstream_attempts"] = upstream_attempts
+    if region is not None:
+        data["region"] = region
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
                       time=finished_at)
 
@@ -425,10 +435,12 @@ def replica_event(
     kv_cache_usage: str | None = None,
     requests_waiting: str | None = None,
     requests_running: str | None = None,
+    region: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.replica.v1` event: one GPU interval of a replica, at the interval's end; its
     id is `<replica_id>/<interval_start>` so a re-sent interval is a duplicate. The engine state
-    (`kv_cache_usage`, `requests_waiting`, `requests_running`) is left out when not known."""
+    (`kv_cache_usage`, `requests_waiting`, `requests_running`) and the `region` are left out when
+    not known."""
     data = {
         "replica_id": replica_id,
         "deployment_id": deployment_id,
@@ -442,7 +454,7 @@ def replica_event(
         "generation_tokens": generation_tokens,
     }
     for name, value in (("kv_cache_usage", kv_cache_usage), ("requests_waiting", requests_waiting),
-                        ("requests_running", requests_running)):
+                        ("requests_running", requests_running), ("region", region)):
         if value is not None:
             data[name] = value
     return make_event(REPLICA_V1, source=source, subject=customer_id or SHARED_POOL_SUBJECT, data=data,

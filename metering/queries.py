@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from infermeter.times import HOUR, TimeInputError, Window, floor_hour, parse_time, utc_text  # noqa: F401 - re-exported
 
-GROUP_BY_CHOICES = ("model", "deployment", "day", "hour")
+GROUP_BY_CHOICES = ("model", "deployment", "region", "day", "hour")
 TOKEN_FIELDS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
 
 
@@ -42,6 +42,8 @@ def _dimensions(group_by: list[str]) -> list[tuple[str, str, str]]:
         dims.append(("model", "model", "payload->'data'->>'model'"))
     if "deployment" in group_by:
         dims.append(("deployment_id", "deployment_id", "payload->'data'->>'deployment_id'"))
+    if "region" in group_by:
+        dims.append(("region", "region", "payload->'data'->>'region'"))
     if "day" in group_by:
         dims.append(("day", "date_trunc('day', hour)", "date_trunc('day', occurred_at)"))
     if "hour" in group_by:
@@ -56,22 +58,40 @@ def usage(
     customer_id: str | None = None,
     group_by: list[str] | None = None,
 ) -> list[dict]:
-    """Request usage per customer (and per the chosen dimensions), integers, sorted."""
+    """Request usage per customer (and per the chosen dimensions), integers, sorted.
+
+    By region: whole hours come from request_region_hourly (events that carry a region) plus, as
+    region None, request_rollup_hourly minus request_region_hourly (the events without one; both are
+    written in the same transaction, so the difference is exact)."""
     group_by = group_by or []
     dims = _dimensions(group_by)
     names = [d[0] for d in dims]
     parts: list[str] = []
     params: list = []
     customer_filter = " AND customer_id = %s" if customer_id is not None else ""
+    customer_params = [customer_id] if customer_id is not None else []
+    sums = "sum(requests) AS requests, sum(input_tokens) AS input_tokens, " \
+           "sum(cached_input_tokens) AS cached_input_tokens, sum(output_tokens) AS output_tokens"
     if hours := window.whole_hours:
+        by_region = "region" in group_by
+        plain = [d for d in dims if d[0] != "region"]
+        no_region = ", ".join(("NULL::text AS region" if d[0] == "region" else f"{d[1]} AS {d[0]}") for d in dims)
+        where = f"WHERE hour >= %s AND hour < %s{customer_filter}"
+        if by_region:
+            parts.append(
+                f"SELECT {', '.join(f'{d[1]} AS {d[0]}' for d in dims)}, {sums} FROM request_region_hourly "
+                f"{where} GROUP BY {', '.join(d[1] for d in dims)}"
+            )
+            parts.append(
+                f"SELECT {no_region}, -sum(requests), -sum(input_tokens), -sum(cached_input_tokens), "
+                f"-sum(output_tokens) FROM request_region_hourly {where} GROUP BY {', '.join(d[1] for d in plain)}"
+            )
+            params += [hours[0], hours[1], *customer_params] * 2
         parts.append(
-            f"SELECT {', '.join(f'{d[1]} AS {d[0]}' for d in dims)}, sum(requests) AS requests, "
-            "sum(input_tokens) AS input_tokens, sum(cached_input_tokens) AS cached_input_tokens, "
-            "sum(output_tokens) AS output_tokens "
-            f"FROM request_rollup_hourly WHERE hour >= %s AND hour < %s{customer_filter} "
-            f"GROUP BY {', '.join(d[1] for d in dims)}"
+            f"SELECT {no_region if by_region else ', '.join(f'{d[1]} AS {d[0]}' for d in dims)}, {sums} "
+            f"FROM request_rollup_hourly {where} GROUP BY {', '.join(d[1] for d in plain)}"
         )
-        params += [hours[0], hours[1]] + ([customer_id] if customer_id is not None else [])
+        params += [hours[0], hours[1], *customer_params]
         edges = [(window.start, hours[0]), (hours[1], window.end)]
     else:
         edges = [(window.start, window.end)]
@@ -86,11 +106,12 @@ def usage(
             "FROM raw_events WHERE type = 'infermeter.request.v1' AND occurred_at >= %s AND occurred_at < %s"
             f"{customer_filter} GROUP BY {', '.join(d[2] for d in dims)}"
         )
-        params += [edge_start, edge_end] + ([customer_id] if customer_id is not None else [])
+        params += [edge_start, edge_end, *customer_params]
     sql = (
         f"SELECT {', '.join(names)}, sum(requests)::bigint AS requests, sum(input_tokens)::bigint AS input_tokens, "
         "sum(cached_input_tokens)::bigint AS cached_input_tokens, sum(output_tokens)::bigint AS output_tokens "
-        f"FROM ({' UNION ALL '.join(parts)}) AS u GROUP BY {', '.join(names)} ORDER BY {', '.join(names)}"
+        f"FROM ({' UNION ALL '.join(parts)}) AS u GROUP BY {', '.join(names)} "
+        f"{'HAVING sum(requests) <> 0 ' if 'region' in group_by else ''}ORDER BY {', '.join(names)}"
     )
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute("SET TIME ZONE 'UTC'")

@@ -1,7 +1,8 @@
 """`infermeter reconcile`: raw events against every rollup and ledger, per customer and meter.
 
 The window must be whole hours (rollups are hourly). Request meters compare raw request events
-(by event time) with request_rollup_hourly; usage meters with usage_rollup_hourly; task outcomes
+(by event time) with request_rollup_hourly, and those of the events that carry a region with
+request_region_hourly (meters `region:<region>:<meter>`); usage meters with usage_rollup_hourly; task outcomes
 (latest per task, by finished_at) with task_outcomes, and every task outcome event (by finished_at)
 with task_outcome_reports (each report and its source, what trusted-outcome books read); replica GPU time (each interval's overlap
 with the window, in ms x gpu_count) with gpu_ledger_hourly.
@@ -23,6 +24,16 @@ LATERAL (VALUES ('requests', 1::bigint),
                 ('cached_input_tokens', (payload->'data'->>'cached_input_tokens')::bigint),
                 ('output_tokens', (payload->'data'->>'output_tokens')::bigint)) AS m(meter, value)
 WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
+GROUP BY 1, 2
+UNION ALL
+SELECT customer_id, 'region:' || (payload->'data'->>'region') || ':' || m.meter, sum(m.value)::numeric
+FROM raw_events r,
+LATERAL (VALUES ('requests', 1::bigint),
+                ('input_tokens', (payload->'data'->>'input_tokens')::bigint),
+                ('cached_input_tokens', (payload->'data'->>'cached_input_tokens')::bigint),
+                ('output_tokens', (payload->'data'->>'output_tokens')::bigint)) AS m(meter, value)
+WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
+  AND payload->'data'->>'region' IS NOT NULL
 GROUP BY 1, 2
 UNION ALL
 SELECT customer_id, 'usage:' || (payload->'data'->>'meter'), sum((payload->'data'->>'quantity')::numeric)
@@ -54,6 +65,11 @@ GROUP BY 1, 2
 
 ROLLUPS = """
 SELECT customer_id, m.meter, sum(m.value)::numeric FROM request_rollup_hourly r,
+LATERAL (VALUES ('requests', requests), ('input_tokens', input_tokens),
+                ('cached_input_tokens', cached_input_tokens), ('output_tokens', output_tokens)) AS m(meter, value)
+WHERE hour >= %(start)s AND hour < %(end)s GROUP BY 1, 2
+UNION ALL
+SELECT customer_id, 'region:' || region || ':' || m.meter, sum(m.value)::numeric FROM request_region_hourly r,
 LATERAL (VALUES ('requests', requests), ('input_tokens', input_tokens),
                 ('cached_input_tokens', cached_input_tokens), ('output_tokens', output_tokens)) AS m(meter, value)
 WHERE hour >= %(start)s AND hour < %(end)s GROUP BY 1, 2

@@ -83,6 +83,25 @@ request_rollup_hourly = Table(
 )
 Index("request_rollup_hourly_hour", request_rollup_hourly.c.hour)
 
+# infermeter.request.v1 events that carry a `region` (the serving replica's, data residency), per
+# customer x model x deployment x region x hour of event time (migration 0009). Events without a
+# region are counted in request_rollup_hourly only: the difference between the two is the
+# "no region" share (metering.queries.usage, group by region). Written in the same statement.
+request_region_hourly = Table(
+    "request_region_hourly",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    Column("model", Key, nullable=False),
+    Column("deployment_id", Key, nullable=False),
+    Column("region", Key, nullable=False),
+    timestamp_column("hour", nullable=False),
+    *_counts("requests", "requests_rejected", "input_tokens", "cached_input_tokens", "output_tokens"),
+    PrimaryKeyConstraint(
+        "customer_id", "model", "deployment_id", "region", "hour", name="request_region_hourly_pkey"
+    ),
+)
+Index("request_region_hourly_hour", request_region_hourly.c.hour)
+
 # Requests that carry a task id, per task attempt (attempt >= 1).
 task_attempts = Table(
     "task_attempts",

@@ -47,6 +47,7 @@ _REQUEST_COUNTS = (
     "input_tokens", "cached_input_tokens", "output_tokens",
     "retry_requests", "retry_input_tokens", "retry_cached_input_tokens", "retry_output_tokens",
 )
+_REGION_COUNTS = ("requests", "requests_rejected", "input_tokens", "cached_input_tokens", "output_tokens")
 _GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals",
                "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms")
 
@@ -67,6 +68,7 @@ WITH fresh_keys AS (
     SELECT customer_id, occurred_at, hour,
            payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
            payload->'data'->>'status' AS status, payload->'data'->>'task_id' AS task_id,
+           payload->'data'->>'region' AS region,
            coalesce((payload->'data'->>'attempt')::int, 1) AS attempt,
            (payload->'data'->>'input_tokens')::bigint AS input_tokens,
            (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
@@ -101,6 +103,15 @@ WITH fresh_keys AS (
     GROUP BY customer_id, model, deployment_id, hour
     ORDER BY customer_id, model, deployment_id, hour
     ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
+), regions AS (
+    INSERT INTO request_region_hourly AS rg (customer_id, model, deployment_id, region, hour, {", ".join(_REGION_COUNTS)})
+    SELECT customer_id, model, deployment_id, region, hour,
+           count(*), count(*) FILTER (WHERE status = 'rejected'),
+           sum(input_tokens), sum(cached_input_tokens), sum(output_tokens)
+    FROM req WHERE region IS NOT NULL
+    GROUP BY customer_id, model, deployment_id, region, hour
+    ORDER BY customer_id, model, deployment_id, region, hour
+    ON CONFLICT (customer_id, model, deployment_id, region, hour) DO UPDATE SET {_ADD("rg", _REGION_COUNTS)}
 ), attempts AS (
     INSERT INTO task_attempts AS a (customer_id, task_id, attempt, requests, input_tokens,
                                      cached_input_tokens, output_tokens, first_request_at, last_request_at)

@@ -31,8 +31,9 @@ up to the row, to the cent.
 
 Each failed or wasted unit has a cause (`CAUSES`): runtime (upstream error, engine crash, server
 shutdown), capacity (rejected by budget or rate limit, timeout in queue; context not reused on the
-same replica: evicted), routing (failover attempts; context not reused because the request went to
-another replica than the one that had the prefix: residency), client (cancelled by the client),
+same replica: evicted), routing (failover attempts; rejected by data residency: no replica in the
+customer's regions could take it; context not reused because the request went to another replica
+than the one that had the prefix), client (cancelled by the client),
 model and verifier (a task outcome's failure_cause; a retried attempt whose task names no cause
 counts under model).
 """
@@ -58,6 +59,8 @@ FAILED_STATUSES = ("error", "cancelled", "rejected")
 QUEUE_TIMEOUT_TAGS = frozenset({"queue_timeout", "timeout_in_queue"})
 # a cancellation the platform caused (runtime), not the client
 PLATFORM_CANCEL_REASONS = frozenset({"server_shutdown"})
+# a rejection by where the request could go (routing), not by a budget or rate limit (capacity)
+ROUTING_REJECT_REASONS = frozenset({"residency"})
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ class Part:
 
 def request_cause(status: str, error: str = "", reason: str = "") -> str:
     if status == "rejected":
-        return "capacity"
+        return "routing" if reason in ROUTING_REJECT_REASONS else "capacity"
     if status == "cancelled":
         return "runtime" if reason in PLATFORM_CANCEL_REASONS else "client"
     if error in QUEUE_TIMEOUT_TAGS or reason in QUEUE_TIMEOUT_TAGS:

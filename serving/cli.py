@@ -46,7 +46,7 @@ def serve_gateway(
 ) -> None:
     """Run the OpenAI-compatible gateway (auth, budgets, routing, usage events) until Ctrl-C, SIGTERM or SIGHUP."""
     from serving.gateway import build_gateway
-    from serving.upstreams import UpstreamConfigError, load_upstreams, single_upstream
+    from serving.upstreams import UpstreamConfigError, load_upstreams, parse_regions, single_upstream
 
     settings = get_settings()
     try:
@@ -59,7 +59,8 @@ def serve_gateway(
                 _fail("--upstream needs --model (the model name clients use)")
             config = single_upstream(model, upstream, routing=settings.routing)
         else:
-            config = load_upstreams(upstreams or settings.upstreams_file, default_routing=settings.routing)
+            config = load_upstreams(upstreams or settings.upstreams_file, default_routing=settings.routing,
+                                    known_regions=parse_regions(settings.regions, what="INFERMETER_REGIONS"))
         app_ = build_gateway(settings, upstreams=config)
     except UpstreamConfigError as exc:
         _fail(str(exc))

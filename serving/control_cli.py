@@ -212,6 +212,7 @@ def replica_agent(
     gpu_count: Annotated[int, typer.Option("--gpu-count", min=1, help="GPUs held by this replica.")],
     customer: Annotated[str | None, typer.Option("--customer", help="Dedicated deployment of this customer.")] = None,
     replica_id: Annotated[str | None, typer.Option("--replica-id", help="Default: <deployment>@<host>:<port>.")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="Where the replica runs (one of INFERMETER_REGIONS).")] = None,
     interval_s: Annotated[float | None, typer.Option("--interval-s", help="Interval length (default INFERMETER_REPLICA_INTERVAL_S).")] = None,
     sample_s: Annotated[float | None, typer.Option("--sample-s", help="Scrape period (default INFERMETER_REPLICA_SAMPLE_S).")] = None,
 ) -> None:
@@ -226,10 +227,20 @@ def replica_agent(
         _fail("no Kafka broker: set KAFKA_BOOTSTRAP or start the stack with `infermeter up`")
     if not vllm.startswith(("http://", "https://")):
         _fail(f"--vllm must be an http(s) URL, not {vllm!r}")
+    if region is not None:
+        from serving.upstreams import parse_regions, unknown_regions_error
+
+        try:
+            known = parse_regions(settings.regions, what="INFERMETER_REGIONS")
+            parse_regions([region], what="--region")
+        except ValueError as exc:
+            _fail(str(exc))
+        if problem := unknown_regions_error((region,), known, what="--region"):
+            _fail(problem)
     try:
         agent = ReplicaAgent(
             vllm, deployment, gpu_type, gpu_count, None,  # type: ignore[arg-type] - emitter set below
-            customer_id=customer, replica_id=replica_id,
+            customer_id=customer, replica_id=replica_id, region=region,
             interval_s=interval_s or settings.replica_interval_s, sample_s=sample_s or settings.replica_sample_s,
         )
     except ValueError as exc:

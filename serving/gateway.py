@@ -87,7 +87,7 @@ from serving.openai_api import ApiError, error_response
 from serving.proxy import proxy
 from serving.task_endpoints import post_task_outcome, post_usage_event
 from serving.upstream_http import UpstreamPool
-from serving.upstreams import UpstreamConfig, load_upstreams
+from serving.upstreams import UpstreamConfig, load_upstreams, parse_regions
 
 log = logging.getLogger("serving.gateway")
 
@@ -159,6 +159,7 @@ def create_app(
         source=f"infermeter://gateway/{settings.gateway_id}",
     )
     state.upstreams.apply_default_cooldown(settings.breaker_cooldown_s)  # models without down_for_s
+    state.upstreams.check_regions(parse_regions(settings.regions, what="INFERMETER_REGIONS"))  # data residency
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -273,6 +274,12 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
 
     emitter = Emitter(default_spool_dir(settings), bootstrap, settings, name=settings.gateway_id)
     from serving.capacity_service import CapacityRefresher
+    from serving.residency import ResidencyCache
+
+    # each customer's regions, primed by the key lookup (serving/residency.py)
+    residency = ResidencyCache(engine, settings.key_cache_ttl_s)
+    if hasattr(authenticator, "residency"):
+        authenticator.residency = residency
 
     # the capacity gauges on /metrics, recomputed from metering every INFERMETER_CAPACITY_REFRESH_S
     refresher = CapacityRefresher(engine, settings)
@@ -299,6 +306,7 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     )
     app.state.emitter = emitter
     app.state.capacity_refresher = refresher
+    app.gateway.residency = residency
     return app
 
 

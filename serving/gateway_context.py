@@ -49,6 +49,7 @@ class RequestContext:
     replica: Replica | None = None  # the replica tried last (the one that served, on success)
     upstream_attempts: int = 0  # replicas tried (serving/proxy.py open_upstream)
     fallback_from: str | None = None  # the model asked for, when a fallback model's replica was tried
+    excluded: frozenset[str] | None = None  # replicas outside the customer's regions (serving/residency.py)
     holds_replica: bool = False  # counted in replica.in_flight
     finished: bool = False
     admitted: bool = False
@@ -67,6 +68,7 @@ class GatewayState:
     engine: Any  # SQLAlchemy engine (task ownership lookups), optional
     source: str
     upstream: UpstreamPool | None = None
+    residency: Any = None  # serving.residency.ResidencyCache (None: no database, no residency)
     context_lengths: dict[str, int] = field(default_factory=dict)
     recent_tasks: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     emitted: int = 0

@@ -46,7 +46,7 @@ from sqlalchemy.engine import Engine
 
 from infermeter.auth import AuthError, Principal, static_principal
 from infermeter.settings import Settings, get_settings
-from serving.tables import api_keys
+from serving.tables import api_keys, customer_residency
 
 KEY_PREFIX = "im_live_"
 _KEY_ID_HEX = 16
@@ -119,6 +119,9 @@ class KeyStore:
         # flood of bad keys off the database. Bounded: cleared when it grows past the limit.
         self._unknown: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
+        # The gateway's serving.residency.ResidencyCache: each lookup reads the customer's regions in
+        # the same statement and primes it, so residency costs a request with a cached key nothing.
+        self.residency = None
 
     # --- administration -------------------------------------------------------------------
 
@@ -183,15 +186,17 @@ class KeyStore:
         return entry.principal
 
     def _lookup(self, key_id: str, secret: str) -> Principal:
+        query = select(
+            api_keys.c.customer_id,
+            api_keys.c.project_id,
+            api_keys.c.secret_sha256,
+            api_keys.c.revoked_at,
+            customer_residency.c.regions,
+        ).select_from(
+            api_keys.outerjoin(customer_residency, customer_residency.c.customer_id == api_keys.c.customer_id)
+        )
         with self.engine.connect() as conn:
-            row = conn.execute(
-                select(
-                    api_keys.c.customer_id,
-                    api_keys.c.project_id,
-                    api_keys.c.secret_sha256,
-                    api_keys.c.revoked_at,
-                ).where(api_keys.c.key_id == key_id)
-            ).first()
+            row = conn.execute(query.where(api_keys.c.key_id == key_id)).first()
         if row is None:
             self._refuse(key_id, "invalid API key")
             raise AuthError("invalid API key")
@@ -206,6 +211,8 @@ class KeyStore:
         if self.cache_ttl_s > 0:
             with self._lock:
                 self._cache[key_id] = _Cached(self._clock() + self.cache_ttl_s, bytes(row.secret_sha256), principal)
+        if self.residency is not None:  # after the key's entry, so the regions never expire first
+            self.residency.prime(row.customer_id, row.regions)
         return principal
 
     def _refuse(self, key_id: str, reason: str) -> None:

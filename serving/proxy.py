@@ -6,6 +6,8 @@ a replica (`open_upstream`: serving/routing.py picks it; a try that fails before
 the client goes to another replica, or to the model's fallback model, within
 INFERMETER_FAILOVER_ATTEMPTS tries and the client's deadline) and answers vLLM's own bytes, or a
 `MeteredStream` (serving/relay.py) for streams. Each exit arranges the request's one usage event.
+A customer restricted to regions (serving/residency.py) is only ever tried on healthy replicas in
+them, failover and fallback included; with none left it gets 503 and a `rejected`/`residency` event.
 
 Hot path: plain functions called from `GatewayApp`; the upstream pool is serving/upstream_http.py.
 """
@@ -43,6 +45,7 @@ from serving.openai_api import (
     upstream_error,
 )
 from serving.relay import MeteredStream, finish, finish_after_send, release, with_headers
+from serving.residency import RESIDENCY_REASON, pick_allowed, rejection
 from serving.routing import pick_in_chain, pick_replica
 from serving.task_endpoints import remember_task
 from serving.upstream_http import UpstreamConnectError, UpstreamError, UpstreamResponse
@@ -132,10 +135,12 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
             return rejected
 
     stream = bool(body.get("stream"))
+    if state.residency is not None:  # the replicas outside the customer's regions, if any
+        ctx.excluded = await state.residency.excluded(ctx.customer_id, route)
     try:
         response, data = await open_upstream(state, ctx, stream)
     except UpstreamFailed as exc:
-        finish_after_send(state, ctx, "error", tags={"error": exc.tag})
+        finish_after_send(state, ctx, exc.status, tags=exc.tags)
         return with_headers(exc.response, ctx)
     except BaseException:
         await finish(state, ctx, "cancelled")
@@ -190,12 +195,22 @@ def upstream_payload(ctx: RequestContext, stream: bool, route: ModelRoute | None
 
 
 class UpstreamFailed(Exception):
-    """Every try failed (or no time was left for another): what the client gets, the event's tag."""
+    """Every try failed (or no time was left for another): what the client gets, the event's tag.
+    `status` rejected: no replica in the customer's regions could take it (data residency)."""
 
-    def __init__(self, response: Response, tag: str) -> None:
+    def __init__(self, response: Response, tag: str, status: str = "error") -> None:
         super().__init__(tag)
         self.response = response
         self.tag = tag
+        self.status = status
+        self.tags = {"reason" if status == "rejected" else "error": tag}
+
+
+def residency_rejected(state: GatewayState, ctx: RequestContext, model: str) -> UpstreamFailed:
+    """No replica in the restricted customer's regions can serve now: 503, event rejected/residency."""
+    metrics.record_rejection(RESIDENCY_REASON)
+    regions = state.residency.cached(ctx.customer_id)
+    return UpstreamFailed(rejection(model, ctx.customer_id, regions).response(), RESIDENCY_REASON, "rejected")
 
 
 class _TryFailed(Exception):
@@ -261,9 +276,16 @@ async def open_upstream(
     path = "/v1/chat/completions" if ctx.kind == "chat" else "/v1/completions"
     requested = route = ctx.route
     body = ctx.body
-    replica = pick_replica(route, body, healthy_only=True)
-    if replica is None:  # every breaker of this model is open: a fallback model, or the first to reopen
-        route, replica = pick_in_chain(requested, body)
+    excluded = ctx.excluded
+    if excluded is None:
+        replica = pick_replica(route, body, healthy_only=True)
+        if replica is None:  # every breaker of this model is open: a fallback model, or the first to reopen
+            route, replica = pick_in_chain(requested, body)
+    else:  # a restricted customer: healthy replicas in its regions only (serving/residency.py)
+        chosen = pick_allowed(requested, body, excluded)
+        if chosen is None:
+            raise residency_rejected(state, ctx, requested.name)
+        route, replica = chosen
     payload = upstream_payload(ctx, stream, route)
     tried: set[str] | None = None
     deadline: float | None = None
@@ -292,16 +314,24 @@ async def open_upstream(
                 deadline = client_deadline(ctx)
             tried.add(replica.replica_id)
             chosen = None
+            in_region = True  # False: another try was due, but no replica in the customer's regions is left
             if ctx.upstream_attempts < state.settings.failover_attempts and (
                 deadline is None or deadline > time.perf_counter()
             ):
-                chosen = pick_in_chain(requested, body, tried)
+                if excluded is None:
+                    chosen = pick_in_chain(requested, body, tried)
+                else:
+                    chosen = pick_allowed(requested, body, excluded, tried)
+                    in_region = chosen is not None
             log.warning(
                 "request %s: try %d on replica %s of %s failed (%s: %s); %s",
                 ctx.request_id, ctx.upstream_attempts, replica.replica_id, route.name, failure.reason,
-                failure.detail, f"retrying on {chosen[1].replica_id}" if chosen else "no retry",
+                failure.detail, f"retrying on {chosen[1].replica_id}" if chosen else
+                "no retry" if in_region else "no replica left in the customer's regions",
             )  # fmt: skip
             if chosen is None:
+                if not in_region:
+                    raise residency_rejected(state, ctx, requested.name) from None
                 raise failure.failed(requested.name, replica.replica_id) from None
             if chosen[0] is not route:
                 route = chosen[0]

@@ -100,6 +100,7 @@ async def finish(
         attempt=ctx.attempt,
         tags=tags or {},
         upstream_attempts=ctx.upstream_attempts,
+        region=ctx.replica.region if ctx.replica else None,
     )
     event = build_request_event(outcome, source=state.source)
     data = event["data"]

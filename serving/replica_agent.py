@@ -3,14 +3,17 @@
 Public API:
 
     agent = ReplicaAgent(vllm_url, deployment_id, gpu_type, gpu_count, emitter,
-                         customer_id=None, replica_id=None, interval_s=10, sample_s=1)
+                         customer_id=None, replica_id=None, interval_s=10, sample_s=1, region=None)
     await agent.run(stop_event)        # until stop_event is set; emits one event per interval
     await agent.sample()               # one scrape (tests)
     agent.close_interval(end) -> dict | None   # the event of the interval ending at `end`
     parse_vllm_metrics(text) -> VllmSample  # pure: Prometheus text -> counters we read
 
 CLI: `infermeter serve replica-agent --vllm URL --deployment D --gpu-type T --gpu-count N
-[--customer C] [--interval-s S]` (serving.control_cli.replica_agent).
+[--customer C] [--region R] [--interval-s S]` (serving.control_cli.replica_agent).
+
+`region` (data residency; one of INFERMETER_REGIONS, checked by the CLI) rides on every interval
+event as the optional `region` field.
 
 Each interval [start, end) carries:
 - gpu_seconds implied by (end - start) x gpu_count (metering derives it from the interval);
@@ -137,6 +140,7 @@ class ReplicaAgent:
         interval_s: float = 10.0,
         sample_s: float = 1.0,
         clock: Callable[[], datetime] | None = None,
+        region: str | None = None,
     ) -> None:
         if gpu_count < 1:
             raise ValueError("gpu_count must be at least 1")
@@ -149,6 +153,7 @@ class ReplicaAgent:
         self.gpu_type = gpu_type
         self.gpu_count = gpu_count
         self.customer_id = customer_id
+        self.region = region
         self.emitter = emitter
         self.interval_s = interval_s
         self.sample_s = min(sample_s, interval_s)
@@ -226,6 +231,7 @@ class ReplicaAgent:
             kv_cache_usage=kv,
             requests_waiting=waiting,
             requests_running=running,
+            region=self.region,
         )
 
     # --- I/O ----------------------------------------------------------------------------------

@@ -14,11 +14,14 @@ Alembic revision 0002 (migrations/versions/0002_serving_control.py) creates exac
   (`event_source`, `event_id` found in metering's `event_keys`), after which the rollups count it.
 - `rate_windows`: per customer and minute, the requests admitted and tokens charged
   (worst case at admission, corrected to actual tokens at settlement).
+- `customer_residency` (revision 0009): the regions a customer's requests may be served in
+  (serving/residency.py); no row = no restriction.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Column,
     Index,
@@ -85,4 +88,12 @@ rate_windows = Table(
     PrimaryKeyConstraint("customer_id", "window_start", name="rate_windows_pkey"),
 )
 
-__all__ = ["api_keys", "customer_budgets", "budget_reservations", "rate_windows"]
+customer_residency = Table(
+    "customer_residency",
+    metadata,
+    Column("customer_id", Text, primary_key=True),
+    Column("regions", ARRAY(Text), nullable=False),  # sorted, non-empty, each one of INFERMETER_REGIONS
+    timestamp_column("updated_at", nullable=False, server_default=func.now()),
+)
+
+__all__ = ["api_keys", "customer_budgets", "budget_reservations", "rate_windows", "customer_residency"]

@@ -11,11 +11,13 @@ belongs to (metering rolls usage up by deployment) and its vLLM replicas:
         down_for_s: 5               # breaker cool-down (default: INFERMETER_BREAKER_COOLDOWN_S)
         fallback: tiny-llama-big    # optional: another model of this file serves it when none
                                     # of these replicas can (chains allowed, loops refused)
+        region: eu-west             # optional: where the deployment's replicas run (data residency)
         replicas:
           - id: tiny-cpu-0
             url: http://127.0.0.1:8000
           - id: tiny-cpu-1
             url: http://127.0.0.1:8001
+            region: eu-central      # a replica's own region overrides its model's
 
 Each replica has a circuit breaker, kept in `Replica.down_until` (monotonic seconds):
 
@@ -30,12 +32,15 @@ Each replica has a circuit breaker, kept in `Replica.down_until` (monotonic seco
 A model whose replicas (and fallback models' replicas) are all open still tries the one whose
 cool-down ends first, so a single-replica model is never refused without trying and recovery
 needs no restart. The file is checked at start: a `fallback` naming a model that is not in the
-file, or fallbacks that loop (a -> b -> a), are errors.
+file, or fallbacks that loop (a -> b -> a), are errors; so is a `region` that is not one of
+INFERMETER_REGIONS (`check_regions`; serving/residency.py routes restricted customers by region).
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +54,32 @@ class UpstreamConfigError(ValueError):
 
 
 DEFAULT_COOLDOWN_S = 5.0
+REGION_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")  # the event contract's region (metering/contract.py)
+
+
+def parse_regions(text: str | Iterable[str] | None, *, what: str = "regions") -> tuple[str, ...]:
+    """Regions from a comma-separated string (or a list), de-duplicated and sorted; ValueError
+    naming `what` for one that is not a lower-case slug (letters, digits, dashes)."""
+    if text is None:
+        return ()
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    regions = sorted({str(part).strip() for part in parts if str(part).strip()})
+    bad = [region for region in regions if not REGION_RE.match(region)]
+    if bad:
+        raise ValueError(
+            f"{what}: {', '.join(repr(b) for b in bad)} is not a region name (lower-case letters, digits and dashes)"
+        )
+    return tuple(regions)
+
+
+def unknown_regions_error(regions: Iterable[str], known: Iterable[str], *, what: str) -> str | None:
+    """The error message when some of `regions` are not `known` (INFERMETER_REGIONS), else None."""
+    known = tuple(known)
+    unknown = [region for region in regions if region not in known]
+    if not unknown:
+        return None
+    listed = ", ".join(known) if known else "none: INFERMETER_REGIONS is empty"
+    return f"{what}: unknown region {', '.join(repr(u) for u in unknown)} (known regions: {listed})"
 
 
 @dataclass(eq=False)  # compared by identity: its fields change while it serves
@@ -58,6 +89,7 @@ class Replica:
     in_flight: int = 0
     down_until: float = 0.0  # the breaker: 0 closed, > now open, else half-open (see the module doc)
     failures: int = 0
+    region: str | None = None  # where it runs (data residency); None: no region
 
     def is_up(self, now: float) -> bool:
         """Closed, or half-open (its cool-down is over: it may take a probe)."""
@@ -114,6 +146,19 @@ class ModelRoute:
 @dataclass
 class UpstreamConfig:
     models: dict[str, ModelRoute]
+    source: str = "upstreams"  # the file it came from (error messages)
+
+    def check_regions(self, known: Iterable[str]) -> None:
+        """UpstreamConfigError when a replica names a region that is not `known` (INFERMETER_REGIONS)."""
+        known = tuple(known)
+        for route in self.models.values():
+            for replica in route.replicas:
+                if replica.region is not None and (
+                    problem := unknown_regions_error(
+                        (replica.region,), known, what=f"replica {replica.replica_id!r} of model {route.name!r}"
+                    )
+                ):
+                    raise _fail(self.source, problem)
 
     def route(self, model: str) -> ModelRoute | None:
         return self.models.get(model)
@@ -135,9 +180,11 @@ def parse_upstreams(  # noqa: C901 - one check per field, in file order
     default_routing: str = "prefix",
     source: str = "upstreams",
     breaker_cooldown_s: float | None = None,
+    known_regions: Iterable[str] | None = None,
 ) -> UpstreamConfig:
     """The checked config. `breaker_cooldown_s` is the cool-down of models without `down_for_s`
-    (None: left to the gateway, which applies INFERMETER_BREAKER_COOLDOWN_S)."""
+    (None: left to the gateway, which applies INFERMETER_BREAKER_COOLDOWN_S). With `known_regions`
+    (INFERMETER_REGIONS) every region must be one of them; the gateway checks it at start anyway."""
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), list) or not raw["models"]:
         raise _fail(source, "expected a mapping with a non-empty 'models' list")
     models: dict[str, ModelRoute] = {}
@@ -159,6 +206,7 @@ def parse_upstreams(  # noqa: C901 - one check per field, in file order
             raise _fail(
                 source, f"{where}.routing must be one of {', '.join(ROUTING_POLICIES)}, not {routing!r}"
             )
+        model_region = _region(source, f"{where}.region", entry.get("region"))
         replicas_raw = entry.get("replicas")
         if not isinstance(replicas_raw, list) or not replicas_raw:
             raise _fail(source, f"{where}.replicas must be a non-empty list")
@@ -178,7 +226,8 @@ def parse_upstreams(  # noqa: C901 - one check per field, in file order
             url = rep["url"].rstrip("/")
             if url.endswith("/v1"):
                 url = url[: -len("/v1")]
-            replicas.append(Replica(replica_id=str(replica_id), url=url))
+            region = _region(source, f"{r_where}.region", rep.get("region")) or model_region
+            replicas.append(Replica(replica_id=str(replica_id), url=url, region=region))
         down_for_s = entry.get("down_for_s", breaker_cooldown_s)
         if down_for_s is not None and (
             isinstance(down_for_s, bool) or not isinstance(down_for_s, int | float) or down_for_s < 0
@@ -199,7 +248,18 @@ def parse_upstreams(  # noqa: C901 - one check per field, in file order
             fallback=fallback,
         )
     _link_fallbacks(models, source)
-    return UpstreamConfig(models=models)
+    config = UpstreamConfig(models=models, source=source)
+    if known_regions is not None:
+        config.check_regions(known_regions)
+    return config
+
+
+def _region(source: str, where: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not REGION_RE.match(value):
+        raise _fail(source, f"{where} must be a region name (lower-case letters, digits and dashes), not {value!r}")
+    return value
 
 
 def _link_fallbacks(models: dict[str, ModelRoute], source: str) -> None:
@@ -226,7 +286,11 @@ def _link_fallbacks(models: dict[str, ModelRoute], source: str) -> None:
 
 
 def load_upstreams(
-    path: Path, *, default_routing: str = "prefix", breaker_cooldown_s: float | None = None
+    path: Path,
+    *,
+    default_routing: str = "prefix",
+    breaker_cooldown_s: float | None = None,
+    known_regions: Iterable[str] | None = None,
 ) -> UpstreamConfig:
     try:
         raw = yaml.safe_load(Path(path).read_text())
@@ -235,7 +299,11 @@ def load_upstreams(
     except (OSError, yaml.YAMLError) as exc:
         raise UpstreamConfigError(f"cannot read upstream file {path}: {exc}") from None
     return parse_upstreams(
-        raw, default_routing=default_routing, source=str(path), breaker_cooldown_s=breaker_cooldown_s
+        raw,
+        default_routing=default_routing,
+        source=str(path),
+        breaker_cooldown_s=breaker_cooldown_s,
+        known_regions=known_regions,
     )
 
 

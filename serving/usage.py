@@ -19,7 +19,8 @@ Token rules:
 The event time is `finished_at`: usage counts in the period in which the request finished.
 `model`, `deployment_id` and `replica_id` are those of the replica that served the request (after a
 failover to a fallback model, that model: the tokens are priced at it), and `upstream_attempts`
-says how many replicas were tried; only the serving try's tokens are in the event.
+says how many replicas were tried; only the serving try's tokens are in the event. `region` is that
+replica's region (absent when it has none, or when no replica was tried).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class RequestOutcome:
     attempt: int = 1
     tags: dict[str, str] = field(default_factory=dict)
     upstream_attempts: int | None = None  # replicas tried (failover), the serving one included
+    region: str | None = None  # the region of that replica (data residency), None when it has none
 
 
 def _int(value: Any) -> int:
@@ -98,4 +100,5 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         finished_at=outcome.finished_at,
         tags=tags,
         upstream_attempts=outcome.upstream_attempts,
+        region=outcome.region,
     )

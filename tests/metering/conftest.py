@@ -21,6 +21,7 @@ from metering.processor import INGEST_ID_HEADER
 
 ROLLUP_TABLES = {
     "request_rollup_hourly": "customer_id, model, deployment_id, hour",
+    "request_region_hourly": "customer_id, model, deployment_id, region, hour",
     "task_attempts": "customer_id, task_id, attempt",
     "task_outcomes": "customer_id, task_id",
     "task_outcome_reports": "customer_id, task_id, source, event_id",
@@ -76,15 +77,15 @@ def meter(settings: Settings, lines: Iterable[bytes], timeout_s: float = 120, ra
 
 def request_event(i: int, *, customer: str = "cust-a", model: str = "m1", at: datetime | None = None,
                   input_tokens: int = 100, cached: int = 40, output: int = 10, task_id: str | None = None,
-                  attempt: int = 1, source: str = "//test/gw", status: str = "ok") -> bytes:
+                  attempt: int = 1, source: str = "//test/gw", status: str = "ok", region: str | None = None) -> bytes:
     at = at or datetime(2026, 11, 2, 10, 0, tzinfo=UTC) + timedelta(seconds=i)
-    return encode_event(make_event(
-        REQUEST_V1, source=source, subject=customer, event_id=f"r-{i}", time=at,
-        data={"request_id": f"r-{i}", "customer_id": customer, "model": model, "deployment_id": "d1",
-              "status": status, "input_tokens": input_tokens, "cached_input_tokens": cached,
-              "output_tokens": output, "task_id": task_id, "attempt": attempt,
-              "started_at": at - timedelta(seconds=1), "finished_at": at},
-    ))
+    data = {"request_id": f"r-{i}", "customer_id": customer, "model": model, "deployment_id": "d1",
+            "status": status, "input_tokens": input_tokens, "cached_input_tokens": cached,
+            "output_tokens": output, "task_id": task_id, "attempt": attempt,
+            "started_at": at - timedelta(seconds=1), "finished_at": at}
+    if region is not None:
+        data["region"] = region
+    return encode_event(make_event(REQUEST_V1, source=source, subject=customer, event_id=f"r-{i}", time=at, data=data))
 
 
 def task_event(task_id: str, customer: str, outcome: str, at: datetime, *, source: str = "//test/agents") -> bytes:
@@ -111,7 +112,8 @@ def mixed_stream(n: int) -> list[bytes]:
         task = f"task-{i // 5}" if i % 3 == 0 else None
         lines.append(request_event(i, customer=customer, model=("m1", "m2")[i % 2], at=base + timedelta(seconds=7 * i),
                                    input_tokens=100 + i, cached=i % 50, output=i % 17, task_id=task,
-                                   attempt=1 + (i % 2 if task else 0)))
+                                   attempt=1 + (i % 2 if task else 0),
+                                   region=(None, "eu-west", "us-east")[i % 3]))
     for t in range(0, n // 5, 2):
         lines.append(task_event(f"task-{t}", f"cust-{(t * 5) % 7}", "succeeded", base + timedelta(hours=1, seconds=t)))
     for u in range(n // 10):

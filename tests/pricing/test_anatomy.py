@@ -160,3 +160,16 @@ def test_each_books_margin_under_the_anatomy():
     assert (task["failure"].billed_to_customers, task["failure"].carried_by_platform) == (0, D("2.24"))
     # per token: the customer pays for the failed tokens (a: 4/9 of its tokens' work, b: half)
     assert 0 < token["failure"].billed_to_customers < token["failure"].cost
+
+
+def test_a_rejection_by_data_residency_is_a_routing_failure_a_budgets_a_capacity_one():
+    from pricing.anatomy import classify
+
+    def rejected(reason: str) -> RequestClassRecord:
+        return RequestClassRecord("c", "m", "d", datetime(2026, 11, 2, tzinfo=UTC), "rejected", 3, 0, 0,
+                                  reason=reason, failovers=1)
+
+    assert [(term, cause) for term, cause, _, _ in classify(rejected("residency"), COST_MODEL)] == [
+        ("failure", "routing"), ("failure", "routing")]  # the rejection, and the try that found its region dead
+    assert classify(rejected("budget_exceeded"), COST_MODEL)[0][:2] == ("failure", "capacity")
+    assert classify(rejected("rate_limit_requests"), COST_MODEL)[0][:2] == ("failure", "capacity")
