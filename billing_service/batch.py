@@ -37,7 +37,7 @@ from billing_service.store import (
     StoredInvoice,
     UnknownInvoice,
     invoice_document_head,
-    line_to_json,
+    lines_to_json,
 )
 
 _INVOICE_FIELDS = [c.strip() for c in _INVOICE_COLS.split(",")]
@@ -108,7 +108,8 @@ class BatchInvoiceStore:
         self._written[invoice.id] = (invoice, book_sha256, revision, now)
         self._history.append((invoice.id, revision, now, change, str(invoice.status), self._document(invoice, book_sha256)))
         # what PgInvoiceStore.get would load now: the status history comes from the history rows
-        self._current[invoice.id] = StoredInvoice(replace(invoice, history=history), book_sha256, revision)
+        loaded = invoice if invoice.history == history else replace(invoice, history=history)
+        self._current[invoice.id] = StoredInvoice(loaded, book_sha256, revision)
         return True
 
     def _document(self, invoice: Invoice, book_sha256: str | None) -> str:
@@ -116,7 +117,7 @@ class BatchInvoiceStore:
         and its finalization share it)."""
         cached = self._lines_json.get(id(invoice.lines))
         if cached is None or cached[0] is not invoice.lines:
-            text = json.dumps([line_to_json(line, invoice.currency) for line in invoice.lines])
+            text = json.dumps(lines_to_json(invoice.lines, invoice.currency))
             cached = self._lines_json[id(invoice.lines)] = (invoice.lines, text)
         return json.dumps(invoice_document_head(invoice, book_sha256))[:-1] + ', "lines": ' + cached[1] + "}"
 

@@ -570,7 +570,11 @@ def _finalize(ctx: _Ctx, stored: StoredInvoice, prefix: str) -> StoredInvoice:
     open the invoice, in the caller's transaction."""
     ledger = ctx.ledger or PgCreditLedger(ctx.conn)
     cid = ctx.customer.customer_id
-    with_credits, entries = apply_credits_to_invoice(stored.invoice, ledger.grants(cid), ledger.entries(cid), ctx.now)
+    grants, so_far = ledger.grants(cid), ledger.entries(cid)
+    if grants or so_far or stored.invoice.credits_applied:
+        with_credits, entries = apply_credits_to_invoice(stored.invoice, grants, so_far, ctx.now)
+    else:  # no prepaid credit ever: nothing to apply
+        with_credits, entries = stored.invoice, ()
     number = (ctx.numbers or PgInvoiceNumbers(ctx.conn)).next_number(prefix, ctx.now.year)
     final = finalize(with_credits, number=number, at=ctx.now)
     ctx.store.save(final, book_sha256=stored.book_sha256, now=ctx.now, change="finalized", previous=stored)

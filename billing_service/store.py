@@ -256,10 +256,28 @@ def line_to_json(line: InvoiceLine, currency: str) -> dict:
             "service_period_end": utc_text(line.service_period_end)}
 
 
+def lines_to_json(lines: Sequence[InvoiceLine], currency: str) -> list[dict]:
+    """`line_to_json` of each line (the currency looked up once, each service period written once)."""
+    money = Currency.of(currency)
+    texts: dict[datetime, str] = {}
+
+    def when(moment: datetime) -> str:
+        found = texts.get(moment)
+        if found is None:
+            found = texts[moment] = utc_text(moment)
+        return found
+
+    return [{"id": line.id, "rated_line_id": line.rated_line_id, "kind": line.kind, "charge_key": line.charge_key,
+             "meter": line.meter, "group": line.group, "quantity": number_text(line.quantity),
+             "unit_price": number_text(line.unit_price), "precise_amount": precise_text(line.precise_amount),
+             "amount": format(money.round(line.amount), "f"), "period": line.period,
+             "service_period_start": when(line.service_period_start),
+             "service_period_end": when(line.service_period_end)} for line in lines]
+
+
 def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
     """The whole invoice as JSON (what the history keeps)."""
-    return {**invoice_document_head(invoice, book_sha256),
-            "lines": [line_to_json(line, invoice.currency) for line in invoice.lines]}
+    return {**invoice_document_head(invoice, book_sha256), "lines": lines_to_json(invoice.lines, invoice.currency)}
 
 
 def invoice_document_head(invoice: Invoice, book_sha256: str | None) -> dict:
