@@ -48,7 +48,7 @@ def lock_customers(conn: psycopg.Connection, customer_ids: Sequence[str]) -> Non
     customers take their locks in the same order, so they never deadlock)."""
     conn.execute(
         "SELECT pg_advisory_xact_lock(hashtext('infermeter.billing'), hashtext(c)) "
-        "FROM unnest(%s::text[]) AS c ORDER BY c COLLATE \"C\"",
+        "FROM unnest(%s::text[]) WITH ORDINALITY AS u(c, n) ORDER BY n",
         (sorted(customer_ids),),
     )
 

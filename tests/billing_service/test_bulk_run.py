@@ -178,3 +178,44 @@ def test_bulk_and_per_customer_runs_write_the_same_invoices(twins):
     before = t.tables(1)
     t.run("2026-03", at(2026, 4, 12))
     assert t.tables(1) == before
+
+
+def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates(db_url, metering, monkeypatch):
+    """Two bulk runs (small batches, so they interleave) and a per-customer run of the same month at once:
+    every customer's invoice is finalized exactly once, the numbers are 1..N without a gap or a duplicate."""
+    import threading
+
+    monkeypatch.setattr(run_module, "BULK_BATCH", 3)
+    customers = [f"cust-{i:02d}" for i in range(12)]
+    with psycopg.connect(to_libpq_url(db_url), autocommit=True) as conn:
+        for cid in customers:
+            set_customer(conn, cid, now=T0)
+            assign_plan(conn, cid, BOOK_YAML, "bill-usd.yaml", "2026-02-01", now=T0)
+            metering.request(cid, at(2026, 2, 3, 10), input_tokens=10_000 + len(cid), output=1_000)
+    after_grace = at(2026, 3, 2, 1)
+    finalized: list[str] = []
+    errors: list[BaseException] = []
+
+    def bill(bulk: bool, only: str | None = None) -> None:
+        try:
+            with psycopg.connect(to_libpq_url(db_url), autocommit=True) as conn:
+                conn.execute("SET TIME ZONE 'UTC'")
+                result = billing_run(conn, "2026-02", now=after_grace, cost_model=COST, bulk=bulk, customer_id=only)
+                finalized.extend(o.customer_id for o in result.invoices if o.action == "finalized")
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=bill, args=(True,)), threading.Thread(target=bill, args=(True,)),
+               threading.Thread(target=bill, args=(False,)), threading.Thread(target=bill, args=(False, "cust-07"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(finalized) == customers  # each finalized by exactly one of the runs
+    with psycopg.connect(to_libpq_url(db_url), autocommit=True) as conn:
+        rows = conn.execute("SELECT customer_id, status, number FROM billing_invoices ORDER BY number").fetchall()
+        assert [r[0] for r in sorted(rows)] == customers and {r[1] for r in rows} == {"open"}
+        assert [r[2] for r in rows] == [f"INV-2026-{n:06d}" for n in range(1, len(customers) + 1)]
+        assert conn.execute("SELECT last_seq FROM billing_number_counters").fetchall() == [(len(customers),)]
+        assert conn.execute("SELECT count(*) FROM billing_invoice_history").fetchone() == (2 * len(customers),)
