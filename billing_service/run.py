@@ -407,7 +407,9 @@ def billing_run(
     customers are billed BULK_BATCH at a time, one transaction each: lock them, load their invoices,
     plans and credits in a few queries, run the same per-customer logic on those in memory, and write
     the result with COPY (`billing_service.batch`). Both paths give the same invoices, ids, lines,
-    numbers and history (tests/billing_service/test_bulk_run.py)."""
+    numbers and history (tests/billing_service/test_bulk_run.py). Call it on an autocommit connection
+    (as the CLI and the API do): inside an open transaction the batches would be savepoints whose
+    locks (one per customer) are all held until that transaction ends."""
     now = _now(now)
     parse_label(period)
     check_prefix(issuer_prefix)
