@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
 from types import MappingProxyType
@@ -133,8 +133,11 @@ class InvoiceLine:
         if self.unit_price is not None and not isinstance(self.unit_price, Decimal):
             raise InvoiceError(f"line {self.id}: unit_price must be a Decimal or None")
         parse_label(self.period)
-        start = aware_utc(self.service_period_start, f"line {self.id}: service_period_start", InvoiceError)
-        end = aware_utc(self.service_period_end, f"line {self.id}: service_period_end", InvoiceError)
+        start, end = self.service_period_start, self.service_period_end
+        if not (isinstance(start, datetime) and start.tzinfo is UTC):  # already aware UTC: nothing to convert
+            start = aware_utc(start, f"line {self.id}: service_period_start", InvoiceError)
+        if not (isinstance(end, datetime) and end.tzinfo is UTC):
+            end = aware_utc(end, f"line {self.id}: service_period_end", InvoiceError)
         if end <= start:
             raise InvoiceError(f"line {self.id}: service period end {end.isoformat()} is not after its start")
         object.__setattr__(self, "service_period_start", start)
@@ -150,6 +153,11 @@ class StatusChange:
     from_status: InvoiceStatus
     to_status: InvoiceStatus
     at: datetime
+
+
+# Lines tuples that passed Invoice's line checks (kept referenced, so an id is never reused while
+# here): every state change copies the invoice with the same tuple, which needs no second check.
+_CHECKED_LINES: dict[int, tuple[tuple[InvoiceLine, ...], str, Decimal]] = {}
 
 
 @dataclass(frozen=True)
@@ -193,16 +201,24 @@ class Invoice:
             raise InvoiceError(f"invoice {self.id}: period end is not after its start")
         object.__setattr__(self, "period_start", start)
         object.__setattr__(self, "period_end", end)
-        object.__setattr__(self, "lines", tuple(self.lines))
-        seen: set[str] = set()
-        for line in self.lines:
-            if not isinstance(line, InvoiceLine):
-                raise InvoiceError(f"invoice {self.id}: lines must be InvoiceLine, got {type(line).__name__}")
-            if line.id in seen:
-                raise InvoiceError(f"invoice {self.id}: line id {line.id} appears twice")
-            seen.add(line.id)
-            check_minor_units(line.amount, money, f"invoice {self.id} line {line.id} amount", InvoiceError)
-        subtotal = sum((line.amount for line in self.lines), ZERO)
+        lines = tuple(self.lines)
+        object.__setattr__(self, "lines", lines)
+        checked = _CHECKED_LINES.get(id(lines))
+        if checked is not None and checked[0] is lines and checked[1] == self.currency:
+            subtotal = checked[2]  # the same lines as an invoice built a moment ago (replace() keeps them)
+        else:
+            seen: set[str] = set()
+            for line in lines:
+                if not isinstance(line, InvoiceLine):
+                    raise InvoiceError(f"invoice {self.id}: lines must be InvoiceLine, got {type(line).__name__}")
+                if line.id in seen:
+                    raise InvoiceError(f"invoice {self.id}: line id {line.id} appears twice")
+                seen.add(line.id)
+                check_minor_units(line.amount, money, f"invoice {self.id} line {line.id} amount", InvoiceError)
+            subtotal = sum((line.amount for line in lines), ZERO)
+            if len(_CHECKED_LINES) >= 256:
+                _CHECKED_LINES.clear()
+            _CHECKED_LINES[id(lines)] = (lines, self.currency, subtotal)
         if self.subtotal != subtotal:
             raise InvoiceError(f"invoice {self.id}: subtotal {self.subtotal} is not the sum of its lines ({subtotal})")
         check_minor_units(self.credits_applied, money, f"invoice {self.id} credits_applied", InvoiceError)
@@ -306,8 +322,31 @@ def line_from_rated(line: Line, period: Period) -> InvoiceLine:
 
 
 def lines_from_rating(rating: Rating, period: Period) -> tuple[InvoiceLine, ...]:
+    """`line_from_rated` of every line of a rating of `period`. The period (label, aware UTC bounds) was
+    checked when it was cut, so each line is checked for what a rated line could get wrong (id, kind,
+    finite Decimals) and built without the frozen dataclass's per-field __init__ (a billing run copies
+    10^5 lines)."""
     _same_window(rating, period)
-    return tuple(line_from_rated(line, period) for line in rating.lines)
+    if not isinstance(period, Period):
+        raise InvoiceError(f"period must be a billing.periods.Period, got {type(period).__name__}")
+    label, start, end = period.label, period.start, period.end
+    if not (start.tzinfo is UTC and end.tzinfo is UTC):
+        return tuple(line_from_rated(line, period) for line in rating.lines)
+    out = []
+    for line in rating.lines:
+        (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount) = line
+        if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
+                or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
+                                                               and precise_amount.is_finite())
+                or (unit_price is not None and type(unit_price) is not Decimal)):
+            out.append(line_from_rated(line, period))  # the checked constructor says what is wrong
+            continue
+        copied = object.__new__(InvoiceLine)
+        copied.__dict__.update(id=line_id, rated_line_id=line_id, kind=kind, charge_key=charge_key, meter=meter,
+                               group=group, quantity=quantity, unit_price=unit_price, precise_amount=precise_amount,
+                               amount=amount, period=label, service_period_start=start, service_period_end=end)
+        out.append(copied)
+    return tuple(out)
 
 
 def draft_from_rating(rating: Rating, period: Period, *, price_book_version: str, sequence: int = 1) -> Invoice:

@@ -66,8 +66,13 @@ class Period:
 # ---------------------------------------------------------------- validation
 
 
+_LABELS: dict[str, tuple[int, int]] = {}  # labels already parsed (invoice lines check theirs on every copy)
+
+
 def parse_label(label: object) -> tuple[int, int]:
     """(year, month) of a "YYYY-MM" label; PeriodError naming the expected form otherwise."""
+    if type(label) is str and label in _LABELS:
+        return _LABELS[label]
     if not isinstance(label, str):
         raise PeriodError(f"period must be a string 'YYYY-MM' (e.g. '2026-02'), got {type(label).__name__}")
     match = _LABEL.fullmatch(label)
@@ -81,6 +86,8 @@ def parse_label(label: object) -> tuple[int, int]:
         raise PeriodError(f"period {label!r} has month {month:02d}: the month must be 01..12")
     if not MIN_YEAR <= year <= MAX_YEAR:
         raise PeriodError(f"period {label!r} has year {year}: billing periods run from {MIN_YEAR} to {MAX_YEAR}")
+    if type(label) is str:
+        _LABELS[label] = (year, month)
     return year, month
 
 
@@ -125,8 +132,23 @@ def _shift(year: int, month: int, months: int) -> tuple[int, int]:
     return index // 12, index % 12 + 1
 
 
+_PERIODS: dict[tuple[str, str, int], Period] = {}  # periods already cut (a bulk run cuts each one per customer)
+
+
 def billing_period(period: str, timezone: str, anchor_day: int) -> Period:
     """The period that starts in month `period` ("YYYY-MM") of a schedule (time zone, anchor day)."""
+    key = (period, timezone, anchor_day)
+    if type(period) is str and type(timezone) is str and type(anchor_day) is int and key in _PERIODS:
+        return _PERIODS[key]
+    found = _billing_period(period, timezone, anchor_day)
+    if type(period) is str and type(timezone) is str and type(anchor_day) is int:
+        if len(_PERIODS) >= 4096:
+            _PERIODS.clear()
+        _PERIODS[key] = found
+    return found
+
+
+def _billing_period(period: str, timezone: str, anchor_day: int) -> Period:
     year, month = parse_label(period)
     tz = zone(timezone)
     check_anchor_day(anchor_day)

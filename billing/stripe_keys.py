@@ -50,6 +50,12 @@ def idempotency_key(kind: str, *parts: str | int) -> str:
     return key
 
 
+def customer_update_key(customer_id: str, push: int, version: str) -> str:
+    """infermeter:customerupdate:<customer_id>:<push>:<version>: the customer's `push`-th update of its name
+    and e-mail in Stripe (0: they were created with them), `version` naming those values."""
+    return idempotency_key("customerupdate", customer_id, push, version)
+
+
 def invoice_item_key(invoice_id: str, line_id: str, amount: Decimal, currency: str | Currency) -> str:
     """infermeter:invoiceitem:<invoice_id>:<line_id>:<amount_minor>"""
     return idempotency_key("invoiceitem", invoice_id, line_id, to_minor_units(amount, currency))

@@ -449,6 +449,8 @@ def stripe_sync(
 ) -> None:
     """Push every finalized (and void) invoice not yet in sync to Stripe, oldest first per customer; exit 1 on a failure.
 
+    First, customers already in Stripe whose name or e-mail changed locally (`customers set`) are updated there.
+
     Uses INFERMETER_STRIPE_API_KEY (required) and INFERMETER_STRIPE_API_BASE; what was pushed is recorded in
     stripe_objects, so a rerun (after a crash too) creates nothing twice."""
     from billing_service.stripe_run import sync_invoices
@@ -471,9 +473,15 @@ def stripe_sync(
             console.print(f"{i.number or i.invoice_id} {i.customer_id} {i.period} {i.status}: {i.outcome}"
                           + (f" (Stripe {i.stripe_invoice}, {i.stripe_status})" if i.outcome == "pushed" else ""),
                           highlight=False, soft_wrap=True)
+        for c in report.customers:
+            console.print(f"customer {c.customer_id} (Stripe {c.stripe_customer}): name and e-mail {c.outcome}",
+                          highlight=False, soft_wrap=True)
         for i in report.invoices:
             if i.error:
                 err.print(f"{i.number or i.invoice_id}: {i.outcome}: {i.error}", highlight=False, soft_wrap=True)
+        for c in report.customers:
+            if c.error:
+                err.print(f"customer {c.customer_id}: {c.outcome}: {c.error}", highlight=False, soft_wrap=True)
         console.print(f"pushed {report.count('pushed')}, already in sync {report.count('in_sync')}, failed "
                       f"{report.count('failed')}, skipped {report.count('skipped')}")
     if not report.ok:

@@ -58,6 +58,13 @@ from billing.periods import (
     period_containing,
     zone,
 )
+from billing_service.batch import (
+    BatchCreditLedger,
+    BatchInvoiceNumbers,
+    BatchInvoiceStore,
+    load_stored,
+    lock_customers,
+)
 from billing_service.store import (
     BillingServiceError,
     Customer,
@@ -78,20 +85,27 @@ from billing_service.store import (
     number_text,
     plan_at,
     plans,
+    plans_of,
     require_customer,
     save_customer,
     store_book,
 )
 from billing_service.usage import meters_of, period_usage, usage_summary
+from infermeter.times import floor_hour
 from metering.queries import customers_with_usage
 from pricing.cost import CostModel
 from pricing.money import Currency, UnknownCurrency
 from pricing.rating import Rating, rate
+from pricing.usage import Usage
+from pricing_service.rate_period import rate_period
 
 ZERO = Decimal(0)
 CREDIT_NOTE_PREFIX = "CN"
 DEFAULT_GRACE_H = 24
-UTC_SCHEDULE = ("UTC", 1)  # the periods unbilled usage of a customer without a record is reported in
+UTC_SCHEDULE = ("UTC", 1)
+# customers per transaction of the bulk billing run: each holds one advisory lock per customer (the
+# lock table has room for max_locks_per_transaction x max_connections, 6,400 by default)
+BULK_BATCH = 1000  # the periods unbilled usage of a customer without a record is reported in
 
 
 def _now(now: datetime) -> datetime:
@@ -243,6 +257,8 @@ class _Ctx:
     stored: list[StoredInvoice]
     plans: list[Plan]
     ratings: dict[tuple[str, str], Rating] = field(default_factory=dict)
+    ledger: PgCreditLedger | None = None  # None: PgCreditLedger(conn); the bulk run passes its batch
+    numbers: PgInvoiceNumbers | None = None  # None: PgInvoiceNumbers(conn); likewise
 
     def rating(self, period: Period, book: StoredBook) -> Rating:
         key = (period.label, book.sha256)
@@ -379,9 +395,21 @@ def billing_run(
     grace_h: float = DEFAULT_GRACE_H,
     cost_model: CostModel | None = None,
     issuer_prefix: str = "INV",
+    bulk: bool = True,
 ) -> RunResult:
-    """Create or refresh (and past the grace window, finalize) each customer's invoices up to `period`.
-    One transaction per customer; the unbilled usage of the period is reported, not billed."""
+    """Create or refresh (and past the grace window, finalize) each customer's invoices up to `period`;
+    the unbilled usage of the period is reported, not billed.
+
+    With `customer_id` (or `bulk=False`) each customer gets its own transaction, its own reads and
+    writes. Without, the bulk path: every customer's periods are rated up front, one
+    `pricing_service.rate_period` pass per period window and book (a customer whose window does not
+    start and end on whole UTC hours, in a +05:30 zone say, is rated on its own as before), then the
+    customers are billed BULK_BATCH at a time, one transaction each: lock them, load their invoices,
+    plans and credits in a few queries, run the same per-customer logic on those in memory, and write
+    the result with COPY (`billing_service.batch`). Both paths give the same invoices, ids, lines,
+    numbers and history (tests/billing_service/test_bulk_run.py). Call it on an autocommit connection
+    (as the CLI and the API do): inside an open transaction the batches would be savepoints whose
+    locks (one per customer) are all held until that transaction ends."""
     now = _now(now)
     parse_label(period)
     check_prefix(issuer_prefix)
@@ -390,14 +418,21 @@ def billing_run(
     grace = timedelta(hours=grace_h)
     customers = [require_customer(conn, customer_id)] if customer_id is not None else all_customers(conn)
     result = RunResult(period, [], [], [])
+    started: list[tuple[Customer, Period]] = []
     for customer in customers:
         target = billing_period(period, customer.timezone, customer.anchor_day)
         if target.start > now:
             result.not_started.append(customer.customer_id)
-            continue
-        with conn.transaction():
-            lock_customer(conn, customer.customer_id)
-            result.invoices.extend(_run_customer(conn, customer, target, now, grace, cost_model, issuer_prefix))
+        else:
+            started.append((customer, target))
+    if bulk and customer_id is None:
+        result.invoices.extend(_bulk_run(conn, started, now, grace, cost_model, issuer_prefix))
+    else:
+        for customer, target in started:
+            with conn.transaction():
+                lock_customer(conn, customer.customer_id)
+                ctx = _context(conn, customer, now, cost_model)
+                result.invoices.extend(_run_customer(ctx, target, grace, issuer_prefix))
     result.unbilled = unbilled_usage(conn, period, customers=customers, only=customer_id, cost_model=cost_model)
     return result
 
@@ -409,9 +444,14 @@ def _context(conn: psycopg.Connection, customer: Customer, now: datetime, cost_m
 
 
 def _periods_to_bill(ctx: _Ctx, target: Period) -> list[Period]:
-    if not ctx.plans:
+    return _periods_from_first_plan(ctx.customer, ctx.plans, target)
+
+
+def _periods_from_first_plan(customer: Customer, assigned: list[Plan], target: Period) -> list[Period]:
+    if not assigned:
         return []
-    first = ctx.period(min(ctx.plans, key=lambda p: p.effective_at).effective_period)
+    first = billing_period(min(assigned, key=lambda p: p.effective_at).effective_period, customer.timezone,
+                           customer.anchor_day)
     out = []
     p = first
     while p.start <= target.start:
@@ -420,8 +460,8 @@ def _periods_to_bill(ctx: _Ctx, target: Period) -> list[Period]:
     return out
 
 
-def _run_customer(conn, customer, target, now, grace, cost_model, prefix) -> list[InvoiceOutcome]:
-    ctx = _context(conn, customer, now, cost_model)
+def _run_customer(ctx: _Ctx, target: Period, grace: timedelta, prefix: str) -> list[InvoiceOutcome]:
+    now = ctx.now
     outcomes = []
     for period in _periods_to_bill(ctx, target):
         plan = plan_at(ctx.plans, period.start)
@@ -452,6 +492,74 @@ def _run_customer(conn, customer, target, now, grace, cost_model, prefix) -> lis
     return outcomes
 
 
+def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], now: datetime, grace: timedelta,
+              cost_model: CostModel | None, prefix: str) -> list[InvoiceOutcome]:
+    """The billing run of many customers: ratings up front, then BULK_BATCH customers a transaction."""
+    ids = [c.customer_id for c, _ in started]
+    ratings = _bulk_ratings(conn, started, plans_of(conn, ids), load_stored(conn, ids), cost_model)
+    outcomes: list[InvoiceOutcome] = []
+    for at in range(0, len(started), BULK_BATCH):
+        batch = started[at:at + BULK_BATCH]
+        cids = [c.customer_id for c, _ in batch]
+        with conn.transaction():
+            lock_customers(conn, cids)
+            stored, assigned = load_stored(conn, cids), plans_of(conn, cids)  # as they are under the locks
+            store = BatchInvoiceStore(conn, [s for c in cids for s in stored[c]])
+            ledger, numbers = BatchCreditLedger(conn, cids), BatchInvoiceNumbers(conn)
+            for customer, target in batch:
+                cid = customer.customer_id
+                ctx = _Ctx(conn, customer, now, cost_model, store, stored[cid], assigned[cid],  # type: ignore[arg-type]
+                           dict(ratings.get(cid, {})), ledger, numbers)  # type: ignore[arg-type]
+                outcomes.extend(_run_customer(ctx, target, grace, prefix))
+            store.flush()
+            ledger.flush()
+            numbers.flush()
+    return outcomes
+
+
+def _bulk_ratings(conn: psycopg.Connection, started: list[tuple[Customer, Period]], assigned: dict[str, list[Plan]],
+                  stored: dict[str, list[StoredInvoice]], cost_model: CostModel | None,
+                  ) -> dict[str, dict[tuple[str, str], Rating]]:
+    """The ratings `_run_customer` will ask for (`_Ctx.rating`: {customer: {(period label, book sha256):
+    rating}}), from the invoices and plans as they are now: the period of each draft it will build
+    under its plan's book, and the finalized periods before the last of those under the book of their
+    invoice. One `rate_period` pass per period window and book; windows that are not whole UTC hours
+    are left to `_Ctx.rating` (raw events at the edges). A rating asked for and not here (the
+    invoices changed before the locks were taken) is made by `_Ctx.rating` too."""
+    wanted: dict[tuple[datetime, datetime, str], list[tuple[str, str]]] = {}
+    for customer, target in started:
+        cid = customer.customer_id
+        plan_list = assigned.get(cid, [])
+        built: list[tuple[Period, str]] = []
+        closed: list[tuple[Period, str]] = []
+        for period in _periods_from_first_plan(customer, plan_list, target):
+            group = [s for s in stored.get(cid, ()) if s.invoice.period == period.label]
+            if group and not any(s.invoice.status is InvoiceStatus.DRAFT for s in group):
+                charging = [s for s in group if s.invoice.status in CHARGING]
+                if charging and charging[-1].book_sha256 is not None:
+                    closed.append((period, charging[-1].book_sha256))
+                continue
+            plan = plan_at(plan_list, period.start)
+            if plan is not None:
+                built.append((period, plan.book_sha256))
+        if not built:
+            continue
+        last = max(p.start for p, _ in built)
+        for period, sha in [*built, *[(p, sha) for p, sha in closed if p.start < last]]:
+            if floor_hour(period.start) == period.start and floor_hour(period.end) == period.end:
+                wanted.setdefault((period.start, period.end, sha), []).append((cid, period.label))
+    out: dict[str, dict[tuple[str, str], Rating]] = {}
+    for (start, end, sha), who in wanted.items():
+        book = load_book(conn, sha).book
+        rated = rate_period(conn, book, start, end, cost_model)
+        for cid, label in who:
+            rating = rated.get(cid)
+            if rating is None:  # no usage in the window: the book's minimum, if any
+                rating = rate(book, Usage.build(cid, start, end, []))
+            out.setdefault(cid, {})[(label, sha)] = rating
+    return out
+
+
 def _reload(ctx: _Ctx, invoice_id: str) -> StoredInvoice:
     fresh = ctx.store.get(invoice_id)
     ctx.stored = [s for s in ctx.stored if s.invoice.id != invoice_id] + [fresh]
@@ -462,10 +570,14 @@ def _reload(ctx: _Ctx, invoice_id: str) -> StoredInvoice:
 def _finalize(ctx: _Ctx, stored: StoredInvoice, prefix: str) -> StoredInvoice:
     """Apply prepaid credits, take the next number (the counter row stays locked until commit) and
     open the invoice, in the caller's transaction."""
-    ledger = PgCreditLedger(ctx.conn)
+    ledger = ctx.ledger or PgCreditLedger(ctx.conn)
     cid = ctx.customer.customer_id
-    with_credits, entries = apply_credits_to_invoice(stored.invoice, ledger.grants(cid), ledger.entries(cid), ctx.now)
-    number = PgInvoiceNumbers(ctx.conn).next_number(prefix, ctx.now.year)
+    grants, so_far = ledger.grants(cid), ledger.entries(cid)
+    if grants or so_far or stored.invoice.credits_applied:
+        with_credits, entries = apply_credits_to_invoice(stored.invoice, grants, so_far, ctx.now)
+    else:  # no prepaid credit ever: nothing to apply
+        with_credits, entries = stored.invoice, ()
+    number = (ctx.numbers or PgInvoiceNumbers(ctx.conn)).next_number(prefix, ctx.now.year)
     final = finalize(with_credits, number=number, at=ctx.now)
     ctx.store.save(final, book_sha256=stored.book_sha256, now=ctx.now, change="finalized", previous=stored)
     ledger.append(entries, ctx.now)
@@ -489,13 +601,14 @@ def unbilled_usage(
     out: list[Unbilled] = []
     utc = billing_period(period, *UTC_SCHEDULE)
     candidates = [only] if only is not None else sorted(set(customers_with_usage(conn, utc.window)) | set(known))
+    assigned = plans_of(conn, [c for c in candidates if c in known])  # one query, not one per customer
     for cid in candidates:
         customer = known.get(cid) or (get_customer(conn, cid) if only is None else None)
         if customer is None:
             window, reason = utc, "no customer record (`infermeter customers set`)"
         else:
             window = billing_period(period, customer.timezone, customer.anchor_day)
-            if plan_at(plans(conn, cid), window.start) is not None:
+            if plan_at(assigned[cid] if cid in assigned else plans(conn, cid), window.start) is not None:
                 continue
             reason = "no plan for this period (`infermeter plans assign`)"
         if customer is not None and cid not in customers_with_usage(conn, window.window):

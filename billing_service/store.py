@@ -192,6 +192,19 @@ def plans(conn: psycopg.Connection, customer_id: str) -> list[Plan]:
     return [Plan(*r) for r in rows]
 
 
+def plans_of(conn: psycopg.Connection, customer_ids: Sequence[str]) -> dict[str, list[Plan]]:
+    """`plans` of many customers in one query (a customer without plans maps to [])."""
+    out: dict[str, list[Plan]] = {c: [] for c in customer_ids}
+    for r in conn.execute(
+        "SELECT p.id, p.customer_id, p.from_date, p.effective_at, p.effective_period, p.book_sha256, b.book_id, "
+        "p.assigned_at FROM billing_plans p JOIN billing_price_books b ON b.sha256 = p.book_sha256 "
+        "WHERE p.customer_id = ANY(%s) ORDER BY p.customer_id, p.id",
+        (list(customer_ids),),
+    ):
+        out[r[1]].append(Plan(*r))
+    return out
+
+
 def plan_at(all_plans: Sequence[Plan], period_start: datetime) -> Plan | None:
     """The plan of the period starting at `period_start`: of the assignments effective at or before it,
     the one effective latest (the last assigned among those effective at the same boundary)."""
@@ -243,8 +256,32 @@ def line_to_json(line: InvoiceLine, currency: str) -> dict:
             "service_period_end": utc_text(line.service_period_end)}
 
 
+def lines_to_json(lines: Sequence[InvoiceLine], currency: str) -> list[dict]:
+    """`line_to_json` of each line (the currency looked up once, each service period written once)."""
+    money = Currency.of(currency)
+    texts: dict[datetime, str] = {}
+
+    def when(moment: datetime) -> str:
+        found = texts.get(moment)
+        if found is None:
+            found = texts[moment] = utc_text(moment)
+        return found
+
+    return [{"id": line.id, "rated_line_id": line.rated_line_id, "kind": line.kind, "charge_key": line.charge_key,
+             "meter": line.meter, "group": line.group, "quantity": number_text(line.quantity),
+             "unit_price": number_text(line.unit_price), "precise_amount": precise_text(line.precise_amount),
+             "amount": format(money.round(line.amount), "f"), "period": line.period,
+             "service_period_start": when(line.service_period_start),
+             "service_period_end": when(line.service_period_end)} for line in lines]
+
+
 def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
     """The whole invoice as JSON (what the history keeps)."""
+    return {**invoice_document_head(invoice, book_sha256), "lines": lines_to_json(invoice.lines, invoice.currency)}
+
+
+def invoice_document_head(invoice: Invoice, book_sha256: str | None) -> dict:
+    """`invoice_document` without its "lines"."""
     return {
         "id": invoice.id, "customer_id": invoice.customer_id, "currency": invoice.currency, "period": invoice.period,
         "period_start": utc_text(invoice.period_start), "period_end": utc_text(invoice.period_end),
@@ -254,7 +291,7 @@ def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
         "total": money_text(invoice.total, invoice.currency), "price_book_version": invoice.price_book_version, "book_sha256": book_sha256,
         "issued_at": invoice.issued_at and utc_text(invoice.issued_at),
         "finalized_at": invoice.finalized_at and utc_text(invoice.finalized_at),
-        "reissue_of": invoice.reissue_of, "lines": [line_to_json(line, invoice.currency) for line in invoice.lines],
+        "reissue_of": invoice.reissue_of,
     }
 
 

@@ -9,6 +9,7 @@ Endpoints (and only these parameters; anything else is a 400 `invalid_request_er
     POST /v1/customers                   name, email, description, metadata
     GET  /v1/customers                   email, limit, starting_after
     GET  /v1/customers/{id}
+    POST /v1/customers/{id}              name, email ("" removes it), description, metadata
     POST /v1/invoiceitems                customer*, amount*, currency*, description, metadata
     GET  /v1/invoiceitems                customer, invoice, pending, limit, starting_after
     POST /v1/invoices                    customer*, currency, auto_advance, pending_invoice_items_behavior,
@@ -213,6 +214,7 @@ LIST = {"limit": _limit, "starting_after": _str}
 SPECS = {
     ("POST", "customers"): Spec({"name": _str, "email": _str, "description": _str, "metadata": _metadata}),
     ("GET", "customers"): Spec({"email": _str, **LIST}),
+    ("POST", "update_customer"): Spec({"name": _str, "email": _str, "description": _str, "metadata": _metadata}),
     ("POST", "invoiceitems"): Spec(
         {"customer": _str, "amount": _int, "currency": _currency, "description": _str, "metadata": _metadata},
         ("customer", "amount", "currency"),
@@ -363,6 +365,8 @@ class StripeFake:
                 if method == "GET":
                     return self._list(account, resource, params)
                 return getattr(self, f"_create_{resource}")(account, params)
+        elif resource == "customers" and len(parts) == 2 and method == "POST":
+            return self._update_customer(account, parts[1], SPECS[("POST", "update_customer")].check(data))
         elif resource in ("customers", "invoiceitems", "invoices") and len(parts) == 2 and method == "GET":
             SPECS[("GET", "retrieve")].check(data)
             return self._get(account, _KIND[resource], parts[1])
@@ -412,6 +416,16 @@ class StripeFake:
                "livemode": False, "name": p.get("name"), "email": p.get("email"),
                "description": p.get("description"), "metadata": p.get("metadata", {}), "currency": None}
         account.objects["customer"][obj["id"]] = obj
+        return dict(obj)
+
+    def _update_customer(self, account: Account, customer_id: str, p: dict[str, Any]) -> dict[str, Any]:
+        self._get(account, "customer", customer_id)
+        obj = account.objects["customer"][customer_id]
+        for name in ("name", "email", "description"):
+            if name in p:
+                obj[name] = p[name] or None  # Stripe: an empty string unsets the field
+        if "metadata" in p:
+            obj["metadata"] = {**obj["metadata"], **p["metadata"]}
         return dict(obj)
 
     def _create_invoiceitems(self, account: Account, p: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,10 @@
 """Stripe, end to end: which local invoices go to Stripe (`sync_invoices`), what is known about each
 (`sync_status`), and the status port the webhook route calls (`status_port`).
 
+- `sync_invoices` first pushes customer updates: each customer already in Stripe whose name or e-mail
+  changed locally since it was created or last pushed (its `customer_version`) is updated there once
+  (`StripeSync.update_customer`, under the customer's lock; a failure is reported and the others go on).
+
 - `sync_invoices(conn, sync, ...)`: every finalized invoice (open, paid, payment_failed) not yet in sync,
   and every void invoice that reached Stripe before it was voided, pushed with `StripeSync.sync_invoice`,
   per customer oldest first (by finalization time, then number), one customer at a time (a session
@@ -22,6 +26,7 @@ from datetime import datetime
 
 import psycopg
 
+from billing._common import stable_id
 from billing.invoice import Invoice, InvoiceStatus
 from billing.periods import parse_label
 from billing_service.store import PgInvoiceStore, get_customer, require_customer
@@ -66,11 +71,74 @@ def in_sync(recorded: Recorded, invoice: Invoice) -> bool:
     return recorded("finalize", invoice.id)
 
 
+def customer_version(name: str, email: str | None) -> str:
+    """A short digest of what Stripe holds of a customer (name, e-mail)."""
+    return stable_id("customer_version", name, email or "")[:16]
+
+
 def customer_info(conn: psycopg.Connection, customer_id: str, currency: str) -> CustomerInfo:
     customer = get_customer(conn, customer_id)
     if customer is None:  # an invoice always has a customer record (foreign key); defensive
         return CustomerInfo(customer_id, customer_id, None, currency)
-    return CustomerInfo(customer_id, customer.name or customer_id, customer.email, customer.currency)
+    name = customer.name or customer_id
+    return CustomerInfo(customer_id, name, customer.email, customer.currency, customer_version(name, customer.email))
+
+
+def _last_pushes(records: list[tuple[str, str]]) -> dict[str, tuple[int, str]]:
+    """customer id -> (number, version) of its last recorded push of name and e-mail to Stripe, from
+    customer_update records (local id "<customer>@<number>", key ending with the version)."""
+    out: dict[str, tuple[int, str]] = {}
+    for local_id, key in records:
+        owner, _, number = local_id.rpartition("@")
+        if number.isdigit():
+            push = (int(number), key.rsplit(":", 1)[1])
+            out[owner] = max(out.get(owner, push), push)
+    return out
+
+
+@dataclass
+class UpdatedCustomer:
+    customer_id: str
+    stripe_customer: str
+    outcome: str  # updated | failed
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"customer_id": self.customer_id, "stripe_customer": self.stripe_customer, "outcome": self.outcome,
+                "error": self.error}
+
+
+def sync_customers(conn: psycopg.Connection, sync: StripeSync, *, customer_id: str | None = None
+                   ) -> list[UpdatedCustomer]:
+    """Push the name and e-mail of each customer in Stripe whose name or e-mail differ from the last ones
+    pushed (or created with); a customer in Stripe with no push recorded (created before pushes were
+    recorded, or found by its e-mail after the state was lost) gets one."""
+    rows = conn.execute(
+        "SELECT c.customer_id, c.name, c.email, o.stripe_id FROM billing_customers c "
+        "JOIN stripe_objects o ON o.kind = 'customer' AND o.local_id = c.customer_id "
+        "WHERE %(c)s::text IS NULL OR c.customer_id = %(c)s ORDER BY c.customer_id",
+        {"c": customer_id},
+    ).fetchall()
+    last = _last_pushes(conn.execute("SELECT local_id, idempotency_key FROM stripe_objects "
+                                     "WHERE kind = 'customer_update'").fetchall())
+    out = []
+    for cid, name, email, stripe_id in rows:
+        if cid in last and last[cid][1] == customer_version(name or cid, email):
+            continue  # as pushed (the common case: no lock, no call)
+        with _customer_lock(conn, cid):
+            customer = get_customer(conn, cid)  # fresh, now that we hold the lock
+            info = customer_info(conn, cid, customer.currency if customer else "USD")
+            now_last = _last_pushes(conn.execute(
+                "SELECT local_id, idempotency_key FROM stripe_objects WHERE kind = 'customer_update' "
+                "AND starts_with(local_id, %s)", (cid + "@",)).fetchall()).get(cid)
+            if now_last is not None and now_last[1] == info.version:
+                continue
+            try:
+                if sync.update_customer(info, 1 if now_last is None else now_last[0] + 1):
+                    out.append(UpdatedCustomer(cid, stripe_id, "updated"))
+            except Exception as exc:  # a Stripe error: report it, go on with the other customers
+                out.append(UpdatedCustomer(cid, stripe_id, "failed", str(exc)))
+    return out
 
 
 @dataclass
@@ -94,10 +162,11 @@ class SyncedInvoice:
 @dataclass
 class SyncReport:
     invoices: list[SyncedInvoice] = field(default_factory=list)
+    customers: list[UpdatedCustomer] = field(default_factory=list)  # customer updates pushed (or failed)
 
     @property
     def ok(self) -> bool:
-        return all(i.outcome != "failed" for i in self.invoices)
+        return all(i.outcome != "failed" for i in self.invoices) and all(c.outcome != "failed" for c in self.customers)
 
     def count(self, outcome: str) -> int:
         return sum(1 for i in self.invoices if i.outcome == outcome)
@@ -105,7 +174,9 @@ class SyncReport:
     def to_json(self) -> dict:
         return {"ok": self.ok, "pushed": self.count("pushed"), "in_sync": self.count("in_sync"),
                 "failed": self.count("failed"), "skipped": self.count("skipped"),
-                "invoices": [i.to_json() for i in self.invoices]}
+                "invoices": [i.to_json() for i in self.invoices],
+                "customers_updated": sum(1 for c in self.customers if c.outcome == "updated"),
+                "customers": [c.to_json() for c in self.customers]}
 
 
 @contextmanager
@@ -122,7 +193,11 @@ def sync_invoices(
     conn: psycopg.Connection, sync: StripeSync, *, period: str | None = None, customer_id: str | None = None
 ) -> SyncReport:
     """Push what is not in sync yet (see the module docstring). `conn` is an autocommit connection."""
-    report = SyncReport()
+    if period is not None:
+        parse_label(period)
+    if customer_id is not None:
+        require_customer(conn, customer_id)
+    report = SyncReport(customers=sync_customers(conn, sync, customer_id=customer_id))
     by_customer: dict[str, list[Invoice]] = {}
     for invoice in _candidates(conn, period, customer_id):
         by_customer.setdefault(invoice.customer_id, []).append(invoice)

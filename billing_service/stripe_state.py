@@ -26,7 +26,9 @@ from sqlalchemy.engine import Engine
 
 from billing_service.stripe_tables import stripe_objects, stripe_webhook_events
 
-KINDS = ("customer", "invoiceitem", "invoice", "finalize", "void")
+# customer_update: the local id is "<customer id>@<push>" (0 when the customer was created, then 1, 2, ...),
+# recorded once that push of the name and e-mail is in Stripe; its key ends with their version
+KINDS = ("customer", "customer_update", "invoiceitem", "invoice", "finalize", "void")
 
 
 class SyncStateConflict(RuntimeError):

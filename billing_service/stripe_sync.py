@@ -37,6 +37,7 @@ import stripe
 
 from billing.invoice import Invoice, InvoiceLine, InvoiceStatus
 from billing.stripe_keys import (
+    customer_update_key,
     finalize_key,
     idempotency_key,
     invoice_item_key,
@@ -66,6 +67,7 @@ class CustomerInfo:
     name: str
     email: str | None
     currency: str  # ISO 4217, upper case as in infermeter ("USD")
+    version: str | None = None  # of the name and e-mail (`stripe_run.customer_version`): None, not tracked
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,32 @@ class StripeSync:
             if customer.email:
                 params["email"] = customer.email
             found = self.v1.customers.create(params=params, options={"idempotency_key": key}).id
+            if customer.version is not None:  # created with this name and e-mail: push number 0
+                self.state.record("customer_update", f"{customer.id}@0", found,
+                                  customer_update_key(customer.id, 0, customer.version))
         self.state.record("customer", customer.id, found, key)
         return found
+
+    def update_customer(self, customer: CustomerInfo, push: int) -> bool:
+        """Push the customer's name and e-mail to its Stripe customer as the customer's `push`-th update
+        (the caller gives one more than the last recorded, `stripe_run.sync_customers`):
+        `POST /v1/customers/{id}` with the idempotency key of (customer, push, version), so a rerun
+        after a lost answer sends the same key and Stripe does it once, while a later change (or a
+        change back to earlier values) is a new push with a new key. An e-mail removed locally is
+        removed in Stripe too. False when there is nothing to push: the customer is not in Stripe yet
+        (it is created with these values when its first invoice is pushed), it has no version, or this
+        push is already recorded."""
+        done = self.state.get("customer", customer.id)
+        if done is None or customer.version is None:
+            return False
+        local_id = f"{customer.id}@{push}"
+        if self.state.get("customer_update", local_id) is not None:
+            return False
+        key = customer_update_key(customer.id, push, customer.version)
+        self.v1.customers.update(done.stripe_id, params={"name": customer.name, "email": customer.email or ""},
+                                 options={"idempotency_key": key})
+        self.state.record("customer_update", local_id, done.stripe_id, key)
+        return True
 
     def _find_customer(self, customer: CustomerInfo) -> str | None:
         if not customer.email:  # customers are listed by email only; the idempotency key is the guard

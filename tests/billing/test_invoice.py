@@ -294,3 +294,18 @@ def test_other_periods_schedules():
     kolkata = billing_period("2026-03", "Asia/Kolkata", 1)
     invoice = draft_from_rating(rating(ROWS, period=kolkata), kolkata, price_book_version="v1")
     assert invoice.period_start == datetime(2026, 2, 28, 18, 30, tzinfo=UTC)
+
+
+def test_lines_from_rating_equal_the_checked_copies_and_bad_lines_are_still_refused():
+    from billing.invoice import line_from_rated, lines_from_rating
+
+    rated = rating(ROWS)
+    fast = lines_from_rating(rated, PERIOD)
+    assert fast == tuple(line_from_rated(line, PERIOD) for line in rated.lines)
+    assert all(hash(a) == hash(line_from_rated(b, PERIOD)) for a, b in zip(fast, rated.lines, strict=True))
+    bad = dataclasses.replace(rated, lines=(rated.lines[0]._replace(kind="bonus"), *rated.lines[1:]))
+    with pytest.raises(InvoiceError, match="kind 'bonus'"):
+        lines_from_rating(bad, PERIOD)
+    nan = dataclasses.replace(rated, lines=(rated.lines[0]._replace(amount=Decimal("NaN")), *rated.lines[1:]))
+    with pytest.raises(InvoiceError, match="finite Decimal"):
+        lines_from_rating(nan, PERIOD)

@@ -106,3 +106,26 @@ def test_api_paths_leave_it_alone(conn, february, api):
     assert r.status_code == 403
     assert frozen(conn, february.invoice_id) == before
     assert Decimal(before["total"]) == february.total
+
+
+def test_one_statement_touching_a_finalized_invoices_lines_writes_no_line(conn, metering, february):
+    """The draft-only check runs once per INSERT / DELETE statement (migration 0011): a statement that
+    copies lines to a draft and to a finalized invoice fails whole; the draft's lines alone go through."""
+    metering.request("acme", datetime(2026, 3, 4, tzinfo=UTC), input_tokens=5_000, output=500)
+    [march] = billing_run(conn, "2026-03", now=datetime(2026, 3, 10, tzinfo=UTC), cost_model=cost_model()).invoices
+    assert march.status == "draft"
+    copy_to = ("INSERT INTO billing_invoice_lines SELECT t.target, l.id || 'x', l.position + 100, l.rated_line_id, "
+               "l.kind, l.charge_key, l.meter, l.grp, l.quantity, l.unit_price, l.precise_amount, l.amount, l.period, "
+               "l.service_period_start, l.service_period_end FROM billing_invoice_lines l, unnest(%s::text[]) AS "
+               "t(target) WHERE l.invoice_id = %s")
+    before = conn.execute("SELECT count(*) FROM billing_invoice_lines").fetchone()
+    with pytest.raises(psycopg.errors.CheckViolation, match="lines of a finalized invoice cannot change"):
+        conn.execute(copy_to, ([march.invoice_id, february.invoice_id], march.invoice_id))
+    assert conn.execute("SELECT count(*) FROM billing_invoice_lines").fetchone() == before
+    with pytest.raises(psycopg.errors.CheckViolation, match="lines of a finalized invoice cannot change"):
+        conn.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)",
+                     ([march.invoice_id, february.invoice_id],))
+    assert conn.execute("SELECT count(*) FROM billing_invoice_lines").fetchone() == before
+    conn.execute(copy_to, ([march.invoice_id], march.invoice_id))  # a draft's lines may change
+    conn.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = %s AND position >= 100", (march.invoice_id,))
+    assert conn.execute("SELECT count(*) FROM billing_invoice_lines").fetchone() == before

@@ -110,6 +110,41 @@ def test_stripe_sync_pushes_finalized_invoices_oldest_first_and_a_rerun_creates_
     assert text.code == 0 and "INV-2026-000002 acme 2026-03 open: in sync (finalized in Stripe" in text.out
 
 
+def test_stripe_sync_pushes_customer_updates_once(conn, two_invoices, cli, stripe_env, stripe_fake):
+    """`customers set` after the customer reached Stripe: the next `stripe sync` updates its name and
+    e-mail there (one POST with a key from the customer and its version), a rerun sends nothing, and
+    going back to the old values is pushed too."""
+    assert cli("stripe", "sync").code == 0
+    [customer] = stripe_fake.list_objects(stripe_env, "customer")
+    assert (customer["name"], customer["email"]) == ("Acme", "billing@acme.test")
+
+    assert cli("customers", "set", "acme", "--name", "Acme GmbH", "--email", "ap@acme.test").code == 0
+    sent = len(stripe_fake.requests)
+    result = cli("stripe", "sync", "--json")
+    assert result.code == 0, result.out + result.err
+    report = result.json()
+    assert (report["customers_updated"], report["pushed"], report["in_sync"]) == (1, 0, 2)
+    assert report["customers"] == [{"customer_id": "acme", "stripe_customer": customer["id"], "outcome": "updated",
+                                    "error": None}]
+    [customer] = stripe_fake.list_objects(stripe_env, "customer")
+    assert (customer["name"], customer["email"]) == ("Acme GmbH", "ap@acme.test")
+    posts = [(path, key) for method, path, key in stripe_fake.requests[sent:] if method == "POST"]
+    assert [p for p, _ in posts] == [f"/v1/customers/{customer['id']}"]
+    assert posts[0][1].startswith("infermeter:customerupdate:acme:")
+
+    sent = len(stripe_fake.requests)
+    again = cli("stripe", "sync", "--json")
+    assert again.code == 0 and again.json()["customers_updated"] == 0
+    assert [m for m, _, _ in stripe_fake.requests[sent:] if m == "POST"] == []
+
+    assert cli("customers", "set", "acme", "--name", "Acme", "--email", "billing@acme.test").code == 0
+    text = cli("stripe", "sync")
+    assert text.code == 0 and "customer acme" in text.out and "updated" in text.out
+    [customer] = stripe_fake.list_objects(stripe_env, "customer")
+    assert (customer["name"], customer["email"]) == ("Acme", "billing@acme.test")
+    assert stripe_fake.count(stripe_env, "customer") == 1
+
+
 def test_stripe_sync_filters_by_period_and_customer(conn, two_invoices, cli, stripe_env, stripe_fake):
     only_march = cli("stripe", "sync", "--period", "2026-03", "--customer", "acme", "--json")
     assert only_march.code == 0, only_march.err

@@ -8,6 +8,7 @@ recorded state and the lookup by metadata protect); invoices, finalize and void 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -320,3 +321,64 @@ def test_localstripe_lists_pages_of_items(localstripe_url, stripe_tools):
     listed = list(client.v1.invoice_items.list(params={"customer": stripe_customer, "limit": 2}).auto_paging_iter())
     assert len(listed) == 3 + len(invoice.lines)
     assert set(items.values()) <= {i.id for i in listed}
+
+
+# ---------------------------------------------------------------- customer updates
+
+
+def test_a_customer_update_is_pushed_once_per_version_with_its_key(stripe_fake, stripe_api_key, stripe_tools):
+    invoice = finalized()
+    client, _ = stripe_tools.client_for(stripe_api_key, stripe_fake.url)
+    sync = StripeSync(client, InMemorySyncState())
+    first = CustomerInfo(invoice.customer_id, "Customer One", "one@example.com", invoice.currency, "v1")
+    stripe_customer = sync.sync_customer(first)
+    assert sync.update_customer(first, 0) is False  # created with these values: push 0 is recorded
+
+    renamed = replace(first, name="Customer One GmbH", email=None, version="v2")
+    assert sync.update_customer(renamed, 1) is True
+    assert sync.update_customer(renamed, 1) is False  # this push is recorded
+    [customer] = stripe_fake.list_objects(stripe_api_key, "customer")
+    assert (customer["id"], customer["name"], customer["email"]) == (stripe_customer, "Customer One GmbH", None)
+    updates = [key for method, path, key in stripe_fake.requests
+               if method == "POST" and path == f"/v1/customers/{stripe_customer}"]
+    assert updates == [f"infermeter:customerupdate:{invoice.customer_id}:1:v2"]
+
+    assert sync.update_customer(first, 2) is True  # back to the first values: a new push, a new key
+    [customer] = stripe_fake.list_objects(stripe_api_key, "customer")
+    assert (customer["name"], customer["email"]) == ("Customer One", "one@example.com")
+
+
+def test_a_customer_update_whose_answer_is_lost_is_done_once_by_the_rerun(stripe_fake, stripe_api_key, stripe_tools):
+    invoice = finalized()
+    state = InMemorySyncState()
+    client, _ = stripe_tools.client_for(stripe_api_key, stripe_fake.url)
+    info = CustomerInfo(invoice.customer_id, "Customer One", "one@example.com", invoice.currency, "v1")
+    stripe_customer = StripeSync(client, state).sync_customer(info)
+    changed = replace(info, email="two@example.com", version="v2")
+    client, _ = stripe_tools.client_for(stripe_api_key, stripe_fake.url, crash_after=1)
+    with pytest.raises(stripe_tools.Crash):  # Stripe updated the customer, the answer never came back
+        StripeSync(client, state).update_customer(changed, 1)
+    assert state.get("customer_update", f"{invoice.customer_id}@1") is None
+    client, _ = stripe_tools.client_for(stripe_api_key, stripe_fake.url)
+    assert StripeSync(client, state).update_customer(changed, 1) is True
+    sent = [key for method, path, key in stripe_fake.requests
+            if method == "POST" and path == f"/v1/customers/{stripe_customer}"]
+    assert sent == [f"infermeter:customerupdate:{invoice.customer_id}:1:v2"] * 2  # the same key: done once
+    [customer] = stripe_fake.list_objects(stripe_api_key, "customer")
+    assert customer["email"] == "two@example.com"
+
+
+def test_localstripe_customer_update(localstripe_url, stripe_tools):
+    """Against localstripe: the update lands, and the customer is found under its new e-mail (what a rerun
+    with the state lost looks it up by)."""
+    invoice = finalized()
+    client, _ = stripe_tools.client_for("sk_test_localstripe", localstripe_url)
+    sync = StripeSync(client, InMemorySyncState())
+    info = replace(customer_info(invoice), version="v1")
+    stripe_customer = sync.sync_customer(info)
+    email = f"renamed-{uuid.uuid4().hex[:8]}@example.com"
+    assert sync.update_customer(replace(info, name="Renamed Ltd", email=email, version="v2"), 1) is True
+    got = client.v1.customers.retrieve(stripe_customer)
+    assert (got.name, got.email) == ("Renamed Ltd", email)
+    assert [c.id for c in client.v1.customers.list(params={"email": email}).data] == [stripe_customer]
+    assert StripeSync(client, InMemorySyncState()).sync_customer(replace(info, email=email)) == stripe_customer
