@@ -31,9 +31,9 @@ from starlette.concurrency import run_in_threadpool
 
 from billing_service.store import UnknownCustomer, UnknownInvoice
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, scope
+from infermeter.http import PrincipalDep, error, error_responses, scope
 
-router = APIRouter(tags=["billing"])
+router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
 
 
 def clock() -> datetime:

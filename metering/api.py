@@ -21,7 +21,7 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, scope
+from infermeter.http import PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
 from metering import queries
 from metering.contract import REPLICA_V1, REQUEST_V1, InvalidEvent, decode_event, event_partition_key
@@ -34,7 +34,7 @@ MAX_BATCH = 10_000
 _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
-router = APIRouter(tags=["metering"])
+router = APIRouter(tags=["metering"], responses=error_responses(400, 401, 403, 404))
 # What a request cost and what a GPU ran are measured by the platform: only producer credentials (the
 # gateway, the replica agent) may report them. A customer key may report its own tool usage and task
 # outcomes (docs/metering.md, "Who may report what").
@@ -89,7 +89,7 @@ class Publisher:
             self.producer.close()
 
 
-@router.post("/v1/events", status_code=202)
+@router.post("/v1/events", status_code=202, responses=error_responses(413, 415, 503))
 async def post_events(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
