@@ -32,12 +32,14 @@ import json
 import tempfile
 import time
 import urllib.parse
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import psycopg
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import (
     FileResponse,
@@ -369,9 +371,30 @@ async def signout(request: Request) -> Response:
 # --- the customer dashboard ----------------------------------------------------------------------
 
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+ALL_PARTS = frozenset({"usage", "gpu", "tasks"})
+# what each data endpoint reads (an endpoint reads only its own part: bench.dashboards)
+CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"}, "gpu": {"gpu"},
+               "tasks": {"tasks"}, "summary": ALL_PARTS}
 
 
-def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool) -> dict:
+@contextmanager
+def _reads(conn):
+    """Reads without a transaction (each statement sees what is committed, as it would in a READ
+    COMMITTED transaction) in one pipeline: no BEGIN, no ROLLBACK when the connection goes back to
+    the pool, and each query function's SET TIME ZONE travels with its query (bench.dashboards)."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        yield  # already in a transaction: read in it
+        return
+    conn.autocommit = True
+    try:
+        with conn.pipeline():
+            yield
+    finally:
+        conn.autocommit = False
+
+
+def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
+                   parts: frozenset[str] | set[str] = ALL_PARTS) -> dict:
     window = views.page_window(params.get("from"), params.get("to"), now=now(), default=timedelta(days=7))
     customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
     model = params.get("model") or None
@@ -380,19 +403,18 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
         if customer is None:  # an admin who has not picked a customer yet
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
             return {"window": window, "customer_id": None, "customers": customers}
-        usage = views.customer_usage(conn, window, customer, model)
-        gpu = views.customer_gpu(conn, window, customer)
-        tasks = views.customer_tasks(conn, window, customer)
+        with _reads(conn):
+            usage = views.customer_usage(conn, window, customer, model) if "usage" in parts else None
+            gpu = views.customer_gpu(conn, window, customer) if "gpu" in parts else None
+            tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
                   "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
         if spend:
-            from pricing_service.books import read_cost_model
-
             provided = extensions.PROVIDERS.customer_price_book
             book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
-            result["spend"] = views.customer_spend(conn, window, customer, book,
-                                                   read_cost_model(settings.pricing_cost_model),
-                                                   tasks["totals"]["succeeded"])
+            with _reads(conn):
+                result["spend"] = views.customer_spend(conn, window, customer, book, views.cost_model(settings),
+                                                       tasks["totals"]["succeeded"])
             if extensions.PROVIDERS.invoices:
                 result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
             if extensions.PROVIDERS.current_period_spend:
@@ -450,7 +472,8 @@ async def dashboard_data(request: Request, name: str) -> Response:
     if viewer.is_admin and not params.get("customer_id"):
         return _bad_input(request, viewer, True, "customer_id is required for admin credentials")
     try:
-        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary")
+        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
+                                       parts=CHART_PARTS[chart])
     except TimeInputError as exc:
         return _bad_input(request, viewer, True, str(exc))
     if chart == "summary":
@@ -462,7 +485,10 @@ async def dashboard_data(request: Request, name: str) -> Response:
                 **{f"tasks_{k}": v for k, v in summary["tasks"].items()},
                 **{f"spend_{k}": v for k, v in (summary["spend"] or {}).items()}}
         return _csv([flat], "summary")
-    found = {c.id: c for c in views.customer_charts(view["usage"], view["gpu"], view["tasks"])}[chart]
+    built = (views.usage_charts(view["usage"]) if view["usage"] is not None else []) + \
+        ([views.gpu_chart(view["gpu"])] if view["gpu"] is not None else []) + \
+        ([views.tasks_chart(view["tasks"])] if view["tasks"] is not None else [])
+    found = {c.id: c for c in built}[chart]
     found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
                    "model": view["model"]}
     return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
