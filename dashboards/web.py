@@ -36,11 +36,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jinja2
 import psycopg
 from fastapi import APIRouter, FastAPI, Request
+from fastapi import Path as PathParam
 from fastapi.responses import (
     FileResponse,
     HTMLResponse,
@@ -259,6 +260,48 @@ def _json(payload: Any) -> JSONResponse:
     return JSONResponse(payload, headers={"Cache-Control": "no-store"})
 
 
+# --- the data endpoints in the API's OpenAPI document -------------------------------------------------
+# The JSON and CSV data endpoints are API (bearer credentials work): they are declared, and fuzzed by
+# tests/test_openapi_fuzz.py. Pages, forms (sign-in, CSRF) and static files stay out of the document.
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "code"],
+    "properties": {"message": {"type": "string"}, "code": {"type": "string"}}}}}
+_WINDOW_QUERY = [
+    {"name": "from", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "window start, RFC 3339 (floored to the hour); default: `to` minus the page's default span"},
+    {"name": "to", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "window end, RFC 3339 (rounded up to the hour); default: the end of the current hour"},
+]
+
+
+def _data_route(names: list[str], query: list[dict], *, admin: bool) -> dict[str, Any]:
+    """The decorator arguments that declare a data endpoint: its query parameters and its answers
+    (JSON or CSV; errors in the API's {"error": {message, code}} shape)."""
+    who = "Admin credentials (session or bearer token)" if admin else \
+        "A customer (session or bearer API key: only itself) or an admin (with customer_id)"
+    errors = {400: "bad filters", 401: "not signed in", 403: "not for these credentials", 404: "no such chart "
+              "(or another customer's data: existence is not disclosed)"}
+    return {
+        "description": f"{who}. `name` is a chart and a format: {', '.join(names)}.",
+        "openapi_extra": {"parameters": query},
+        "responses": {
+            200: {"description": "the chart's data", "content": {
+                "application/json": {"schema": {"type": "object"}}, "text/csv": {"schema": {"type": "string"}}}},
+            **{status: {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+               for status, text in errors.items()},
+        },
+    }
+
+
+def _chart_names(charts: tuple[str, ...], *, no_csv: tuple[str, ...] = ()) -> list[str]:
+    return [f"{c}.{fmt}" for c in charts for fmt in ("json", "csv") if not (fmt == "csv" and c in no_csv)]
+
+
+def _name_param(names: list[str]):
+    return PathParam(description="chart.format", json_schema_extra={"enum": names})
+
+
 def _chart_context(charts: list[views.Chart], base: str, query: str) -> list[dict]:
     suffix = f"?{query}" if query else ""
     return [{"chart": c, "spec": json.dumps(c.spec(), default=str).replace("<", "\\u003c").replace("&", "\\u0026"),
@@ -457,8 +500,14 @@ async def dashboard(request: Request) -> Response:
                   summary_csv=f"/dashboard/data/summary.csv?{query}")
 
 
-@router.get("/dashboard/data/{name}")
-async def dashboard_data(request: Request, name: str) -> Response:
+CUSTOMER_DATA = _chart_names(CUSTOMER_CHARTS)
+
+
+@router.get("/dashboard/data/{name}", **_data_route(CUSTOMER_DATA, _WINDOW_QUERY + [
+    {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "customer_id", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "admins: required; customers: their own id or nothing"}], admin=False))
+async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUSTOMER_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
     params = dict(request.query_params)
     if chart not in CUSTOMER_CHARTS or fmt not in ("json", "csv"):
@@ -549,8 +598,15 @@ async def pricing_page(request: Request, uploaded: str | None = None) -> Respons
                   default_effective=utc_text(view["window"].start))
 
 
-@router.get("/admin/pricing/data/{name}")
-async def pricing_data(request: Request, name: str) -> Response:
+PRICING_DATA = _chart_names(PRICING_CHARTS, no_csv=("comparison",))
+
+
+@router.get("/admin/pricing/data/{name}", **_data_route(PRICING_DATA, _WINDOW_QUERY + [
+    {"name": "book", "in": "query", "required": False, "schema": {"type": "array", "items": {"type": "string"}},
+     "style": "form", "explode": True,
+     "description": "books to compare (paths of book files, or stored:<id>); the first is the baseline"}],
+    admin=True))
+async def pricing_data(request: Request, name: Annotated[str, _name_param(PRICING_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
     if chart not in PRICING_CHARTS or fmt not in ("json", "csv") or (chart == "comparison" and fmt == "csv"):
         return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
@@ -652,8 +708,11 @@ async def ops_page(request: Request) -> Response:
                   reconcile_default={"from": utc_text(end - timedelta(hours=24)), "to": utc_text(end)})
 
 
-@router.get("/admin/ops/data/{name}")
-async def ops_data(request: Request, name: str) -> Response:
+OPS_DATA = _chart_names(OPS_CHARTS)
+
+
+@router.get("/admin/ops/data/{name}", **_data_route(OPS_DATA, _WINDOW_QUERY, admin=True))
+async def ops_data(request: Request, name: Annotated[str, _name_param(OPS_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
     if chart not in OPS_CHARTS or fmt not in ("json", "csv"):
         return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
@@ -704,13 +763,21 @@ async def finance_page(request: Request) -> Response:
 # --- metering's Prometheus metrics ---------------------------------------------------------------
 
 
-@router.get("/metrics/metering")
+@router.get("/metrics/metering", description="metering's Prometheus metrics (no credentials: a scrape target)",
+            responses={200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 def metering_prometheus(request: Request) -> Response:
     state = request.app.state
     reg = getattr(state, "dashboards_metering_registry", None)
     if reg is None:
         reg = state.dashboards_metering_registry = metering_metrics.registry(state.pool)
     return Response(metering_metrics.render(reg), media_type=metering_metrics.CONTENT_TYPE)
+
+
+# the data endpoints and the metrics are in the OpenAPI document (the router's pages are not)
+for _route in router.routes:
+    if getattr(_route, "endpoint", None) in (dashboard_data, pricing_data, ops_data, metering_prometheus):
+        _route.include_in_schema = True
 
 
 # --- a dashboards-only app ---------------------------------------------------------------------------
