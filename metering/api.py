@@ -151,9 +151,10 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
 def get_usage(
     request: Request,
     principal: PrincipalDep,
-    from_: Annotated[str, Query(alias="from")],
-    to: str,
-    group_by: str | None = None,
+    from_: Annotated[str, Query(alias="from", description="RFC 3339", examples=["2026-11-02T00:00:00Z"])],
+    to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"])],
+    group_by: Annotated[str | None, Query(description="comma-separated: model, deployment, day or hour",
+                                          examples=["model,day"])] = None,
     customer_id: str | None = None,
 ) -> dict[str, Any]:
     customer = scope(principal, customer_id)
