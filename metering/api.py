@@ -89,7 +89,21 @@ class Publisher:
             self.producer.close()
 
 
-@router.post("/v1/events", status_code=202, responses=error_responses(413, 415, 503))
+_TASK_EXAMPLE = {"specversion": "1.0", "id": "task-7/succeeded", "source": "//agents/runner-1",
+                 "type": "infermeter.task.v1", "subject": "cust-a", "time": "2026-11-02T12:00:00Z",
+                 "data": {"task_id": "task-7", "customer_id": "cust-a", "outcome": "succeeded",
+                          "finished_at": "2026-11-02T12:00:00Z"}}
+# The body is read raw (one content type or the other; each event is checked against its type's
+# schema, metering/schemas): declared here so the document says what to send.
+EVENTS_BODY = {"requestBody": {"required": True, "content": {
+    CLOUDEVENT: {"schema": {"type": "object", "description": "one CloudEvent (metering/schemas)"},
+                 "example": _TASK_EXAMPLE},
+    CLOUDEVENT_BATCH: {"schema": {"type": "array", "items": {"type": "object"}, "maxItems": MAX_BATCH,
+                                  "description": "CloudEvents (metering/schemas)"}, "example": [_TASK_EXAMPLE]},
+}}}
+
+
+@router.post("/v1/events", status_code=202, responses=error_responses(413, 415, 503), openapi_extra=EVENTS_BODY)
 async def post_events(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
