@@ -63,6 +63,7 @@ from dashboards.sessions import (
     read_session,
 )
 from infermeter.auth import AuthError, Principal, bearer_token
+from infermeter.http import data_error_handler
 from infermeter.times import TimeInputError, Window, parse_time, utc_text
 
 HERE = Path(__file__).resolve().parent
@@ -801,6 +802,7 @@ def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
     app.state.keys = keys
+    app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

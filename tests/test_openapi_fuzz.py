@@ -205,3 +205,22 @@ def test_customer_key_refused_on_admin_operations(api: Api, api_schema) -> None:
     # the same requests with the admin token are not refused (the list above reaches each operation)
     for method, url, body in requests[:3] + requests[8:]:
         assert client.request(method, url, json=body, headers=admin).status_code == 200, (method, url)
+
+
+def test_dashboards_app_refuses_a_nul_in_a_filter(seeded_db: str, tmp_path) -> None:
+    """The pages-only app (`infermeter serve dashboards`) answers a value the database cannot take
+    as the API app does (found on the API app by schemathesis: it was a 500)."""
+    from starlette.testclient import TestClient
+
+    from dashboards.web import create_dashboard_app
+
+    settings_ = Settings(INFERMETER_HOME=tmp_path / "home", DATABASE_URL=seeded_db, INFERMETER_ADMIN_TOKEN=ADMIN_TOKEN,
+                         INFERMETER_PRODUCER_TOKEN=PRODUCER_TOKEN)
+    app = create_dashboard_app(settings_, seeded_db, KeyStore(create_engine(seeded_db), settings=settings_))
+    try:
+        answer = TestClient(app).get("/dashboard/data/tokens.json", params={"customer_id": "cust\x00a"},
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "invalid_input"
+    finally:
+        app.state.pool.close()
