@@ -424,15 +424,14 @@ CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"
 @contextmanager
 def _reads(conn):
     """Reads without a transaction (each statement sees what is committed, as it would in a READ
-    COMMITTED transaction) in one pipeline: no BEGIN, no ROLLBACK when the connection goes back to
-    the pool, and each query function's SET TIME ZONE travels with its query (bench.dashboards)."""
+    COMMITTED transaction): no BEGIN, and no ROLLBACK when the connection goes back to the pool
+    (bench.dashboards; psycopg's pipeline mode was slower here than these plain round trips)."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         yield  # already in a transaction: read in it
         return
     conn.autocommit = True
     try:
-        with conn.pipeline():
-            yield
+        yield
     finally:
         conn.autocommit = False
 
