@@ -433,7 +433,8 @@ def _reads(conn):
     try:
         yield
     finally:
-        conn.autocommit = False
+        if not conn.closed:  # a broken connection: the pool discards it
+            conn.autocommit = False
 
 
 def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
