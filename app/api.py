@@ -25,8 +25,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from decimal import Decimal
 
-from fastapi import FastAPI, HTTPException
+import psycopg
+import sqlalchemy.exc
+from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing_service.api import router as billing_router
 from billing_service.stripe_api import router as stripe_router
@@ -35,7 +38,7 @@ from billing_service.stripe_state import PostgresWebhookEventLog
 from billing_service.stripe_webhook import utc_now
 from dashboards.web import router as dashboards_router
 from infermeter.db import get_engine
-from infermeter.http import error_handler
+from infermeter.http import data_error_handler, error_handler
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.api import Publisher
@@ -98,7 +101,11 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
     app.state.stripe_webhook_events = PostgresWebhookEventLog(get_engine(database_url))
     app.state.stripe_status_port = status_port(app.state.pool.connection,
                                                lambda: getattr(app.state, "clock", utc_now)())
-    app.add_exception_handler(HTTPException, error_handler)
+    # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method):
+    # every error answers {"error": {"message", "code"}}, the shape the OpenAPI document declares.
+    app.add_exception_handler(StarletteHTTPException, error_handler)
+    app.add_exception_handler(psycopg.DataError, data_error_handler)
+    app.add_exception_handler(sqlalchemy.exc.DataError, data_error_handler)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -25,15 +25,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from billing_service.store import UnknownCustomer, UnknownInvoice
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, scope
+from infermeter.http import PrincipalDep, error, error_responses, scope
 
-router = APIRouter(tags=["billing"])
+router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
 
 
 def clock() -> datetime:
@@ -75,7 +75,7 @@ async def _call(request: Request, work) -> Any:
 async def get_preview(
     request: Request,
     principal: PrincipalDep,
-    period: str = Query(description="billing period YYYY-MM"),
+    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
     customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
 ) -> dict[str, Any]:
     from billing_service.run import preview_invoice
@@ -251,12 +251,15 @@ async def get_credits(request: Request, principal: PrincipalDep, customer_id: st
 # ---------------------------------------------------------------- finance exports
 
 
-@router.get("/v1/billing/exports/{kind}")
+@router.get("/v1/billing/exports/{kind}", response_class=Response, responses={200: {
+    "description": "the export file", "content": {"text/csv": {"schema": {"type": "string"}},
+                                                  "application/vnd.apache.parquet": {"schema": {"type": "string",
+                                                                                                "format": "binary"}}}}})
 async def get_export(
     request: Request,
     principal: PrincipalDep,
-    kind: str,
-    period: str = Query(description="billing period YYYY-MM"),
+    kind: str = Path(description="invoices, lines, revenue or usage", examples=["invoices"]),
+    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
     format: str = Query(default="csv", description="csv or parquet"),
     as_of: str | None = Query(default=None, description="what was known at this time (RFC 3339)"),
 ) -> Response:

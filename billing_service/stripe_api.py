@@ -19,9 +19,9 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from billing_service.stripe_webhook import WebhookHandler, WebhookSignatureError, utc_now
-from infermeter.http import error
+from infermeter.http import error, error_responses
 
-router = APIRouter(tags=["stripe"])
+router = APIRouter(tags=["stripe"], responses=error_responses(400, 503))
 
 
 @router.post("/v1/stripe/webhook")

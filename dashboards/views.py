@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -132,21 +133,56 @@ def _gpu_hours(ms: int) -> str:
     return str((Decimal(ms) / 3_600_000).quantize(Decimal("0.0001")))
 
 
+TASK_KEYS = ("tasks", "succeeded", "failed", "other_outcomes", "attempts", "retried_attempts", "requests")
+
+
 def customer_tasks(conn: psycopg.Connection, window: Window, customer_id: str) -> dict[str, Any]:
+    """The customer's finished tasks per bucket, and totals: the sums of the buckets (each task finishes
+    in one bucket, every column is a count), so one statement instead of two."""
     bucket = bucket_for(window)
-    total = queries.task_summary(conn, window, customer_id)[0]
-    total["success_rate"] = _rate(total["succeeded"], total["tasks"])
     series = queries.task_summary(conn, window, customer_id, bucket=bucket)
+    total: dict[str, Any] = {key: sum(row[key] for row in series) for key in TASK_KEYS}
+    total["success_rate"] = _rate(total["succeeded"], total["tasks"])
     return {"bucket": bucket, "totals": total, "series": series}
 
 
 def baseline_book(settings) -> PriceBook:
     """The book spend is rated under until billing registers the customer's own: the first candidate
     book (INFERMETER_PRICING_BOOKS), or the per-token example book when that is unset."""
-    from pricing_service.books import book_paths, read_price_book
+    from pricing_service.books import book_paths
 
     paths = book_paths(settings.pricing_books) if settings.pricing_books else [Path(default_book_specs()[0])]
-    return read_price_book(paths[0])
+    return _read_book(str(paths[0]), _mtime(paths[0]))
+
+
+def cost_model(settings):
+    """The cost model of INFERMETER_PRICING_COST_MODEL (None: the example one), parsed once per file version."""
+    from pricing_service.books import EXAMPLE_COST_MODEL
+
+    path = settings.pricing_cost_model
+    return _read_cost_model(None if path is None else str(path), _mtime(Path(path or EXAMPLE_COST_MODEL)))
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1  # the reader says what is wrong with the path
+
+
+@lru_cache(maxsize=16)
+def _read_book(path: str, _mtime_ns: int) -> PriceBook:
+    """A book file parsed once per version of the file (parsing and validating it took ~2 ms a call)."""
+    from pricing_service.books import read_price_book
+
+    return read_price_book(Path(path))
+
+
+@lru_cache(maxsize=4)
+def _read_cost_model(path: str | None, _mtime_ns: int):
+    from pricing_service.books import read_cost_model
+
+    return read_cost_model(None if path is None else Path(path))
 
 
 def customer_spend(conn: psycopg.Connection, window: Window, customer_id: str, book: PriceBook, cost_model,
@@ -166,6 +202,10 @@ def customer_spend(conn: psycopg.Connection, window: Window, customer_id: str, b
 
 
 def customer_charts(usage: dict, gpu: dict, tasks: dict) -> list[Chart]:
+    return usage_charts(usage) + [gpu_chart(gpu), tasks_chart(tasks)]
+
+
+def usage_charts(usage: dict) -> list[Chart]:
     b = usage["bucket"]
     return [
         Chart("tokens", "Tokens", "stacked", b,
@@ -177,15 +217,21 @@ def customer_charts(usage: dict, gpu: dict, tasks: dict) -> list[Chart]:
         Chart("cache_hit", "Cache-hit rate", "line", b, [("cached / all input tokens", "cache_hit_rate")],
               usage["series"], y_title="share of input tokens", x_title=b,
               note="Cached input tokens divided by all input tokens."),
-        Chart("gpu", "GPU-hours of your dedicated deployments", "stacked", gpu["bucket"],
-              [(d["deployment_id"], d["deployment_id"]) for d in gpu["deployments"]], gpu["series"],
-              y_title="GPU-hours", x_title=gpu["bucket"],
-              note="From the replica intervals of deployments dedicated to you (shared capacity is not shown)."),
-        Chart("tasks", "Tasks finished", "stacked", tasks["bucket"],
-              [("succeeded", "succeeded"), ("failed", "failed"), ("other outcomes", "other_outcomes")],
-              tasks["series"], y_title="tasks", x_title=tasks["bucket"],
-              note="Tasks by the time their outcome was reported; attempts and retries are in the table."),
     ]
+
+
+def gpu_chart(gpu: dict) -> Chart:
+    return Chart("gpu", "GPU-hours of your dedicated deployments", "stacked", gpu["bucket"],
+                 [(d["deployment_id"], d["deployment_id"]) for d in gpu["deployments"]], gpu["series"],
+                 y_title="GPU-hours", x_title=gpu["bucket"],
+                 note="From the replica intervals of deployments dedicated to you (shared capacity is not shown).")
+
+
+def tasks_chart(tasks: dict) -> Chart:
+    return Chart("tasks", "Tasks finished", "stacked", tasks["bucket"],
+                 [("succeeded", "succeeded"), ("failed", "failed"), ("other outcomes", "other_outcomes")],
+                 tasks["series"], y_title="tasks", x_title=tasks["bucket"],
+                 note="Tasks by the time their outcome was reported; attempts and retries are in the table.")
 
 
 # --- pricing experiments -------------------------------------------------------------------------

@@ -38,13 +38,16 @@ import json
 import tempfile
 import time
 import urllib.parse
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jinja2
+import psycopg
 from fastapi import APIRouter, FastAPI, Request
+from fastapi import Path as PathParam
 from fastapi.responses import (
     FileResponse,
     HTMLResponse,
@@ -66,6 +69,7 @@ from dashboards.sessions import (
     read_session,
 )
 from infermeter.auth import AuthError, Principal, bearer_token
+from infermeter.http import data_error_handler
 from infermeter.times import TimeInputError, Window, parse_time, utc_text
 
 HERE = Path(__file__).resolve().parent
@@ -263,6 +267,48 @@ def _json(payload: Any) -> JSONResponse:
     return JSONResponse(payload, headers={"Cache-Control": "no-store"})
 
 
+# --- the data endpoints in the API's OpenAPI document -------------------------------------------------
+# The JSON and CSV data endpoints are API (bearer credentials work): they are declared, and fuzzed by
+# tests/test_openapi_fuzz.py. Pages, forms (sign-in, CSRF) and static files stay out of the document.
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "code"],
+    "properties": {"message": {"type": "string"}, "code": {"type": "string"}}}}}
+_WINDOW_QUERY = [
+    {"name": "from", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "window start, RFC 3339 (floored to the hour); default: `to` minus the page's default span"},
+    {"name": "to", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "window end, RFC 3339 (rounded up to the hour); default: the end of the current hour"},
+]
+
+
+def _data_route(names: list[str], query: list[dict], *, admin: bool) -> dict[str, Any]:
+    """The decorator arguments that declare a data endpoint: its query parameters and its answers
+    (JSON or CSV; errors in the API's {"error": {message, code}} shape)."""
+    who = "Admin credentials (session or bearer token)" if admin else \
+        "A customer (session or bearer API key: only itself) or an admin (with customer_id)"
+    errors = {400: "bad filters", 401: "not signed in", 403: "not for these credentials", 404: "no such chart "
+              "(or another customer's data: existence is not disclosed)"}
+    return {
+        "description": f"{who}. `name` is a chart and a format: {', '.join(names)}.",
+        "openapi_extra": {"parameters": query},
+        "responses": {
+            200: {"description": "the chart's data", "content": {
+                "application/json": {"schema": {"type": "object"}}, "text/csv": {"schema": {"type": "string"}}}},
+            **{status: {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+               for status, text in errors.items()},
+        },
+    }
+
+
+def _chart_names(charts: tuple[str, ...], *, no_csv: tuple[str, ...] = ()) -> list[str]:
+    return [f"{c}.{fmt}" for c in charts for fmt in ("json", "csv") if not (fmt == "csv" and c in no_csv)]
+
+
+def _name_param(names: list[str]):
+    return PathParam(description="chart.format", json_schema_extra={"enum": names})
+
+
 def _chart_context(charts: list[views.Chart], base: str, query: str) -> list[dict]:
     suffix = f"?{query}" if query else ""
     return [{"chart": c, "spec": json.dumps(c.spec(), default=str).replace("<", "\\u003c").replace("&", "\\u0026"),
@@ -375,10 +421,30 @@ async def signout(request: Request) -> Response:
 # --- the customer dashboard ----------------------------------------------------------------------
 
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+ALL_PARTS = frozenset({"usage", "gpu", "tasks"})
+# what each data endpoint reads (an endpoint reads only its own part: bench.dashboards)
+CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"}, "gpu": {"gpu"},
+               "tasks": {"tasks"}, "summary": ALL_PARTS}
+
+
+@contextmanager
+def _reads(conn):
+    """Reads without a transaction (each statement sees what is committed, as it would in a READ
+    COMMITTED transaction): no BEGIN, and no ROLLBACK when the connection goes back to the pool
+    (bench.dashboards; psycopg's pipeline mode was slower here than these plain round trips)."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        yield  # already in a transaction: read in it
+        return
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        if not conn.closed:  # a broken connection: the pool discards it
+            conn.autocommit = False
 
 
 def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
-                   billing: bool = False) -> dict:
+                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False) -> dict:
     window = views.page_window(params.get("from"), params.get("to"), now=now(), default=timedelta(days=7))
     customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
     model = params.get("model") or None
@@ -387,19 +453,18 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
         if customer is None:  # an admin who has not picked a customer yet
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
             return {"window": window, "customer_id": None, "customers": customers}
-        usage = views.customer_usage(conn, window, customer, model)
-        gpu = views.customer_gpu(conn, window, customer)
-        tasks = views.customer_tasks(conn, window, customer)
+        with _reads(conn):
+            usage = views.customer_usage(conn, window, customer, model) if "usage" in parts else None
+            gpu = views.customer_gpu(conn, window, customer) if "gpu" in parts else None
+            tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
                   "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
         if spend:
-            from pricing_service.books import read_cost_model
-
             provided = extensions.PROVIDERS.customer_price_book
             book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
-            result["spend"] = views.customer_spend(conn, window, customer, book,
-                                                   read_cost_model(settings.pricing_cost_model),
-                                                   tasks["totals"]["succeeded"])
+            with _reads(conn):
+                result["spend"] = views.customer_spend(conn, window, customer, book, views.cost_model(settings),
+                                                       tasks["totals"]["succeeded"])
         if billing and extensions.PROVIDERS.invoices:  # the page's billing sections (their endpoints: below)
             result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
         if billing and extensions.PROVIDERS.current_period_spend:
@@ -444,8 +509,14 @@ async def dashboard(request: Request) -> Response:
                   summary_csv=f"/dashboard/data/summary.csv?{query}", billing_query=_billing_query(view, params), request_params=params)
 
 
-@router.get("/dashboard/data/{name}")
-async def dashboard_data(request: Request, name: str) -> Response:
+CUSTOMER_DATA = _chart_names(CUSTOMER_CHARTS)
+
+
+@router.get("/dashboard/data/{name}", **_data_route(CUSTOMER_DATA, _WINDOW_QUERY + [
+    {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "customer_id", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "admins: required; customers: their own id or nothing"}], admin=False))
+async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUSTOMER_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
     params = dict(request.query_params)
     if chart not in CUSTOMER_CHARTS or fmt not in ("json", "csv"):
@@ -459,7 +530,8 @@ async def dashboard_data(request: Request, name: str) -> Response:
     if viewer.is_admin and not params.get("customer_id"):
         return _bad_input(request, viewer, True, "customer_id is required for admin credentials")
     try:
-        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary")
+        view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
+                                       parts=CHART_PARTS[chart])
     except TimeInputError as exc:
         return _bad_input(request, viewer, True, str(exc))
     if chart == "summary":
@@ -471,7 +543,10 @@ async def dashboard_data(request: Request, name: str) -> Response:
                 **{f"tasks_{k}": v for k, v in summary["tasks"].items()},
                 **{f"spend_{k}": v for k, v in (summary["spend"] or {}).items()}}
         return _csv([flat], "summary")
-    found = {c.id: c for c in views.customer_charts(view["usage"], view["gpu"], view["tasks"])}[chart]
+    built = (views.usage_charts(view["usage"]) if view["usage"] is not None else []) + \
+        ([views.gpu_chart(view["gpu"])] if view["gpu"] is not None else []) + \
+        ([views.tasks_chart(view["tasks"])] if view["tasks"] is not None else [])
+    found = {c.id: c for c in built}[chart]
     found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
                    "model": view["model"]}
     return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
@@ -665,8 +740,15 @@ async def pricing_page(request: Request, uploaded: str | None = None) -> Respons
                   default_effective=utc_text(view["window"].start))
 
 
-@router.get("/admin/pricing/data/{name}")
-async def pricing_data(request: Request, name: str) -> Response:
+PRICING_DATA = _chart_names(PRICING_CHARTS, no_csv=("comparison",))
+
+
+@router.get("/admin/pricing/data/{name}", **_data_route(PRICING_DATA, _WINDOW_QUERY + [
+    {"name": "book", "in": "query", "required": False, "schema": {"type": "array", "items": {"type": "string"}},
+     "style": "form", "explode": True,
+     "description": "books to compare (paths of book files, or stored:<id>); the first is the baseline"}],
+    admin=True))
+async def pricing_data(request: Request, name: Annotated[str, _name_param(PRICING_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
     if chart not in PRICING_CHARTS or fmt not in ("json", "csv") or (chart == "comparison" and fmt == "csv"):
         return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
@@ -768,8 +850,11 @@ async def ops_page(request: Request) -> Response:
                   reconcile_default={"from": utc_text(end - timedelta(hours=24)), "to": utc_text(end)})
 
 
-@router.get("/admin/ops/data/{name}")
-async def ops_data(request: Request, name: str) -> Response:
+OPS_DATA = _chart_names(OPS_CHARTS)
+
+
+@router.get("/admin/ops/data/{name}", **_data_route(OPS_DATA, _WINDOW_QUERY, admin=True))
+async def ops_data(request: Request, name: Annotated[str, _name_param(OPS_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
     if chart not in OPS_CHARTS or fmt not in ("json", "csv"):
         return JSONResponse({"error": {"message": "not found", "code": "not_found"}}, status_code=404)
@@ -880,13 +965,21 @@ async def finance_export(request: Request, name: str, period: str | None = None)
 # --- metering's Prometheus metrics ---------------------------------------------------------------
 
 
-@router.get("/metrics/metering")
+@router.get("/metrics/metering", description="metering's Prometheus metrics (no credentials: a scrape target)",
+            responses={200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 def metering_prometheus(request: Request) -> Response:
     state = request.app.state
     reg = getattr(state, "dashboards_metering_registry", None)
     if reg is None:
         reg = state.dashboards_metering_registry = metering_metrics.registry(state.pool)
     return Response(metering_metrics.render(reg), media_type=metering_metrics.CONTENT_TYPE)
+
+
+# the data endpoints and the metrics are in the OpenAPI document (the router's pages are not)
+for _route in router.routes:
+    if getattr(_route, "endpoint", None) in (dashboard_data, pricing_data, ops_data, metering_prometheus):
+        _route.include_in_schema = True
 
 
 # --- a dashboards-only app ---------------------------------------------------------------------------
@@ -910,6 +1003,7 @@ def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
     app.state.keys = keys
+    app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

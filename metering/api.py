@@ -20,9 +20,10 @@ from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
 
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, scope
+from infermeter.http import PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
 from metering import queries
 from metering.contract import (
@@ -42,7 +43,63 @@ MAX_BATCH = 10_000
 _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
-router = APIRouter(tags=["metering"])
+router = APIRouter(tags=["metering"], responses=error_responses(400, 401, 403, 404))
+
+
+# What the endpoints answer, declared in the OpenAPI document (`responses`, so the answers are not
+# re-validated on the way out; tests/test_openapi_fuzz.py checks every answer against them).
+class RejectedEvent(BaseModel):
+    index: int
+    id: str | None
+    reason: str
+    detail: str
+
+
+class EventsAccepted(BaseModel):
+    published: int
+    rejected: list[RejectedEvent]
+
+
+class UsageRow(BaseModel):
+    customer_id: str
+    model: str | None = Field(default=None, description="with group_by=model")
+    deployment_id: str | None = Field(default=None, description="with group_by=deployment")
+    day: str | None = Field(default=None, description="with group_by=day (RFC 3339, UTC)")
+    hour: str | None = Field(default=None, description="with group_by=hour (RFC 3339, UTC)")
+    requests: int
+    input_tokens: int
+    cached_input_tokens: int
+    uncached_input_tokens: int
+    output_tokens: int
+
+
+class UsageAnswer(BaseModel):
+    from_: str = Field(alias="from")
+    to: str
+    rows: list[UsageRow]
+
+
+class Task(BaseModel):
+    task_id: str
+    customer_id: str
+    attempts: int
+    requests: int
+    input_tokens: int
+    cached_input_tokens: int
+    uncached_input_tokens: int
+    output_tokens: int
+    outcome: str = Field(description="succeeded, failed, abandoned, or pending (no outcome reported yet)")
+    finished_at: str | None
+    first_request_at: str | None
+    last_request_at: str | None
+
+
+class TaskList(BaseModel):
+    tasks: list[Task]
+
+
+def _answers(model: type[BaseModel]) -> dict:
+    return {200: {"model": model}}
 # What a request cost and what a GPU ran are measured by the platform: only producer credentials (the
 # gateway, the replica agent) may report them. A customer key may report its own tool usage and task
 # outcomes (docs/metering.md, "Who may report what").
@@ -99,7 +156,22 @@ class Publisher:
             self.producer.close()
 
 
-@router.post("/v1/events", status_code=202)
+_TASK_EXAMPLE = {"specversion": "1.0", "id": "task-7/succeeded", "source": "//agents/runner-1",
+                 "type": "infermeter.task.v1", "subject": "cust-a", "time": "2026-11-02T12:00:00Z",
+                 "data": {"task_id": "task-7", "customer_id": "cust-a", "outcome": "succeeded",
+                          "finished_at": "2026-11-02T12:00:00Z"}}
+# The body is read raw (one content type or the other; each event is checked against its type's
+# schema, metering/schemas): declared here so the document says what to send.
+EVENTS_BODY = {"requestBody": {"required": True, "content": {
+    CLOUDEVENT: {"schema": {"type": "object", "description": "one CloudEvent (metering/schemas)"},
+                 "example": _TASK_EXAMPLE},
+    CLOUDEVENT_BATCH: {"schema": {"type": "array", "items": {"type": "object"}, "maxItems": MAX_BATCH,
+                                  "description": "CloudEvents (metering/schemas)"}, "example": [_TASK_EXAMPLE]},
+}}}
+
+
+@router.post("/v1/events", status_code=202, responses={202: {"model": EventsAccepted},
+                                                       **error_responses(413, 415, 503)}, openapi_extra=EVENTS_BODY)
 async def post_events(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
@@ -163,13 +235,14 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
     return {"published": len(good), "rejected": rejected}
 
 
-@router.get("/v1/usage")
+@router.get("/v1/usage", responses=_answers(UsageAnswer))
 def get_usage(
     request: Request,
     principal: PrincipalDep,
-    from_: Annotated[str, Query(alias="from")],
-    to: str,
-    group_by: str | None = None,
+    from_: Annotated[str, Query(alias="from", description="RFC 3339", examples=["2026-11-02T00:00:00Z"])],
+    to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"])],
+    group_by: Annotated[str | None, Query(description="comma-separated: model, deployment, day or hour",
+                                          examples=["model,day"])] = None,
     customer_id: str | None = None,
 ) -> dict[str, Any]:
     customer = scope(principal, customer_id)
@@ -183,7 +256,7 @@ def get_usage(
     return {"from": window.start.isoformat(), "to": window.end.isoformat(), "rows": rows}
 
 
-@router.get("/v1/tasks")
+@router.get("/v1/tasks", responses=_answers(TaskList))
 def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | None = None, limit: int = 1000) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     if customer is None:
@@ -192,7 +265,7 @@ def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | Non
         return {"tasks": queries.tasks(conn, customer, limit=min(max(limit, 1), 10_000))}
 
 
-@router.get("/v1/tasks/{task_id}")
+@router.get("/v1/tasks/{task_id}", responses=_answers(Task))
 def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_id: str | None = None) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     if customer is None:

@@ -75,7 +75,9 @@ def request_sums(
     order): one row per model (and deployment; deployment '' with `by_deployment=False`). `meters`
     are request meters (REQUEST_METERS); none, no rows. A thread reads the rows, so PostgreSQL keeps
     summing the next customers while the caller works on this one; `conn` is the thread's until the
-    iterator ends. `sql_template` (formatted with deployment, sums, group_deployment and only),
+    iterator ends (one customer's few rows are read at once, without the thread and its planner
+    settings: ~10 round trips fewer for a dashboard's spend). `sql_template` (formatted with
+    deployment, sums, group_deployment and only),
     `chunk_rows` (rows per chunk handed over) and `chunks_ahead` (chunks the thread may read ahead)
     default to the module's constants; tests pass others."""
     unknown = [m for m in meters if m not in REQUEST_METER_SUMS]
@@ -95,7 +97,10 @@ def request_sums(
     params = {"start": start, "end": end, "customer": customer_id}
     current: str | None = None
     rows: list[tuple] = []
-    chunks = _read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
+    if customer_id is not None:
+        chunks: Iterator[list[tuple]] = iter([conn.execute(sql, params).fetchall()])
+    else:
+        chunks = _read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
     try:
         for chunk in chunks:
             for row in chunk:
@@ -107,7 +112,8 @@ def request_sums(
         if current is not None:
             yield current, rows
     finally:
-        chunks.close()  # the caller stopped early: stop the reading thread now
+        if hasattr(chunks, "close"):
+            chunks.close()  # the caller stopped early: stop the reading thread now
 
 
 _END = object()

@@ -19,11 +19,11 @@ from typing import Annotated, Any
 import typer
 from fastapi import APIRouter, Request
 
-from infermeter.http import PrincipalDep, error
+from infermeter.http import PrincipalDep, error, error_responses
 from infermeter.times import TimeInputError, parse_time
 from serving.capacity_service import HISTORY_MIN, capacity_reports, policy_from_settings
 
-router = APIRouter(tags=["capacity"])
+router = APIRouter(tags=["capacity"], responses=error_responses(400, 401, 403, 404))
 
 
 @router.get("/v1/deployments/{deployment_id}/capacity")
