@@ -19,11 +19,11 @@ from typing import Annotated, Any
 import typer
 from fastapi import APIRouter, Request
 
-from infermeter.http import PrincipalDep, error
+from infermeter.http import PrincipalDep, error, error_responses
 from serving.residency import ResidencyError, clear_residency, get_residency, set_residency
 from serving.upstreams import parse_regions
 
-router = APIRouter(tags=["residency"])
+router = APIRouter(tags=["residency"], responses=error_responses(400, 401, 403))
 
 
 def _known(settings) -> tuple[str, ...]:
