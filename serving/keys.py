@@ -119,6 +119,9 @@ class KeyStore:
         # flood of bad keys off the database. Bounded: cleared when it grows past the limit.
         self._unknown: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
+        # (admin token, producer token), read once: each read of a Settings property costs ~10 us
+        # (pydantic attribute access, generated credentials), twice per request otherwise.
+        self._static_tokens: tuple[str, str] | None = None
 
     # --- administration -------------------------------------------------------------------
 
@@ -169,7 +172,10 @@ class KeyStore:
     # --- authentication ---------------------------------------------------------------------
 
     def _static(self, token: str) -> Principal | None:
-        return static_principal(token, self.settings.admin_token, self.settings.producer_token)
+        tokens = self._static_tokens
+        if tokens is None:
+            tokens = self._static_tokens = (self.settings.admin_token, self.settings.producer_token)
+        return static_principal(token, *tokens)
 
     def _from_cache(self, key_id: str, secret: str) -> Principal | None:
         refused = self._unknown.get(key_id)
