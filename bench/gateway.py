@@ -3,6 +3,7 @@ through LiteLLM's proxy, in one run.
 
     python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm [--vllm-bench]]
                             [--no-litellm] [--floor] [--stream] [--json FILE]
+                            [--replicas 2] [--region R] [--gateway-env NAME=VALUE ...]
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 - a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage), which isolates the
@@ -30,7 +31,8 @@ concurrency), then open loop at a fixed rate (default 200 req/s, the target's op
 alternating 1 s blocks, direct and proxy, for `--duration` s each (both see the same minutes of
 this shared machine). Added latency = p50/p99 through a proxy minus p50/p99 direct, under the
 same load. The load generator shares the 2 cores with everything else, so absolute numbers are
-this machine's.
+this machine's; the CPU each proxy process spends per request (all threads, from /proc) is
+printed too, as it moves far less with the machine's load than latency does.
 """
 
 from __future__ import annotations
