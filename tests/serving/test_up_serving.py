@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 from openai import OpenAI
 
-from infermeter.stack import free_port, to_libpq_url
+from infermeter.stack import free_port, is_recorded_process, process_start, to_libpq_url
 from tests.cli.test_up import _left_behind, _processes
 
 
@@ -129,7 +129,8 @@ def test_up_serving_two_replicas_meters_a_chat_completion_and_leaves_nothing_beh
         )  # fmt: skip
         assert sorted(r[0] for r in replicas) == ["tiny-cpu-0", "tiny-cpu-1"]
 
-        children = _descendants(up.pid)
+        # pid and start time: pids are reused within minutes on this busy machine
+        children = {pid: process_start(pid) for pid in _descendants(up.pid)}
         for role in serving:
             assert pids[role]["pid"] in children, (role, pids[role])
     finally:
@@ -138,7 +139,56 @@ def test_up_serving_two_replicas_meters_a_chat_completion_and_leaves_nothing_beh
     text = out_path.read_text(errors="replace")
     assert up.returncode == 0, text
     assert "stopped (SIGTERM)" in text
-    still = {pid for pid in children if pid in _processes()}
+    still = {pid for pid, start in children.items() if start is not None and process_start(pid) == start}
     assert still == set(), still
     assert _left_behind(home) == {}
     assert not (home / "stack.json").exists() and not (home / "pids.json").exists()
+
+
+def test_after_kill_9_of_up_serving_no_replica_agent_or_gateway_outlives_it(tmp_path: Path):
+    """`kill -9` of `up --serving`: the kernel's parent-death signal stops every vLLM (a stand-in
+    here, tests/cli/test_up.py's: the real one is covered above), replica agent and gateway; the
+    next `up` on the home stops the PostgreSQL the killed run left, and then nothing is left."""
+    from tests.cli.test_up import FAKE_VLLM
+
+    home = Path(tempfile.mkdtemp(prefix="infermeter-up-serving-kill-")) / "home"
+    home.mkdir(parents=True)
+    python = tmp_path / "fake-vllm-python"
+    python.write_text(FAKE_VLLM.format(python=sys.executable))
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP")}
+    env.update(INFERMETER_HOME=str(home), INFERMETER_API_PORT=str(free_port()),
+               INFERMETER_GATEWAY_PORT=str(free_port()), INFERMETER_VLLM_PYTHON=str(python))  # fmt: skip
+    out_path = home / "up.out"
+    with open(out_path, "wb") as out:
+        up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--serving", "--replicas", "2",
+                               "--model", "fake"], env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        _printed(out_path, up, timeout_s=120)
+        pids = json.loads((home / "pids.json").read_text())
+        serving = {role: pids[role] for role in pids if role.startswith("serving:")}
+        assert len(serving) == 5, pids
+        assert all(is_recorded_process(record) for record in serving.values())
+    finally:
+        up.kill()
+        up.wait(10)
+    deadline = time.monotonic() + 30
+    # pid, start time and command line: pids are reused within minutes on this busy machine
+    while (alive := {role for role, record in serving.items() if is_recorded_process(record)}) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive == set()
+
+    again = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--no-api"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (home / "stack.json").exists() or json.loads((home / "stack.json").read_text())["pid"] != again.pid:
+            assert again.poll() is None and time.monotonic() < deadline, again.stdout.read()
+            time.sleep(0.2)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        text, _ = again.communicate(timeout=60)
+    assert again.returncode == 0, text
+    assert "did not stop cleanly" in text
+    assert _left_behind(home) == {}
