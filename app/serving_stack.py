@@ -127,7 +127,8 @@ class ServingStack:
                 state_dir=Path(self.settings.home) / "vllm" / str(port),
             )  # fmt: skip
             self.replicas.append(server)
-            self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port))
+            ipc = str(server.ipc_folder) if server.ipc_folder else None  # the next `up` removes it after a kill -9
+            self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port, ipc_folder=ipc))
         pending = dict(enumerate(self.replicas))
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=self.console, transient=True) as progress:  # fmt: skip

@@ -558,8 +558,13 @@ def clean_stale(settings: Settings, pid_file: PidFile) -> list[str]:
         else:
             lines.append(f"the broker of a previous run (pid {pid}, port {port}) had already exited")
     for role, record in old.items():  # `up --serving`: vLLM replicas, replica agents, the gateway
-        if role.startswith("serving:") and isinstance(record, dict) and stop_recorded_process(record):
+        if not role.startswith("serving:") or not isinstance(record, dict):
+            continue
+        if stop_recorded_process(record):
             lines.append(f"found {role.removeprefix('serving:')} (pid {record.get('pid')}) from a previous run: stopped it")
+        ipc = record.get("ipc_folder")  # a vLLM's short IPC folder under /tmp (serving/vllm_server.py)
+        if isinstance(ipc, str) and Path(ipc).name.startswith("vllm-rpc-") and not is_recorded_process(record):
+            shutil.rmtree(ipc, ignore_errors=True)
     if not settings.database_url:
         pgdata = embedded_pgdata(settings)
         dead, live = prune_postgres_users(pgdata)

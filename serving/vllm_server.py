@@ -133,6 +133,12 @@ class VllmServer:
     _log: object = field(default=None, repr=False)
     _own_folder: Path | None = field(default=None, repr=False)  # a short IPC folder outside state_dir
 
+    @property
+    def ipc_folder(self) -> Path | None:
+        """The short IPC folder of its own outside `state_dir` (`rpc_folder`), if it has one: removed
+        by `stop`; after a `kill -9` of the process that started it, by whoever kept this path."""
+        return self._own_folder
+
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -192,3 +192,7 @@ def test_after_kill_9_of_up_serving_no_replica_agent_or_gateway_outlives_it(tmp_
     assert again.returncode == 0, text
     assert "did not stop cleanly" in text
     assert _left_behind(home) == {}
+    # the killed replicas' IPC folders (a deep home puts them under /tmp) went with the next `up`
+    ipc = [record["ipc_folder"] for role, record in serving.items() if role.startswith("serving:vllm")]
+    assert all(folder and folder.startswith("/tmp/vllm-rpc-") for folder in ipc), ipc
+    assert not any(Path(folder).exists() for folder in ipc)
