@@ -69,27 +69,43 @@ def _print_json(payload: object) -> None:
 def up(
     api: Annotated[bool, typer.Option(help="Serve the HTTP API too.")] = True,
     consumers: Annotated[int, typer.Option(min=0, help="Metering consumer threads to run.")] = 1,
+    serving: Annotated[bool, typer.Option(
+        "--serving", help="Also run the serving tier: vLLM CPU replicas of the tiny model, a replica agent "
+        "each, the gateway; prints its base URL and a new customer key.")] = False,
+    replicas: Annotated[int, typer.Option(min=1, max=16, help="With --serving: vLLM replicas to start.")] = 1,
+    model: Annotated[str | None, typer.Option(
+        help="With --serving: the model directory (default: the tiny Llama, built on first use).")] = None,
+    customer: Annotated[str, typer.Option(help="With --serving: the customer the printed key acts for.")] = "local",
 ) -> None:
     """Run the whole local stack in the foreground until Ctrl-C, SIGTERM or SIGHUP: PostgreSQL, broker, metering, API.
 
     Stopping (any of those signals) stops the API, the consumers, the broker and the embedded
     PostgreSQL it started, then removes the stack file. The broker dies with this process even on
     `kill -9`; what such a kill leaves behind (PostgreSQL) is found and reused by the next `up`.
+
+    With --serving it also starts N vLLM CPU replicas (--replicas), a replica agent for each and
+    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; they
+    stop first, before the broker (docs/serving.md, "One command").
     """
     settings = get_settings()
+    if not serving and (replicas != 1 or model is not None or customer != "local"):
+        raise CliError("--replicas, --model and --customer go with --serving")
     with stop_on_signals() as guard:
         try:
-            _run_up(settings, guard, api=api, consumers=consumers)
+            _run_up(settings, guard, api=api, consumers=consumers,
+                    serving=dict(replicas=replicas, model=model, customer=customer) if serving else None)
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the clean-up already ran
             console.print(f"stopped ({exc})" if isinstance(exc, Stopped) else "stopped")
             return
     console.print("stopped")
 
 
-def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
+def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None = None) -> None:
     settings.home.mkdir(parents=True, exist_ok=True)
     if api:
         settings.check_listen_address(settings.api_host)  # no development credentials off loopback
+    if serving is not None:
+        settings.check_listen_address(settings.gateway_host)
     pid_file = pid_file_for(settings)
     for line in clean_stale(settings, pid_file):
         console.print(line, soft_wrap=True, highlight=False)
@@ -117,30 +133,20 @@ def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
             path = write_stack_file(
                 settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None
             )
-            table = Table(title="infermeter stack", show_header=False)
-            table.add_row("PostgreSQL", stack.database_url)
-            table.add_row("Kafka bootstrap", stack.kafka_bootstrap)
-            table.add_row("events topic", settings.events_topic)
-            table.add_row("consumer group", stack.consumer_group)
-            table.add_row("acknowledgement", f"{ack} (INFERMETER_ACK)")
-            table.add_row("stack file", str(path))
-            if api:
-                table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
-                table.add_row("dashboards", f"http://{settings.api_host}:{settings.api_port}/dashboard")
-                table.add_row("admin token", settings.credentials_note())
-            console.print(table)
-            try:
-                if api:
-                    from app.api import create_app
+            serving_stack = None
+            if serving is not None:  # after the stack file: the agents and the gateway find the stack by it
+                from app.serving_stack import ServingStack
 
-                    serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
-                               host=settings.api_host, port=settings.api_port, log_level="warning")
-                else:
-                    console.print("running; Ctrl-C stops")
-                    while True:
-                        signal.pause()
+                serving_stack = ServingStack(settings, pid_file, console=err_console)
+            try:
+                if serving_stack is not None:
+                    serving_stack.start(replicas=serving["replicas"], model=serving["model"],
+                                        customer=serving["customer"])
+                _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serving)
             finally:
                 guard.stopping = True  # no signal may cut the clean-up short
+                if serving_stack is not None:  # before the broker stops: the gateway's last events go out
+                    serving_stack.stop()
                 for replayer in replayers:  # unconfirmed events stay spooled for the next up
                     replayer.close(2.0)
                     replayer.spool.close()
@@ -155,6 +161,36 @@ def _run_up(settings, guard, *, api: bool, consumers: int) -> None:
         if not settings.database_url:
             release_embedded_postgres(embedded_pgdata(settings))
         pid_file.remove()
+
+
+def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serving) -> None:
+    """Print what runs, then serve the API (or wait) until a signal."""
+    table = Table(title="infermeter stack", show_header=False)
+    table.add_row("PostgreSQL", stack.database_url)
+    table.add_row("Kafka bootstrap", stack.kafka_bootstrap)
+    table.add_row("events topic", settings.events_topic)
+    table.add_row("consumer group", stack.consumer_group)
+    table.add_row("acknowledgement", f"{ack} (INFERMETER_ACK)")
+    table.add_row("stack file", str(path))
+    if api:
+        table.add_row("API", f"http://{settings.api_host}:{settings.api_port}")
+        table.add_row("dashboards", f"http://{settings.api_host}:{settings.api_port}/dashboard")
+        table.add_row("admin token", settings.credentials_note())
+    if serving_stack is not None:
+        table.add_row("gateway", serving_stack.base_url)
+    console.print(table)
+    if serving_stack is not None:  # plain lines, never wrapped: the key must be copyable (and parsable)
+        for line in serving_stack.status_lines(serving["customer"]):
+            console.print(line, soft_wrap=True, highlight=False)
+    if api:
+        from app.api import create_app
+
+        serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
+                   host=settings.api_host, port=settings.api_port, log_level="warning")
+    else:
+        console.print("running; Ctrl-C stops")
+        while True:
+            signal.pause()
 
 
 @app.command("settings")

@@ -3,6 +3,7 @@ through LiteLLM's proxy, in one run.
 
     python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm [--vllm-bench]]
                             [--no-litellm] [--floor] [--stream] [--json FILE]
+                            [--replicas 2] [--region R] [--gateway-env NAME=VALUE ...]
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 - a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage), which isolates the
@@ -14,15 +15,24 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
 - with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway; with
   `--vllm-bench` also under vLLM's own load generator (`vllm bench serve`: Poisson arrivals at
   8 req/s, 200 random 64-token prompts, 16 output tokens, streamed), TTFT and end-to-end latency;
-- with `--floor`: a minimal aiohttp pass-through (aiohttp server, body forwarded through one
-  pooled aiohttp client, nothing else): what a proxy on the usual Python libraries adds here.
+- with `--floor`: the minimal pass-through (raw asyncio Protocols both ways, requests and replies
+  parsed with httptools, bodies forwarded over pooled keep-alive connections, nothing else): the
+  least any Python proxy on this event loop adds here. The run ends with the targets against it.
+
+The gateway runs as in production: an upstream file (`--replicas` entries, default 2, all pointing
+at the stub, so failover has somewhere to go and prefix routing picks among them), failover and
+breakers on (INFERMETER_FAILOVER_ATTEMPTS default 2), the capacity refresher on (its gauges are
+recomputed from metering in the background). Hooks for what other parts add: `--region R` writes
+`region: R` on every replica of the file (ignored by a gateway without data residency), and
+`--gateway-env NAME=VALUE` (repeatable) sets any setting of the gateway process.
 
 Load: closed loop at each concurrency (latency percentiles and the RPS reached = max RPS at that
 concurrency), then open loop at a fixed rate (default 200 req/s, the target's operating point) in
 alternating 1 s blocks, direct and proxy, for `--duration` s each (both see the same minutes of
 this shared machine). Added latency = p50/p99 through a proxy minus p50/p99 direct, under the
 same load. The load generator shares the 2 cores with everything else, so absolute numbers are
-this machine's.
+this machine's; the CPU each proxy process spends per request (all threads, from /proc) is
+printed too, as it moves far less with the machine's load than latency does.
 """
 
 from __future__ import annotations
@@ -133,34 +143,111 @@ def run_stub(port: int) -> None:
 
 
 def run_passthrough(port: int, upstream: str) -> None:
-    """A minimal proxy on the usual libraries: an aiohttp server forwarding each body to the upstream
-    through one pooled aiohttp client session and returning the answer. No auth, no parsing, no
-    metering (non-streamed requests only)."""
-    import aiohttp
+    """The minimal pass-through (`--floor`): raw asyncio Protocols both ways, httptools parsing.
+
+    An asyncio server Protocol parses each request with httptools, sends its body over a pooled
+    keep-alive connection to the upstream (another Protocol, replies parsed with httptools) and
+    writes the upstream's status and body back. No framework, no auth, no body parsing, no
+    metering (non-streamed requests only): what any Python proxy on this event loop pays at least."""
+    import httptools
     import uvloop
-    from aiohttp import web
 
-    async def start(app: web.Application) -> None:
-        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    host, upstream_port = upstream.removeprefix("http://").rsplit(":", 1)
+    head = (f"POST %s HTTP/1.1\r\nHost: {host}:{upstream_port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: %d\r\n\r\n").encode()
+    idle: list[_UpstreamConnection] = []
 
-    async def stop(app: web.Application) -> None:
-        await app["session"].close()
+    class _UpstreamConnection(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport = None
+            self.parser = httptools.HttpResponseParser(self)
+            self.body: list[bytes] = []
+            self.waiter: asyncio.Future | None = None
+            self.closed = False
 
-    async def chat(request: web.Request) -> web.Response:
-        body = await request.read()
-        async with request.app["session"].post(
-            upstream + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
-        ) as answer:
-            data = await answer.read()
-        return web.Response(body=data, status=answer.status, content_type="application/json")
+        def connection_made(self, transport) -> None:
+            self.transport = transport
 
-    app = web.Application()
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", lambda _request: web.Response(text="ok"))
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            waiter, self.waiter = self.waiter, None
+            data, self.body = b"".join(self.body), []
+            if waiter is not None and not waiter.done():
+                waiter.set_result((self.parser.get_status_code(), data))
+
+        def connection_lost(self, exc) -> None:
+            self.closed = True
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_exception(ConnectionError("upstream closed"))
+
+    async def forward(loop, path: bytes, body: bytes) -> tuple[int, bytes]:
+        connection = None
+        while idle:
+            candidate = idle.pop()
+            if not candidate.closed:
+                connection = candidate
+                break
+        if connection is None:
+            _transport, connection = await loop.create_connection(_UpstreamConnection, host, int(upstream_port))
+        connection.waiter = loop.create_future()
+        connection.transport.write(head % (path, len(body)) + body)
+        status, data = await connection.waiter
+        idle.append(connection)
+        return status, data
+
+    class _Client(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport = None
+            self.parser = httptools.HttpRequestParser(self)
+            self.url = b""
+            self.body: list[bytes] = []
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.transport.close()
+
+        def on_url(self, url: bytes) -> None:
+            self.url += url
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            url, self.url = self.url, b""
+            body, self.body = b"".join(self.body), []
+            asyncio.get_running_loop().create_task(self.answer(url, body, self.parser.should_keep_alive()))
+
+        async def answer(self, url: bytes, body: bytes, keep_alive: bool) -> None:
+            if url == b"/health":
+                status, data = 200, b"ok"
+            else:
+                try:
+                    status, data = await forward(asyncio.get_running_loop(), url, body)
+                except OSError:
+                    status, data = 502, b"{}"
+            self.transport.write(
+                b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (status, len(data)) + data
+            )
+            if not keep_alive:
+                self.transport.close()
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(_Client, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(serve())
 
 
 # --- load generation ----------------------------------------------------------------------------
@@ -175,10 +262,21 @@ class Result:
     seconds: float
     p50_ms: float
     p99_ms: float
+    cpu_us: float | None = None  # the proxy process's CPU time (all threads) per request, microseconds
 
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far (/proc/<pid>/stat).
+
+    CPU per request is what a shared machine does not distort: latency and req/s move with the
+    other work on the cores, the CPU a proxy spends on each request does not."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -365,13 +463,78 @@ def litellm_config(path: Path, stub_url: str) -> Path:
 # --- the run ----------------------------------------------------------------------------------------
 
 
+def bench_upstreams(path: Path, stub_url: str, replicas: int, region: str | None) -> Path:
+    """The gateway's upstream file: the stub model with `replicas` entries, all at the stub."""
+    entries = []
+    for n in range(replicas):
+        entry = {"id": f"stub-{n}", "url": stub_url}
+        if region:
+            entry["region"] = region
+        entries.append(entry)
+    config = {"models": [{"name": STUB_MODEL, "deployment_id": "bench-stub", "replicas": entries}]}
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+TARGET_ADDED_P50_MS = 0.5
+TARGET_ADDED_P99_MS = 1.5
+TARGET_C8_SHARE = 0.8
+
+
+def print_targets(by_ack: dict[str, list[Result]], floor: list[Result], rate: float) -> list[dict]:
+    """The targets, in this run: added p50 / p99 at `rate` req/s (each proxy against the direct
+    calls of its own phase) and max req/s at c=8 as a share of the floor's."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def by(results: list[Result], target: str, mode: str) -> Result | None:
+        return next((r for r in results if r.target == target and r.mode == mode), None)
+
+    mode = f"rate={rate:g}"
+    floor_direct, floor_proxy = by(floor, "direct", mode), by(floor, "passthrough", mode)
+    floor_c8 = by(floor, "passthrough", "c=8")
+    table = Table(title=f"targets: <= +{TARGET_ADDED_P50_MS} ms p50 and <= +{TARGET_ADDED_P99_MS} ms p99 added at "
+                  f"{rate:g} req/s; c=8 >= {TARGET_C8_SHARE:.0%} of the floor's req/s")
+    for column in ("gateway", "added p50 ms", "added p99 ms", "c=8 req/s", "floor c=8 req/s", "share", "floor added p50 / p99",
+                   "met"):
+        table.add_column(column, justify="left" if column == "gateway" else "right")
+    rows = []
+    for ack, results in by_ack.items():
+        target = next(r.target for r in results if r.target != "direct")
+        direct, proxy, c8 = by(results, "direct", mode), by(results, target, mode), by(results, target, "c=8")
+        added50 = proxy.p50_ms - direct.p50_ms if proxy and direct else None
+        added99 = proxy.p99_ms - direct.p99_ms if proxy and direct else None
+        share = c8.rps / floor_c8.rps if c8 and floor_c8 and floor_c8.rps else None
+        met = {
+            "p50": added50 is not None and added50 <= TARGET_ADDED_P50_MS,
+            "p99": added99 is not None and added99 <= TARGET_ADDED_P99_MS,
+            "c8": share is not None and share >= TARGET_C8_SHARE,
+        }
+        floor_added = (floor_proxy.p50_ms - floor_direct.p50_ms, floor_proxy.p99_ms - floor_direct.p99_ms) \
+            if floor_proxy and floor_direct else None
+        table.add_row(
+            f"{target} ({ack})", "" if added50 is None else f"{added50:+.2f}", "" if added99 is None else f"{added99:+.2f}",
+            f"{c8.rps:.0f}" if c8 else "", f"{floor_c8.rps:.0f}" if floor_c8 else "",
+            "" if share is None else f"{share:.0%}",
+            "" if floor_added is None else f"{floor_added[0]:+.2f} / {floor_added[1]:+.2f}",
+            " ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in met.items()),
+        )  # fmt: skip
+        rows.append({"ack": ack, "added_p50_ms": added50, "added_p99_ms": added99, "c8_rps": c8.rps if c8 else None,
+                     "c8_cpu_us": c8.cpu_us if c8 else None, "floor_c8_cpu_us": floor_c8.cpu_us if floor_c8 else None,
+                     "floor_c8_rps": floor_c8.rps if floor_c8 else None, "c8_share": share,
+                     "floor_added_ms": floor_added, "met": met})  # fmt: skip
+    Console().print(table)
+    return rows
+
+
 def print_table(title: str, results: list[Result], baseline: str) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
     direct = {r.mode: r for r in results if r.target == baseline}
     table = Table(title=title)
-    for column in ("target", "load", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "errors"):
+    for column in ("target", "load", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "CPU us/req",
+                   "errors"):  # fmt: skip
         table.add_column(column, justify="right" if column != "target" else "left")
     rows = []
     for r in results:
@@ -380,7 +543,8 @@ def print_table(title: str, results: list[Result], baseline: str) -> list[dict]:
         added99 = r.p99_ms - base.p99_ms if base and r.target != baseline else None
         table.add_row(
             r.target, r.mode, f"{r.rps:.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
-            "" if added50 is None else f"{added50:+.2f}", "" if added99 is None else f"{added99:+.2f}", str(r.errors),
+            "" if added50 is None else f"{added50:+.2f}", "" if added99 is None else f"{added99:+.2f}",
+            "" if r.cpu_us is None else f"{r.cpu_us:.0f}", str(r.errors),
         )  # fmt: skip
         rows.append({**r.__dict__, "rps": r.rps, "added_p50_ms": added50, "added_p99_ms": added99})
     Console().print(table)
@@ -405,8 +569,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also measure a minimal aiohttp pass-through proxy (what the usual Python libraries add)",
+        help="also measure the minimal asyncio + httptools pass-through, and check the targets against it",
     )
+    parser.add_argument("--replicas", type=int, default=2, help="replica entries of the gateway's upstream file")
+    parser.add_argument("--region", help="write `region: R` on every replica of the upstream file (residency)")
+    parser.add_argument(
+        "--gateway-env", action="append", default=[], metavar="NAME=VALUE",
+        help="a setting of the gateway process (repeatable), e.g. INFERMETER_FAILOVER_ATTEMPTS=3",
+    )  # fmt: skip
     parser.add_argument(
         "--ack", default="broker",
         help="comma-separated acknowledgement modes of the gateway's emitter (INFERMETER_ACK): broker,metered; "
@@ -424,6 +594,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.floor and args.stream:
         parser.error("--floor measures non-streamed requests only")
+    if any("=" not in item for item in args.gateway_env):
+        parser.error("--gateway-env takes NAME=VALUE")
+    if args.floor and "8" not in args.concurrency.split(","):
+        parser.error("--floor checks the c=8 target: include 8 in --concurrency")
 
     from infermeter.db import get_engine
     from infermeter.settings import Settings
@@ -453,24 +627,33 @@ def main(argv: list[str] | None = None) -> int:
             _wait_http(stub_url + "/v1/models", process=stub)
             direct = ("direct", stub_url + "/v1/chat/completions", {})
 
-            def phase(proxy: tuple[str, str, dict]) -> list[Result]:
-                """Direct and one proxy under the same loads; the other proxy is not running."""
+            def phase(proxy: tuple[str, str, dict], pid: int | None = None) -> list[Result]:
+                """Direct and one proxy under the same loads; the other proxy is not running. With
+                the proxy's `pid`, its CPU per request too (warm-up requests included)."""
                 out: list[Result] = []
                 for concurrency in levels:
                     for name, url, headers in (direct, proxy):
+                        cpu = process_cpu_s(pid) if pid and name == proxy[0] else None
                         out.append(
                             measure(
                                 name, url, headers, body, concurrency=concurrency, duration_s=args.duration
                             )
                         )
+                        if cpu is not None and out[-1].requests:
+                            out[-1].cpu_us = (process_cpu_s(pid) - cpu) / out[-1].requests * 1e6
                         print(f"  {name} c={concurrency}: {out[-1].rps:.0f} req/s", file=sys.stderr)
+                cpu = process_cpu_s(pid) if pid else None
                 for result in measure_open([direct, proxy], body, rate=args.rate, duration_s=args.duration):
+                    if cpu is not None and result.target == proxy[0] and result.requests:
+                        result.cpu_us = (process_cpu_s(pid) - cpu) / result.requests * 1e6
                     out.append(result)
                     print(
                         f"  {result.target} rate={args.rate:g}: p50 {result.p50_ms:.2f} ms", file=sys.stderr
                     )
                 return out
 
+            upstreams = bench_upstreams(work / "upstreams.yaml", stub_url, args.replicas, args.region)
+            gateway_settings = dict(item.split("=", 1) for item in args.gateway_env)
             acks = args.ack.split(",")
             consumer = consumer_thread = None
             if "metered" in acks:
@@ -485,12 +668,13 @@ def main(argv: list[str] | None = None) -> int:
                     gw_port = _free_port()
                     gw_url = f"http://127.0.0.1:{gw_port}"
                     with process(
-                        [python, "-m", "serving.cli", "gateway", "--upstream", stub_url, "--model", STUB_MODEL, "--port", str(gw_port)],
-                        env={**env, "INFERMETER_ACK": ack, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-{ack}"},
+                        [python, "-m", "serving.cli", "gateway", "--upstreams", str(upstreams), "--port", str(gw_port)],
+                        env={**env, "INFERMETER_ACK": ack, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-{ack}",
+                             **gateway_settings},
                         log=work / f"gateway-{ack}.log",
                     ) as gw:  # fmt: skip
                         _wait_http(gw_url + "/health", process=gw)
-                        by_ack[ack] = phase((name, gw_url + "/v1/chat/completions", customer_headers))
+                        by_ack[ack] = phase((name, gw_url + "/v1/chat/completions", customer_headers), gw.pid)
                         with contextlib.suppress(Exception):
                             report[f"gateway_events_emitted_{ack}"] = _gateway_metric(
                                 gw_url, "infermeter_emitter_events_emitted_total"
@@ -515,12 +699,13 @@ def main(argv: list[str] | None = None) -> int:
                     log=work / "passthrough.log",
                 ) as floor:
                     _wait_http(floor_url + "/health", process=floor)
-                    floor_results = phase(("passthrough", floor_url + "/v1/chat/completions", {}))
+                    floor_results = phase(("passthrough", floor_url + "/v1/chat/completions", {}), floor.pid)
                 report["passthrough"] = print_table(
-                    "stub upstream: minimal aiohttp pass-through (nothing else running)",
+                    "stub upstream: minimal asyncio + httptools pass-through (nothing else running)",
                     floor_results,
                     "direct",
                 )
+                report["targets"] = print_targets(by_ack, floor_results, args.rate)
             if not args.no_litellm:
                 litellm_bin = REPO / ".venv-litellm/bin/litellm"
                 if not litellm_bin.exists():

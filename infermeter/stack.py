@@ -495,7 +495,8 @@ def write_stack_file(settings: Settings, stack: Stack, **extra: object) -> Path:
 class PidFile:
     """INFERMETER_HOME/pids.json: the processes `infermeter up` runs or uses, written as each starts.
 
-    {"up": {pid, start, argv}, "broker": {pid, start, argv, port}, "postgres": {pgdata, pid}};
+    {"up": {pid, start, argv}, "broker": {pid, start, argv, port}, "postgres": {pgdata, pid}}, and with
+    `up --serving` one "serving:<name>" record per vLLM replica, replica agent and gateway;
     removed at the end of a clean shutdown, so finding it means the last run did not get there.
     """
 
@@ -556,6 +557,14 @@ def clean_stale(settings: Settings, pid_file: PidFile) -> list[str]:
             lines.append(f"the previous run's broker pid {pid} is now another process: left it alone")
         else:
             lines.append(f"the broker of a previous run (pid {pid}, port {port}) had already exited")
+    for role, record in old.items():  # `up --serving`: vLLM replicas, replica agents, the gateway
+        if not role.startswith("serving:") or not isinstance(record, dict):
+            continue
+        if stop_recorded_process(record):
+            lines.append(f"found {role.removeprefix('serving:')} (pid {record.get('pid')}) from a previous run: stopped it")
+        ipc = record.get("ipc_folder")  # a vLLM's short IPC folder under /tmp (serving/vllm_server.py)
+        if isinstance(ipc, str) and Path(ipc).name.startswith("vllm-rpc-") and not is_recorded_process(record):
+            shutil.rmtree(ipc, ignore_errors=True)
     if not settings.database_url:
         pgdata = embedded_pgdata(settings)
         dead, live = prune_postgres_users(pgdata)

@@ -135,17 +135,45 @@ BREAKER_OPENED = Counter(
 )
 
 
+# The children of the per-request metrics, by label values: `labels(...)` takes a lock and
+# validates its arguments (~2 us each, five a request); a dict lookup is ~0.1 us. Bounded by the
+# models of the upstream file times the statuses.
+_REQUEST_CHILDREN: dict[tuple[str, str], tuple] = {}
+
+
+def _request_children(model: str, status: str) -> tuple:
+    children = _REQUEST_CHILDREN.get((model, status))
+    if children is None:
+        children = _REQUEST_CHILDREN[(model, status)] = (
+            REQUESTS.labels(model=model, status=status),
+            TOKENS.labels(model=model, kind="input"),
+            TOKENS.labels(model=model, kind="cached_input"),
+            TOKENS.labels(model=model, kind="output"),
+            REQUEST_DURATION.labels(model=model),
+        )
+    return children
+
+
 def record_request(
-    model: str, status: str, input_tokens: int = 0, cached_input_tokens: int = 0, output_tokens: int = 0
+    model: str,
+    status: str,
+    input_tokens: int = 0,
+    cached_input_tokens: int = 0,
+    output_tokens: int = 0,
+    duration_s: float | None = None,
 ) -> None:
-    """Count one finished request and its tokens (call once per request, next to its event)."""
-    REQUESTS.labels(model=model, status=status).inc()
+    """Count one finished request and its tokens (call once per request, next to its event), and
+    observe its duration (gateway receive to last byte sent) if given."""
+    requests, input_, cached, output, duration = _request_children(model, status)
+    requests.inc()
     if input_tokens:
-        TOKENS.labels(model=model, kind="input").inc(input_tokens)
+        input_.inc(input_tokens)
     if cached_input_tokens:
-        TOKENS.labels(model=model, kind="cached_input").inc(cached_input_tokens)
+        cached.inc(cached_input_tokens)
     if output_tokens:
-        TOKENS.labels(model=model, kind="output").inc(output_tokens)
+        output.inc(output_tokens)
+    if duration_s is not None:
+        duration.observe(duration_s)
 
 
 def record_rejection(reason: str) -> None:

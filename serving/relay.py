@@ -110,9 +110,9 @@ async def finish(
     except Exception:  # the spool itself failed: say so loudly, the response still goes out
         log.exception("could not spool the usage event of %s", ctx.request_id)
     metrics.record_request(
-        ctx.route.name, status, data["input_tokens"], data["cached_input_tokens"], data["output_tokens"]
+        ctx.route.name, status, data["input_tokens"], data["cached_input_tokens"], data["output_tokens"],
+        time.perf_counter() - ctx.started_mono,
     )
-    metrics.REQUEST_DURATION.labels(model=ctx.route.name).observe(time.perf_counter() - ctx.started_mono)
     if settle and ctx.admitted and state.admission is not None:
         try:
             await state.admission.settle(

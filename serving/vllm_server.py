@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -85,11 +86,25 @@ def vllm_command(
     return argv
 
 
-def vllm_env(state_dir: Path) -> dict[str, str]:
+# vLLM binds ZeroMQ IPC sockets at VLLM_RPC_BASE_PATH/<uuid4> (37 characters more); a Unix socket
+# path has at most 107 bytes (sockaddr_un), and vLLM dies at start past that.
+_RPC_PATH_MAX = 107 - 37
+
+
+def rpc_folder(state_dir: Path) -> Path:
+    """Where vLLM's IPC sockets go: `state_dir/rpc`, or a short folder of its own under /tmp when
+    that path is too long for a Unix socket (a deep INFERMETER_HOME); `VllmServer.stop` removes it."""
+    rpc = state_dir / "rpc"
+    if len(str(rpc.resolve())) <= _RPC_PATH_MAX:
+        return rpc
+    return Path(tempfile.mkdtemp(prefix="vllm-rpc-", dir="/tmp"))
+
+
+def vllm_env(state_dir: Path, rpc: Path | None = None) -> dict[str, str]:
     """Offline, private temp folders (vLLM leaves sockets and vllm_dist_* files in TMPDIR)."""
     tmp = state_dir / "tmp"
     cache = state_dir / "cache"
-    rpc = state_dir / "rpc"
+    rpc = rpc or state_dir / "rpc"
     for folder in (tmp, cache, rpc):
         folder.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
@@ -116,6 +131,13 @@ class VllmServer:
     log_path: Path
     state_dir: Path
     _log: object = field(default=None, repr=False)
+    _own_folder: Path | None = field(default=None, repr=False)  # a short IPC folder outside state_dir
+
+    @property
+    def ipc_folder(self) -> Path | None:
+        """The short IPC folder of its own outside `state_dir` (`rpc_folder`), if it has one: removed
+        by `stop`; after a `kill -9` of the process that started it, by whoever kept this path."""
+        return self._own_folder
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -147,6 +169,9 @@ class VllmServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._own_folder is not None:
+            shutil.rmtree(self._own_folder, ignore_errors=True)
+            self._own_folder = None
 
 
 def start_vllm(
@@ -182,7 +207,8 @@ def start_vllm(
         access_log=access_log,
         kv_cache_bytes=kv_cache_bytes,
     )
-    env = vllm_env(state_dir)
+    rpc = rpc_folder(state_dir)
+    env = vllm_env(state_dir, rpc)
     if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
         env["VLLM_SERVER_DEV_MODE"] = "1"
     # Its own process group (stop() signals vLLM and its engine processes together), and SIGTERM
@@ -200,4 +226,5 @@ def start_vllm(
         log_path=log_path,
         state_dir=state_dir,
         _log=log,
+        _own_folder=None if rpc.is_relative_to(state_dir) else rpc,
     )

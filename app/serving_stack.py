@@ -1,0 +1,222 @@
+"""`infermeter up --serving`: the serving tier on top of the local stack, in one command.
+
+    serving = ServingStack(settings, pid_file, console=err_console)
+    serving.start(replicas=2, model=None, customer="local")  # vLLM replicas, agents, gateway, a key
+    serving.base_url, serving.api_key
+    serving.stop()                                           # gateway, agents, then vLLM
+
+What it starts, each a child process of `up`, recorded in INFERMETER_HOME/pids.json (role
+`serving:<name>`) and started with a parent-death signal (`infermeter.stack.die_with_parent`), so
+none outlives `up`, even on `kill -9`:
+
+- N vLLM CPU replicas of the tiny model (serving/vllm_server.py, as `infermeter serve vllm` runs
+  them; the model is built once into INFERMETER_HOME/models unless `model` names a directory),
+  booting in parallel, with a rich progress line while they start;
+- one replica agent per replica (`infermeter serve replica-agent`, deployment `tiny-cpu`,
+  replica ids `tiny-cpu-<i>`, `--gpu-type cpu --gpu-count 1`);
+- the gateway (`infermeter serve gateway`) on INFERMETER_GATEWAY_HOST:INFERMETER_GATEWAY_PORT with
+  a generated upstream file, INFERMETER_HOME/serving/upstreams.yaml (model `tiny-llama`, one
+  replica entry per vLLM);
+- a customer API key, created through the key store the `keys` CLI uses (shown once, stored
+  hashed: each run makes a new one).
+
+The agents and the gateway find the database and the broker through the stack file of the running
+`up` (INFERMETER_HOME/stack.json), as they would if started by hand in another terminal; so the
+stack file must be written before `start`. Logs: INFERMETER_HOME/serving/*.log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from infermeter.settings import Settings
+from infermeter.stack import PidFile, StackError, die_with_parent, free_port, process_record
+
+DEPLOYMENT_ID = "tiny-cpu"
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+@dataclass
+class ServingStack:
+    settings: Settings
+    pid_file: PidFile
+    console: Console
+    folder: Path = field(init=False)
+    replicas: list = field(default_factory=list)  # serving.vllm_server.VllmServer
+    children: list[_Child] = field(default_factory=list)  # the agents and the gateway
+    base_url: str | None = None
+    api_key: str | None = None
+    api_key_id: str | None = None
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.settings.home) / "serving"
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def start(self, *, replicas: int, model: str | None = None, customer: str = "local") -> None:
+        """Everything, in order; raises StackError (what failed, with its log) and leaves what
+        started to `stop`. Call from the main thread (the children die with the thread that
+        started them)."""
+        from serving.tinymodel import SERVED_NAME, ModelBuildError, ensure_tiny_model
+        from serving.vllm_server import VllmError, resolve_python
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            python = resolve_python(self.settings.vllm_python)
+            if model is None:
+                with self.console.status("building the tiny model (first use only)"):
+                    model = str(ensure_tiny_model(Path(self.settings.home) / "models", python))
+        except (VllmError, ModelBuildError) as exc:
+            raise StackError(str(exc)) from None
+        self._start_replicas(python, model, SERVED_NAME, replicas)
+        upstreams = self._write_upstreams(SERVED_NAME)
+        for index, server in enumerate(self.replicas):
+            self._spawn(f"replica-agent-{index}", [
+                "serve", "replica-agent", "--vllm", server.url, "--deployment", DEPLOYMENT_ID,
+                "--gpu-type", "cpu", "--gpu-count", "1", "--replica-id", f"{DEPLOYMENT_ID}-{index}",
+            ])  # fmt: skip
+        host, port = self.settings.gateway_host, self.settings.gateway_port
+        gateway = self._spawn("gateway", [
+            "serve", "gateway", "--upstreams", str(upstreams), "--host", host, "--port", str(port),
+        ])  # fmt: skip
+        self._wait_gateway(gateway, f"http://{host}:{port}/health")
+        self.base_url = f"http://{host}:{port}/v1"
+        self.api_key_id, self.api_key = self._create_key(customer)
+
+    def _start_replicas(self, python: str, model: str, served_name: str, count: int) -> None:
+        from serving.vllm_server import start_vllm
+
+        for index in range(count):
+            port = free_port()
+            server = start_vllm(
+                python, model, served_model_name=served_name, port=port,
+                state_dir=Path(self.settings.home) / "vllm" / str(port),
+            )  # fmt: skip
+            self.replicas.append(server)
+            ipc = str(server.ipc_folder) if server.ipc_folder else None  # the next `up` removes it after a kill -9
+            self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port, ipc_folder=ipc))
+        pending = dict(enumerate(self.replicas))
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=self.console, transient=True) as progress:  # fmt: skip
+            tasks = {
+                index: progress.add_task(f"vLLM replica {DEPLOYMENT_ID}-{index} starting on {server.url}")
+                for index, server in pending.items()
+            }
+            deadline = time.monotonic() + 300
+            while pending:
+                for index, server in list(pending.items()):
+                    if server.process.poll() is not None:
+                        self.console.print(server.log_tail(15), highlight=False, markup=False)
+                        raise StackError(f"vLLM replica {index} exited with code {server.process.returncode} "
+                                         f"(the end of its log is above; all of it in {server.log_path})")
+                    if _answers(server.url + "/v1/models"):
+                        del pending[index]
+                        progress.update(tasks[index], description=f"vLLM replica {DEPLOYMENT_ID}-{index} "
+                                        f"ready on {server.url}")
+                        self.console.print(f"vLLM replica {DEPLOYMENT_ID}-{index} ready on {server.url}",
+                                           highlight=False)
+                if time.monotonic() > deadline:
+                    raise StackError(f"vLLM replicas not ready after 300 s; logs in {self.settings.home}/vllm")
+                time.sleep(0.5)
+
+    def _write_upstreams(self, served_name: str) -> Path:
+        path = self.folder / "upstreams.yaml"
+        replicas = [{"id": f"{DEPLOYMENT_ID}-{i}", "url": s.url} for i, s in enumerate(self.replicas)]
+        config = {"models": [{"name": served_name, "deployment_id": DEPLOYMENT_ID, "replicas": replicas}]}
+        path.write_text("# written by `infermeter up --serving`; rewritten at each start\n"
+                        + yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _spawn(self, name: str, args: list[str]) -> _Child:
+        """`infermeter <args>` as a child in its own session, SIGTERM if `up` dies."""
+        log_path = self.folder / f"{name}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
+            )  # fmt: skip
+        child = _Child(name, process, log_path)
+        self.children.append(child)
+        self.pid_file.record(f"serving:{name}", **process_record(process.pid))
+        return child
+
+    def _wait_gateway(self, gateway: _Child, health_url: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self.console.status(f"starting the gateway ({health_url})"):
+            while not _answers(health_url):
+                if gateway.process.poll() is not None:
+                    self.console.print(gateway.log_tail(), highlight=False, markup=False)
+                    raise StackError(f"the gateway exited with code {gateway.process.returncode} "
+                                     f"(the end of its log is above; all of it in {gateway.log_path})")
+                if time.monotonic() > deadline:
+                    raise StackError(f"the gateway did not answer on {health_url} after {timeout_s:.0f} s")
+                time.sleep(0.2)
+
+    def _create_key(self, customer: str) -> tuple[str, str]:
+        from infermeter.db import get_engine
+        from infermeter.stack import resolve_database_url
+        from serving.keys import KeyStore
+
+        engine = get_engine(resolve_database_url(self.settings))
+        return KeyStore(engine, settings=self.settings).create(customer, None)
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """The gateway first (its last events spool and go to the broker, which still runs), then
+        the agents (their last interval), then vLLM."""
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        for server in self.replicas:
+            server.stop()
+        self.replicas.clear()
+
+    def status_lines(self, customer: str) -> list[str]:
+        return [
+            f"serving: {len(self.replicas)} vLLM CPU replica(s) of tiny-llama (deployment {DEPLOYMENT_ID}), "
+            f"a replica agent each, the gateway; logs in {self.folder}",
+            f"OPENAI_BASE_URL={self.base_url}",
+            f"OPENAI_API_KEY={self.api_key}",
+            f"(key {self.api_key_id} of customer {customer}: shown once, stored hashed)",
+        ]
+
+
+def _answers(url: str) -> bool:
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
+        return response.status == 200
+    return False
