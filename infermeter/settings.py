@@ -142,6 +142,21 @@ class Settings(BaseSettings):
         description="Seconds a replica whose try failed is skipped (circuit breaker open); then one request probes it. "
         "An upstreams file entry's down_for_s overrides it per model.",
     )
+    prefix_memory_entries: int = Field(
+        default=50_000,
+        ge=0,
+        validation_alias="INFERMETER_PREFIX_MEMORY_ENTRIES",
+        description="Prompt prefixes the gateway remembers per model, with the replica that served each last, to "
+        "set prefix_seen on request events (cost anatomy: context not reused); the least recently served is "
+        "forgotten first. 0: not recorded (events carry no prefix_seen).",
+    )
+    prefix_memory_max_age_s: float = Field(
+        default=600.0,
+        ge=0,
+        validation_alias="INFERMETER_PREFIX_MEMORY_MAX_AGE_S",
+        description="A prompt prefix not served for this many seconds is forgotten by the gateway's prefix memory "
+        "(a request with it again counts as prefix_seen false).",
+    )
     vllm_python: str = Field(
         default=".venv-vllm/bin/python",
         validation_alias="INFERMETER_VLLM_PYTHON",
