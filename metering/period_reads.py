@@ -383,7 +383,8 @@ GROUP BY deployment_id, hour
 # router dimension). wasted: the request belongs to a task attempt that was retried (a later attempt
 # exists) or whose task failed or was abandoned; failovers: upstream attempts beyond the first
 # (`upstream_attempts`, a number or a list, when the gateway records it); prefix: '' (not seen
-# before), 'same' or 'other' (the replica that had served it is another one).
+# before, or seen and the engine reused cached tokens), 'same' or 'other' (seen, nothing came from the
+# cache, and the replica that had served it is the same one or another one).
 REQUEST_CLASSES_SQL = """
 WITH req AS (
     SELECT customer_id, date_trunc('hour', occurred_at) AS hour, payload->'data' AS d
@@ -396,7 +397,7 @@ WITH req AS (
            greatest(CASE jsonb_typeof(d->'upstream_attempts')
                         WHEN 'number' THEN (d->>'upstream_attempts')::numeric::int
                         WHEN 'array' THEN jsonb_array_length(d->'upstream_attempts') ELSE 1 END - 1, 0) AS failovers,
-           CASE WHEN d->>'prefix_seen' = 'true' THEN
+           CASE WHEN d->>'prefix_seen' = 'true' AND (d->>'cached_input_tokens')::bigint = 0 THEN
                CASE WHEN d->>'prefix_seen_replica' IS NOT NULL AND d->>'prefix_seen_replica' IS DISTINCT FROM d->>'replica_id'
                     THEN 'other' ELSE 'same' END
            ELSE '' END AS prefix,

@@ -44,6 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, localcontext
+from operator import attrgetter
+from typing import NamedTuple
 
 from pricing.cost import Attribution, CostModel, attribute, largest_remainder
 from pricing.money import EXACT, Currency
@@ -92,9 +94,9 @@ class RequestClassRecord:
     prefix: str = ""  # '' not seen before, 'same' replica, 'other' replica
 
 
-@dataclass(frozen=True)
-class Part:
-    """Exact money of one term (and cause, for failure and context not reused) of one share."""
+class Part(NamedTuple):
+    """Exact money of one term (and cause, for failure and context not reused) of one share (a named
+    tuple: a month has millions, and a frozen dataclass costs several times more to build)."""
 
     customer_id: str  # '' = the platform (idle shared pool)
     model: str  # '' = an idle hour
@@ -155,14 +157,17 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
         slot[1] += e.kv_cache_gpu_ms
         slot[2] += e.queue_ms
         slot[3] += e.running_ms
-    weight: dict[tuple[str, str, str, datetime], Decimal] = defaultdict(lambda: ZERO)
-    pw, dw = model.prefill_weight, model.decode_weight
-    for r in dataset.requests:
-        weight[(r.customer_id, r.model, r.deployment_id, r.hour)] += pw * (r.input_tokens - r.cached_input_tokens) \
-            + dw * r.output_tokens
     classes: dict[tuple[str, str, str, datetime], list[tuple[str, str, Decimal, int]]] = defaultdict(list)
     for rec in inputs.classes:
         classes[(rec.customer_id, rec.model, rec.deployment_id, rec.hour)].extend(classify(rec, model))
+    # the rollup's weighted tokens, needed only for the shares with classified requests
+    weight: dict[tuple[str, str, str, datetime], Decimal] = defaultdict(lambda: ZERO)
+    pw, dw = model.prefill_weight, model.decode_weight
+    if classes:
+        for r in dataset.requests:
+            base = (r.customer_id, r.model, r.deployment_id, r.hour)
+            if base in classes:
+                weight[base] += pw * (r.input_tokens - r.cached_input_tokens) + dw * r.output_tokens
 
     out: list[Part] = []
     fractions: dict[tuple[str, datetime], tuple[Decimal, Decimal, Decimal]] = {}
@@ -181,7 +186,10 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
             out.append(Part(*base, "queue_and_idle", "", cost * idle_f, 0))
             out.append(Part(*base, "cache_occupancy", "", cost * cache_f, 0))
             token = cost * token_f
-            named = classes.get((k.customer_id, k.model, k.deployment_id, k.hour), [])
+            named = classes.get(base)
+            if not named:  # no request of the share was classified (most shares): all token work is new
+                out.append(Part(*base, "new_compute", "", token, 0))
+                continue
             classified = sum((w for term, _, w, _ in named if term != "new_compute"), ZERO)
             failovers = sum((w for term, cause, w, _ in named if term == "failure" and cause == "routing"), ZERO)
             # the rollup's weight not classified as wasted is new compute (failover extras ride on top)
@@ -253,8 +261,8 @@ class Anatomy:
                 "rows": [r.to_json() for r in self.rows]}
 
 
-def _key(p: Part, group_by: str) -> str:
-    return {"deployment": p.deployment_id, "model": p.model, "customer": p.customer_id}[group_by]
+_KEYS = {"deployment": attrgetter("deployment_id"), "model": attrgetter("model"),
+         "customer": attrgetter("customer_id")}
 
 
 def to_cents(amounts: Sequence[Decimal], whole: Decimal, currency: Currency) -> list[Decimal]:
@@ -274,11 +282,12 @@ def anatomy(all_parts: Iterable[Part], currency_code: str, *, group_by: str = "d
     currency = Currency.of(currency_code)
     by_row: dict[str, dict[str, Decimal]] = defaultdict(lambda: dict.fromkeys(TERMS, ZERO))
     exact = dict.fromkeys(TERMS, ZERO)
+    key = _KEYS[group_by]
     with localcontext(EXACT):
         for p in all_parts:
             if deployment is not None and p.deployment_id != deployment:
                 continue
-            by_row[_key(p, group_by)][p.term] += p.amount
+            by_row[key(p)][p.term] += p.amount
             exact[p.term] += p.amount
         keys = sorted(by_row)
         totals = [sum(by_row[k].values(), ZERO) for k in keys]
