@@ -1,7 +1,8 @@
 """Task and tool endpoints: a task's outcome and a customer's tool / verification usage.
 
-- `POST /v1/tasks/{task_id}/outcome` `{"outcome": "succeeded|failed|abandoned", "finished_at"?}`
-  emits `infermeter.task.v1`. A customer reports only on its own tasks: the task must have been
+- `POST /v1/tasks/{task_id}/outcome` `{"outcome": "succeeded|failed|abandoned", "finished_at"?,
+  "failure_cause"?}` emits `infermeter.task.v1` (`failure_cause`: why the task failed or was retried,
+  one of runtime, capacity, routing, client, model, verifier; the cost anatomy's failure attribution). A customer reports only on its own tasks: the task must have been
   seen with the caller's customer (on this gateway, `remember_task`, or in metering's
   `task_attempts`), else 404, the same answer as for an unknown task.
 - `POST /v1/events` `{"meter", "quantity", "task_id"?, "id"?, "occurred_at"?}` emits
@@ -20,7 +21,14 @@ from fastapi import Request
 from starlette.responses import Response
 
 from infermeter.times import TimeInputError, parse_time
-from metering.contract import TASK_OUTCOMES, decode_event, encode_event, task_event, usage_event
+from metering.contract import (
+    FAILURE_CAUSES,
+    TASK_OUTCOMES,
+    decode_event,
+    encode_event,
+    task_event,
+    usage_event,
+)
 from serving.gateway_context import GatewayState, acting_customer, authenticate
 from serving.openai_api import ApiError, bad_request, read_json_object
 
@@ -71,6 +79,9 @@ async def post_task_outcome(state: GatewayState, task_id: str, request: Request)
     if not 0 < len(task_id) <= 256:
         raise bad_request("the task id must be 1 to 256 characters")
     finished_at = _time_field(body.get("finished_at"), "finished_at")
+    failure_cause = body.get("failure_cause")
+    if failure_cause is not None and failure_cause not in FAILURE_CAUSES:
+        raise bad_request(f"'failure_cause' must be one of {', '.join(FAILURE_CAUSES)}", "failure_cause")
     known = (customer_id, task_id) in state.recent_tasks
     if not known and state.engine is not None:
         known = await asyncio.to_thread(_task_known_in_metering, state.engine, customer_id, task_id)
@@ -84,6 +95,7 @@ async def post_task_outcome(state: GatewayState, task_id: str, request: Request)
         outcome=outcome,
         finished_at=finished_at,
         event_id=event_id,
+        failure_cause=failure_cause,
     )
     state.sink.emit(event)
     payload = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "event_id": event["id"]}
