@@ -187,8 +187,9 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
             out.append(Part(*base, "cache_occupancy", "", cost * cache_f, 0))
             token = cost * token_f
             named = classes.get(base)
-            if not named:  # no request of the share was classified (most shares): all token work is new
-                out.append(Part(*base, "new_compute", "", token, 0))
+            if not named or all(term == "new_compute" for term, _, _, _ in named):
+                # nothing wasted or missed in the share (most shares): all its token work is new compute
+                out.append(Part(*base, "new_compute", "", token, sum(units for _, _, _, units in named or ())))
                 continue
             classified = sum((w for term, _, w, _ in named if term != "new_compute"), ZERO)
             failovers = sum((w for term, cause, w, _ in named if term == "failure" and cause == "routing"), ZERO)
