@@ -87,8 +87,11 @@ async def finish(
     prefix_seen = seen_on = None
     if ctx.replica is not None and state.prefix_memory is not None:  # serving/prefix_memory.py
         served = isinstance(usage, dict) and bool(usage.get("prompt_tokens"))  # the prompt reached the engine
-        seen_on = state.prefix_memory.observe(ctx.route.name, ctx.body, ctx.replica.replica_id, served=served)
-        prefix_seen = seen_on is not None
+        try:
+            seen_on = state.prefix_memory.observe(ctx.route.name, ctx.body, ctx.replica.replica_id, served=served)
+            prefix_seen = seen_on is not None
+        except Exception:  # the claim is optional; the event (the usage) is not
+            log.exception("prefix memory failed for %s", ctx.request_id)
     outcome = RequestOutcome(
         request_id=ctx.request_id,
         customer_id=ctx.customer_id,
