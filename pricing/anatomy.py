@@ -170,26 +170,34 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
                 weight[base] += pw * (r.input_tokens - r.cached_input_tokens) + dw * r.output_tokens
 
     out: list[Part] = []
+    append = out.append  # a month has millions of shares: this loop is the anatomy's cost (bench.anatomy)
     fractions: dict[tuple[str, datetime], tuple[Decimal, Decimal, Decimal]] = {}
+    costs = att.cost
     with localcontext(EXACT):
-        for k in sorted(att.cost, key=lambda k: (k.deployment_id, k.hour, k.customer_id, k.model, k.gpu_type)):
-            cost = att.cost[k]
-            if not k.model:  # an idle hour: the dedicated deployment's customer's, or the platform's
-                out.append(Part(k.customer_id, "", k.deployment_id, k.hour, "queue_and_idle", "", cost, 0))
+        for k in sorted(costs, key=_share_order):
+            cost = costs[k]
+            customer, m, deployment, hour = k.customer_id, k.model, k.deployment_id, k.hour
+            if not m:  # an idle hour: the dedicated deployment's customer's, or the platform's
+                append(Part(customer, "", deployment, hour, "queue_and_idle", "", cost, 0))
                 continue
-            dh = (k.deployment_id, k.hour)
+            dh = (deployment, hour)
             f = fractions.get(dh)
             if f is None:
                 f = fractions[dh] = _fractions(gpu_ms[dh], engine.get(dh), model.kv_cache_share)
-            idle_f, cache_f, token_f = f
-            base = (k.customer_id, k.model, k.deployment_id, k.hour)
-            out.append(Part(*base, "queue_and_idle", "", cost * idle_f, 0))
-            out.append(Part(*base, "cache_occupancy", "", cost * cache_f, 0))
-            token = cost * token_f
+            idle_f, cache_f, _ = f
+            idle = cost * idle_f if idle_f else ZERO
+            cache = cost * cache_f if cache_f else ZERO
+            # the token work's fraction: the share's parts add up to it (the max: 80-digit rounding of idle
+            # and cache can overshoot a zero token fraction by 1e-78)
+            token = max(ZERO, cost - idle - cache)
+            append(Part(customer, m, deployment, hour, "queue_and_idle", "", idle, 0))
+            append(Part(customer, m, deployment, hour, "cache_occupancy", "", cache, 0))
+            base = (customer, m, deployment, hour)
             named = classes.get(base)
             if not named or all(term == "new_compute" for term, _, _, _ in named):
                 # nothing wasted or missed in the share (most shares): all its token work is new compute
-                out.append(Part(*base, "new_compute", "", token, sum(units for _, _, _, units in named or ())))
+                append(Part(customer, m, deployment, hour, "new_compute", "", token,
+                            sum(units for _, _, _, units in named or ())))
                 continue
             classified = sum((w for term, _, w, _ in named if term != "new_compute"), ZERO)
             failovers = sum((w for term, cause, w, _ in named if term == "failure" and cause == "routing"), ZERO)
@@ -206,6 +214,10 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
                 amount = token * w / total if total else (token if term == "new_compute" else ZERO)
                 out.append(Part(*base, term, cause, amount, units))
     return out
+
+
+def _share_order(k) -> tuple:
+    return k.deployment_id, k.hour, k.customer_id, k.model, k.gpu_type
 
 
 def _fractions(gpu_ms: int, engine: list[Decimal] | None, kv_share: Decimal) -> tuple[Decimal, Decimal, Decimal]:
