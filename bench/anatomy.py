@@ -42,7 +42,7 @@ from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_u
 from pricing.anatomy import anatomy, parts
 from pricing.cost import attribute
 from pricing.money import Currency
-from pricing_service.anatomy import cost_anatomy, load_anatomy_inputs
+from pricing_service.anatomy import cost_anatomy, gc_paused, load_anatomy_inputs
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_cost_model
 from pricing_service.source import connect, load_dataset
 
@@ -167,10 +167,12 @@ def main() -> None:
             inputs = load_anatomy_inputs(conn, START, END)
             phases[f"engine state + request classes ({len(inputs.classes):,} class rows)"] = time.perf_counter() - t
             t = time.perf_counter()
-            all_parts = parts(dataset, model, inputs, att)
+            with gc_paused():  # as cost_anatomy does
+                all_parts = parts(dataset, model, inputs, att)
             phases[f"terms ({len(all_parts):,} parts)"] = time.perf_counter() - t
             t = time.perf_counter()
-            anatomy(all_parts, model.currency, group_by="customer")
+            with gc_paused():
+                anatomy(all_parts, model.currency, group_by="customer")
             phases["rows to the cent"] = time.perf_counter() - t
             del dataset, att, all_parts
         assert result.total == cost, (result.total, cost)
