@@ -148,6 +148,21 @@ class Settings(BaseSettings):
         description="Data-residency regions, comma-separated (e.g. eu-west,eu-central,us-east): the only regions an "
         "upstreams file, a replica agent or a customer's residency may name. Empty: none (replicas carry no region).",
     )
+    prefix_memory_entries: int = Field(
+        default=50_000,
+        ge=0,
+        validation_alias="INFERMETER_PREFIX_MEMORY_ENTRIES",
+        description="Prompt prefixes the gateway remembers per model, with the replica that served each last, to "
+        "set prefix_seen on request events (cost anatomy: context not reused); the least recently served is "
+        "forgotten first. 0: not recorded (events carry no prefix_seen).",
+    )
+    prefix_memory_max_age_s: float = Field(
+        default=600.0,
+        ge=0,
+        validation_alias="INFERMETER_PREFIX_MEMORY_MAX_AGE_S",
+        description="A prompt prefix not served for this many seconds is forgotten by the gateway's prefix memory "
+        "(a request with it again counts as prefix_seen false).",
+    )
     vllm_python: str = Field(
         default=".venv-vllm/bin/python",
         validation_alias="INFERMETER_VLLM_PYTHON",

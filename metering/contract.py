@@ -344,11 +344,13 @@ def request_event(
     tags: dict[str, str] | None = None,
     upstream_attempts: int | None = None,
     region: str | None = None,
+    prefix_seen: bool | None = None,
+    prefix_seen_replica: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
     (usage counts in the period in which the request finished). `upstream_attempts` (how many
-    replicas the gateway tried) and `region` (the serving replica's) are left out of the data
-    when None."""
+    replicas the gateway tried), `region` (the serving replica's) and the router's `prefix_seen` /
+    `prefix_seen_replica` are left out of the data when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -373,6 +375,10 @@ def request_event(
         data["upstream_attempts"] = upstream_attempts
     if region is not None:
         data["region"] = region
+    if prefix_seen is not None:
+        data["prefix_seen"] = prefix_seen
+        if prefix_seen_replica is not None:
+            data["prefix_seen_replica"] = prefix_seen_replica
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
                       time=finished_at)
 

@@ -436,15 +436,23 @@ GROUP BY deployment_id, hour
 """
 
 # The request events of [start, end) by class (raw events: the rollups keep no status x task x
-# router dimension). wasted: the request belongs to a task attempt that was retried (a later attempt
-# exists) or whose task failed or was abandoned; failovers: upstream attempts beyond the first
+# router dimension), leaving out the plain ones (ok, outside any task, no failover, no seen prefix):
+# they are new compute, which the cost anatomy takes from the rollups. wasted: the request belongs to
+# a task attempt that was retried (a later attempt exists) or whose task failed or was abandoned;
+# failovers: upstream attempts beyond the first
 # (`upstream_attempts`, a number or a list, when the gateway records it); prefix: '' (not seen
-# before), 'same' or 'other' (the replica that had served it is another one).
+# before, or seen and the engine reused cached tokens), 'same' or 'other' (seen, nothing came from the
+# cache, and the replica that had served it is the same one or another one).
 REQUEST_CLASSES_SQL = """
 WITH req AS (
     SELECT customer_id, date_trunc('hour', occurred_at) AS hour, payload->'data' AS d
     FROM raw_events
     WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s {only}
+      AND (payload->'data'->>'status' <> 'ok' OR payload->'data'->>'task_id' IS NOT NULL
+           OR payload->'data'->>'prefix_seen' = 'true'
+           OR jsonb_typeof(payload->'data'->'upstream_attempts') = 'array'
+           OR (jsonb_typeof(payload->'data'->'upstream_attempts') = 'number'
+               AND (payload->'data'->>'upstream_attempts')::numeric > 1))
 ), flat AS (
     SELECT customer_id, hour, d->>'model' AS model, d->>'deployment_id' AS deployment_id, d->>'status' AS status,
            coalesce(d->'tags'->>'error', '') AS error, coalesce(d->'tags'->>'reason', '') AS reason,
@@ -452,7 +460,7 @@ WITH req AS (
            greatest(CASE jsonb_typeof(d->'upstream_attempts')
                         WHEN 'number' THEN (d->>'upstream_attempts')::numeric::int
                         WHEN 'array' THEN jsonb_array_length(d->'upstream_attempts') ELSE 1 END - 1, 0) AS failovers,
-           CASE WHEN d->>'prefix_seen' = 'true' THEN
+           CASE WHEN d->>'prefix_seen' = 'true' AND (d->>'cached_input_tokens')::bigint = 0 THEN
                CASE WHEN d->>'prefix_seen_replica' IS NOT NULL AND d->>'prefix_seen_replica' IS DISTINCT FROM d->>'replica_id'
                     THEN 'other' ELSE 'same' END
            ELSE '' END AS prefix,
@@ -487,7 +495,8 @@ def engine_hours(
 def request_classes(
     conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
 ) -> list[tuple]:
-    """The raw request events of [start, end) summed by class: (customer, model, deployment, hour,
+    """The raw request events of [start, end) that are not plain new compute, summed by class: (customer,
+    model, deployment, hour,
     status, requests, uncached input tokens, output tokens, tags.error, tags.reason, wasted task
     attempt, the task's failure_cause, failovers per request, prefix) — see REQUEST_CLASSES_SQL.
     Reads raw_events (a time-range scan of the window's partitions)."""

@@ -45,6 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, localcontext
+from operator import attrgetter
+from typing import NamedTuple
 
 from pricing.cost import Attribution, CostModel, attribute, largest_remainder
 from pricing.money import EXACT, Currency
@@ -95,9 +97,9 @@ class RequestClassRecord:
     prefix: str = ""  # '' not seen before, 'same' replica, 'other' replica
 
 
-@dataclass(frozen=True)
-class Part:
-    """Exact money of one term (and cause, for failure and context not reused) of one share."""
+class Part(NamedTuple):
+    """Exact money of one term (and cause, for failure and context not reused) of one share (a named
+    tuple: a month has millions, and a frozen dataclass costs several times more to build)."""
 
     customer_id: str  # '' = the platform (idle shared pool)
     model: str  # '' = an idle hour
@@ -158,33 +160,48 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
         slot[1] += e.kv_cache_gpu_ms
         slot[2] += e.queue_ms
         slot[3] += e.running_ms
-    weight: dict[tuple[str, str, str, datetime], Decimal] = defaultdict(lambda: ZERO)
-    pw, dw = model.prefill_weight, model.decode_weight
-    for r in dataset.requests:
-        weight[(r.customer_id, r.model, r.deployment_id, r.hour)] += pw * (r.input_tokens - r.cached_input_tokens) \
-            + dw * r.output_tokens
     classes: dict[tuple[str, str, str, datetime], list[tuple[str, str, Decimal, int]]] = defaultdict(list)
     for rec in inputs.classes:
         classes[(rec.customer_id, rec.model, rec.deployment_id, rec.hour)].extend(classify(rec, model))
+    # the rollup's weighted tokens, needed only for the shares with classified requests
+    weight: dict[tuple[str, str, str, datetime], Decimal] = defaultdict(lambda: ZERO)
+    pw, dw = model.prefill_weight, model.decode_weight
+    if classes:
+        for r in dataset.requests:
+            base = (r.customer_id, r.model, r.deployment_id, r.hour)
+            if base in classes:
+                weight[base] += pw * (r.input_tokens - r.cached_input_tokens) + dw * r.output_tokens
 
     out: list[Part] = []
+    append = out.append  # a month has millions of shares: this loop is the anatomy's cost (bench.anatomy)
     fractions: dict[tuple[str, datetime], tuple[Decimal, Decimal, Decimal]] = {}
+    costs = att.cost
     with localcontext(EXACT):
-        for k in sorted(att.cost, key=lambda k: (k.deployment_id, k.hour, k.customer_id, k.model, k.gpu_type)):
-            cost = att.cost[k]
-            if not k.model:  # an idle hour: the dedicated deployment's customer's, or the platform's
-                out.append(Part(k.customer_id, "", k.deployment_id, k.hour, "queue_and_idle", "", cost, 0))
+        for k in sorted(costs, key=_share_order):
+            cost = costs[k]
+            customer, m, deployment, hour = k.customer_id, k.model, k.deployment_id, k.hour
+            if not m:  # an idle hour: the dedicated deployment's customer's, or the platform's
+                append(Part(customer, "", deployment, hour, "queue_and_idle", "", cost, 0))
                 continue
-            dh = (k.deployment_id, k.hour)
+            dh = (deployment, hour)
             f = fractions.get(dh)
             if f is None:
                 f = fractions[dh] = _fractions(gpu_ms[dh], engine.get(dh), model.kv_cache_share)
-            idle_f, cache_f, token_f = f
-            base = (k.customer_id, k.model, k.deployment_id, k.hour)
-            out.append(Part(*base, "queue_and_idle", "", cost * idle_f, 0))
-            out.append(Part(*base, "cache_occupancy", "", cost * cache_f, 0))
-            token = cost * token_f
-            named = classes.get((k.customer_id, k.model, k.deployment_id, k.hour), [])
+            idle_f, cache_f, _ = f
+            idle = cost * idle_f if idle_f else ZERO
+            cache = cost * cache_f if cache_f else ZERO
+            # the token work's fraction: the share's parts add up to it (the max: 80-digit rounding of idle
+            # and cache can overshoot a zero token fraction by 1e-78)
+            token = max(ZERO, cost - idle - cache)
+            append(Part(customer, m, deployment, hour, "queue_and_idle", "", idle, 0))
+            append(Part(customer, m, deployment, hour, "cache_occupancy", "", cache, 0))
+            base = (customer, m, deployment, hour)
+            named = classes.get(base)
+            if not named or all(term == "new_compute" for term, _, _, _ in named):
+                # nothing wasted or missed in the share (most shares): all its token work is new compute
+                append(Part(customer, m, deployment, hour, "new_compute", "", token,
+                            sum(units for _, _, _, units in named or ())))
+                continue
             classified = sum((w for term, _, w, _ in named if term != "new_compute"), ZERO)
             failovers = sum((w for term, cause, w, _ in named if term == "failure" and cause == "routing"), ZERO)
             # the rollup's weight not classified as wasted is new compute (failover extras ride on top)
@@ -200,6 +217,10 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
                 amount = token * w / total if total else (token if term == "new_compute" else ZERO)
                 out.append(Part(*base, term, cause, amount, units))
     return out
+
+
+def _share_order(k) -> tuple:
+    return k.deployment_id, k.hour, k.customer_id, k.model, k.gpu_type
 
 
 def _fractions(gpu_ms: int, engine: list[Decimal] | None, kv_share: Decimal) -> tuple[Decimal, Decimal, Decimal]:
@@ -256,8 +277,8 @@ class Anatomy:
                 "rows": [r.to_json() for r in self.rows]}
 
 
-def _key(p: Part, group_by: str) -> str:
-    return {"deployment": p.deployment_id, "model": p.model, "customer": p.customer_id}[group_by]
+_KEYS = {"deployment": attrgetter("deployment_id"), "model": attrgetter("model"),
+         "customer": attrgetter("customer_id")}
 
 
 def to_cents(amounts: Sequence[Decimal], whole: Decimal, currency: Currency) -> list[Decimal]:
@@ -277,11 +298,12 @@ def anatomy(all_parts: Iterable[Part], currency_code: str, *, group_by: str = "d
     currency = Currency.of(currency_code)
     by_row: dict[str, dict[str, Decimal]] = defaultdict(lambda: dict.fromkeys(TERMS, ZERO))
     exact = dict.fromkeys(TERMS, ZERO)
+    key = _KEYS[group_by]
     with localcontext(EXACT):
         for p in all_parts:
             if deployment is not None and p.deployment_id != deployment:
                 continue
-            by_row[_key(p, group_by)][p.term] += p.amount
+            by_row[key(p)][p.term] += p.amount
             exact[p.term] += p.amount
         keys = sorted(by_row)
         totals = [sum(by_row[k].values(), ZERO) for k in keys]

@@ -20,6 +20,7 @@ from infermeter.auth import AuthError, Principal, bearer_token
 from infermeter.settings import Settings
 from serving.gateway_contracts import AdmissionControl, Authenticator, EventSink
 from serving.openai_api import ApiError
+from serving.prefix_memory import PrefixMemory
 from serving.upstream_http import UpstreamPool
 from serving.upstreams import ModelRoute, Replica, UpstreamConfig
 
@@ -72,6 +73,12 @@ class GatewayState:
     context_lengths: dict[str, int] = field(default_factory=dict)
     recent_tasks: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     emitted: int = 0
+    # prefix_seen on request events; from the settings by default (None: INFERMETER_PREFIX_MEMORY_ENTRIES=0)
+    prefix_memory: PrefixMemory | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix_memory is None and self.settings.prefix_memory_entries:
+            self.prefix_memory = PrefixMemory.from_settings(self.settings)
 
 
 # --- auth ------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ Every request that passes authentication and body checks ends in exactly one
 admission reservation; a second call is a no-op. `finish_after_send` defers it until the response
 has been handed to the client (`RequestContext.after_send`, run by `GatewayApp`). The event names
 the model, deployment and replica of the last try (the one that served, after a failover; tag
-`fallback_from` when that is a fallback model) and `upstream_attempts`, the replicas tried.
+`fallback_from` when that is a fallback model), `upstream_attempts`, the replicas tried, and, once a
+replica was tried, `prefix_seen` / `prefix_seen_replica` from the gateway's prefix memory
+(serving/prefix_memory.py).
 
 `MeteredStream` relays vLLM's SSE stream chunk by chunk. The gateway always asks vLLM for
 `stream_options: {include_usage: true, continuous_usage_stats: true}`, so the tokens generated so
@@ -82,6 +84,14 @@ async def finish(
     ctx.finished = True
     if ctx.fallback_from is not None:  # served (or last tried) by a fallback model: say which was asked
         tags = {**(tags or {}), "fallback_from": ctx.fallback_from}
+    prefix_seen = seen_on = None
+    if ctx.replica is not None and state.prefix_memory is not None:  # serving/prefix_memory.py
+        served = isinstance(usage, dict) and bool(usage.get("prompt_tokens"))  # the prompt reached the engine
+        try:
+            seen_on = state.prefix_memory.observe(ctx.route.name, ctx.body, ctx.replica.replica_id, served=served)
+            prefix_seen = seen_on is not None
+        except Exception:  # the claim is optional; the event (the usage) is not
+            log.exception("prefix memory failed for %s", ctx.request_id)
     outcome = RequestOutcome(
         request_id=ctx.request_id,
         customer_id=ctx.customer_id,
@@ -101,6 +111,8 @@ async def finish(
         tags=tags or {},
         upstream_attempts=ctx.upstream_attempts,
         region=ctx.replica.region if ctx.replica else None,
+        prefix_seen=prefix_seen,
+        prefix_seen_replica=seen_on,
     )
     event = build_request_event(outcome, source=state.source)
     data = event["data"]

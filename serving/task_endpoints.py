@@ -1,7 +1,8 @@
 """Task and tool endpoints: a task's outcome and a customer's tool / verification usage.
 
-- `POST /v1/tasks/{task_id}/outcome` `{"outcome": "succeeded|failed|abandoned", "finished_at"?}`
-  emits `infermeter.task.v1`. A customer reports only on its own tasks: the task must have been
+- `POST /v1/tasks/{task_id}/outcome` `{"outcome": "succeeded|failed|abandoned", "finished_at"?,
+  "failure_cause"?}` emits `infermeter.task.v1` (`failure_cause`: why the task failed or was retried,
+  one of runtime, capacity, routing, client, model, verifier; the cost anatomy's failure attribution). A customer reports only on its own tasks: the task must have been
   seen with the caller's customer (on this gateway, `remember_task`, or in metering's
   `task_attempts`), else 404, the same answer as for an unknown task.
 - `POST /v1/events` `{"meter", "quantity", "task_id"?, "id"?, "occurred_at"?}` emits
@@ -26,6 +27,7 @@ from starlette.responses import Response
 
 from infermeter.times import TimeInputError, parse_time
 from metering.contract import (
+    FAILURE_CAUSES,
     TASK_OUTCOMES,
     customer_source,
     decode_event,
@@ -88,6 +90,9 @@ async def post_task_outcome(state: GatewayState, task_id: str, request: Request)
     if not 0 < len(task_id) <= 256:
         raise bad_request("the task id must be 1 to 256 characters")
     finished_at = _time_field(body.get("finished_at"), "finished_at")
+    failure_cause = body.get("failure_cause")
+    if failure_cause is not None and failure_cause not in FAILURE_CAUSES:
+        raise bad_request(f"'failure_cause' must be one of {', '.join(FAILURE_CAUSES)}", "failure_cause")
     known = (customer_id, task_id) in state.recent_tasks
     if not known and state.engine is not None:
         known = await asyncio.to_thread(_task_known_in_metering, state.engine, customer_id, task_id)
@@ -101,6 +106,7 @@ async def post_task_outcome(state: GatewayState, task_id: str, request: Request)
         outcome=outcome,
         finished_at=finished_at,
         event_id=event_id,
+        failure_cause=failure_cause,
     )
     state.sink.emit(event)
     payload = {"task_id": task_id, "customer_id": customer_id, "outcome": outcome, "event_id": event["id"]}

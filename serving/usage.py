@@ -20,7 +20,9 @@ The event time is `finished_at`: usage counts in the period in which the request
 `model`, `deployment_id` and `replica_id` are those of the replica that served the request (after a
 failover to a fallback model, that model: the tokens are priced at it), and `upstream_attempts`
 says how many replicas were tried; only the serving try's tokens are in the event. `region` is that
-replica's region (absent when it has none, or when no replica was tried).
+replica's region (absent when it has none, or when no replica was tried). `prefix_seen` and
+`prefix_seen_replica` are the router's claim that the prompt's prefix was served before, and where
+(serving/prefix_memory.py; absent when no replica was tried).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class RequestOutcome:
     tags: dict[str, str] = field(default_factory=dict)
     upstream_attempts: int | None = None  # replicas tried (failover), the serving one included
     region: str | None = None  # the region of that replica (data residency), None when it has none
+    # the router's claim (serving/prefix_memory.py): the prompt's prefix was served before, on that replica
+    prefix_seen: bool | None = None
+    prefix_seen_replica: str | None = None
 
 
 def _int(value: Any) -> int:
@@ -101,4 +106,6 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         tags=tags,
         upstream_attempts=outcome.upstream_attempts,
         region=outcome.region,
+        prefix_seen=outcome.prefix_seen,
+        prefix_seen_replica=outcome.prefix_seen_replica,
     )

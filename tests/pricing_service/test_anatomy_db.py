@@ -60,7 +60,8 @@ def written(db_url: str) -> str:
                               busy_seconds="2880", prompt_tokens=0, generation_tokens=0, kv_cache_usage="0.5",
                               requests_waiting="0.5", requests_running="3"))
     w.request("cust-a", 1)
-    w.request("cust-a", 2, prefix_seen=True, prefix_seen_replica="r2")  # context not reused: residency
+    w.request("cust-a", 2, cached=0, prefix_seen=True, prefix_seen_replica="r2")  # context not reused: residency
+    w.request("cust-b", 7, prefix_seen=True, prefix_seen_replica="r1")  # seen, and the cache served 2,000: reused
     w.request("cust-a", 3, status="error", tags={"error": "upstream_broken"})
     w.request("cust-a", 4, status="cancelled", out=100, tags={"reason": "client_disconnected"})
     w.request("cust-b", 5, status="rejected", inp=0, cached=0, out=0, tags={"reason": "budget_exceeded"})

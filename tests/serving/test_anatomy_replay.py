@@ -1,0 +1,320 @@
+"""The cost anatomy on a real replay: the gateway in front of two vLLM CPU replicas, each watched by
+its replica agent, into a metering pipeline and database of this module's own (so that no other
+test's requests land in the window).
+
+The replay (one model, one deployment, prefix routing; prompts are picked so that prefix routing
+sends each where wanted):
+- customer a: a request on the victim replica, then two with one prefix on the survivor (the second
+  is prefix_seen on the same replica and hits vLLM's cache: reused, not "context not reused");
+  task t-verify's two attempts (the outcome names the verifier as why attempt 1 was retried) and
+  task t-fail's one attempt (failed, no cause: model); a stream the client leaves (client); a stream
+  whose replica is killed with SIGKILL mid-answer (runtime); then the first request's prompt again:
+  its replica is dead, so the gateway fails over to the survivor (routing: the failover attempt, and
+  the context not reused because the prefix was served on the other replica);
+- customer b (a rate limit of 1 request a minute): one request, then one rejected (capacity).
+
+Then, through the CLI as an operator runs it: `infermeter cost failures --json` shows each cause
+with its count, and `infermeter cost anatomy --json`'s total is `infermeter pricing compare --json`'s
+cost for the same window, to the cent (and each row's five parts add up to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import aiohttp
+import httpx
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from infermeter.settings import Settings, get_settings
+from infermeter.stack import to_libpq_url
+from pricing.anatomy import TERMS
+from pricing_service.books import EXAMPLE_BOOKS_DIR
+from serving.routing import prefix_key, rank_replicas
+from serving.tinymodel import SERVED_NAME
+from serving.upstreams import parse_upstreams
+from tests.conftest import new_database
+from tests.serving.conftest import _start, new_customer
+
+DEPLOYMENT = "anatomy-replay"
+SURVIVOR, VICTIM = "r-survivor", "r-victim"
+COST_MODEL = 'currency: USD\ngpu_hour: {cpu: "3600.00"}\nprefill_weight: "1"\ndecode_weight: "6"\nkv_cache_share: "0.3"\n'
+SHARED = " ".join(f"Article {n} of the harbor charter says every ledger balances by the hour." for n in range(12))
+
+
+@pytest.fixture(scope="module")
+def victim(tmp_path_factory, vllm_python, tiny_model, request):
+    server = _start(vllm_python, tiny_model, tmp_path_factory.mktemp("va"))  # short: vLLM's IPC paths
+    try:
+        request.getfixturevalue("vllm")  # the session's replica boots meanwhile
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def own_pipeline(pg_server_url, kafka_bootstrap, tmp_path_factory):
+    """A metering consumer into a fresh database, on topics of its own."""
+    from metering.consumer import MeteringConsumer, run_in_thread
+    from metering.kafka import ensure_topics
+
+    prefix = f"anatomy{uuid.uuid4().hex[:8]}"
+    database_url = new_database(pg_server_url)
+    settings = Settings(
+        INFERMETER_HOME=tmp_path_factory.mktemp("anatomy-home"),
+        DATABASE_URL=database_url,
+        KAFKA_BOOTSTRAP=kafka_bootstrap,
+        INFERMETER_TOPIC_PREFIX=prefix,
+        INFERMETER_CONSUMER_GROUP=f"{prefix}-group",
+        INFERMETER_BATCH_MAX_WAIT_MS=50,
+        INFERMETER_GATEWAY_ID=f"gw-{prefix}",
+    )
+    ensure_topics(kafka_bootstrap, settings)
+    consumer = MeteringConsumer(settings, database_url, kafka_bootstrap)
+    thread = run_in_thread(consumer)
+    yield settings
+    consumer.stop()
+    thread.join(30)
+
+
+class Agents:
+    """The two replicas' agents (serving/replica_agent.py), in a thread with its own event loop."""
+
+    def __init__(self, agents, emitter) -> None:
+        self.agents, self.emitter, self.intervals = agents, emitter, []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._ready.set()
+        await asyncio.gather(*(a.run(self._stop, on_interval=self.intervals.append) for a in self.agents))
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+def _prompt(replicas, wanted: str, text: str) -> str:
+    """`text` with a tag in front, the first tag for which prefix routing prefers replica `wanted`."""
+    for n in range(1000):
+        prompt = f"[{n}] {text}"
+        if rank_replicas(prefix_key({"prompt": prompt}), replicas)[0].replica_id == wanted:
+            return prompt
+    raise AssertionError("no prompt prefers " + wanted)
+
+
+def _rows(database_url: str, sql: str, params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(to_libpq_url(database_url)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not reached")
+
+
+async def _stream(url: str, token: str, prompt: str, *, leave_after: int | None = None,
+                  on_chunk=None) -> tuple[int, str]:
+    """Stream a long completion; leave after `leave_after` chunks, or read to the end. (chunks, last line)."""
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1800, "stream": True, "temperature": 0,
+            "ignore_eos": True}
+    seen, last = 0, ""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=body,
+                                headers={"Authorization": f"Bearer {token}"}) as response:
+            assert response.status == 200
+            async for line in response.content:
+                if line.startswith(b"data: "):
+                    last = line.decode().strip()
+                if line.startswith(b"data: {"):
+                    seen += 1
+                    if on_chunk is not None:
+                        on_chunk(seen)
+                    if seen == leave_after:
+                        break
+    return seen, last
+
+
+def test_failures_by_cause_and_the_anatomy_total_on_a_real_replay(vllm, victim, own_pipeline, tmp_path, monkeypatch):
+    from infermeter.db import get_engine
+    from serving.budgets import set_budget
+    from serving.emitter import Emitter
+    from serving.gateway import build_gateway, serve_in_thread
+    from serving.keys import KeyStore
+    from serving.replica_agent import ReplicaAgent
+
+    settings = own_pipeline
+    database_url = settings.database_url
+    # Requests and GPU time meet per hour: keep the replay inside one hour (it takes well under a minute).
+    now = datetime.now(UTC)
+    to_next_hour = (now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1) - now).total_seconds()
+    if to_next_hour < 90:
+        time.sleep(to_next_hour + 1)
+    config = parse_upstreams({"models": [{
+        "name": SERVED_NAME, "deployment_id": DEPLOYMENT, "routing": "prefix",
+        "replicas": [{"id": SURVIVOR, "url": vllm.url}, {"id": VICTIM, "url": victim.url}],
+    }]})  # fmt: skip
+    replicas = config.models[SERVED_NAME].replicas
+    keys = KeyStore(get_engine(database_url), settings)
+    a, b = new_customer(keys), new_customer(keys)
+    set_budget(get_engine(database_url), b.customer_id, rpm=1)
+
+    emitter = Emitter(tmp_path / "agent-spool", settings.kafka_bootstrap, settings, name="agents").start()
+    agents = Agents([ReplicaAgent(server.url, DEPLOYMENT, "cpu", 1, emitter, replica_id=rid, interval_s=2.0,
+                                  sample_s=0.25) for rid, server in ((SURVIVOR, vllm), (VICTIM, victim))], emitter)
+    served = serve_in_thread(build_gateway(
+        settings.model_copy(update={"gateway_id": f"anatomy-{uuid.uuid4().hex[:6]}"}), upstreams=config))
+    window_start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    ids: dict[str, str] = {}
+    try:
+        with httpx.Client(base_url=served.url, timeout=120) as http:
+
+            def complete(name: str, customer, prompt: str, *, task: tuple[str, int] | None = None,
+                         expect: int = 200) -> None:
+                headers = {"Authorization": f"Bearer {customer.token}"}
+                if task is not None:
+                    headers.update({"X-Infermeter-Task-Id": task[0], "X-Infermeter-Attempt": str(task[1])})
+                r = http.post("/v1/completions", headers=headers, json={
+                    "model": SERVED_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+                assert r.status_code == expect, r.text
+                ids[name] = r.headers["x-request-id"]
+
+            on_victim = _prompt(replicas, VICTIM, SHARED + " Who keeps the ledger?")
+            complete("victim-first", a, on_victim)
+            shared = _prompt(replicas, SURVIVOR, SHARED)
+            complete("survivor-first", a, shared + " Who signs the invoice?")
+            complete("survivor-seen", a, shared + " Who settles the budget?")
+            for name, task, attempt in (("t-verify-1", "t-verify", 1), ("t-verify-2", "t-verify", 2),
+                                        ("t-fail-1", "t-fail", 1)):
+                complete(name, a, _prompt(replicas, SURVIVOR, f"Task {task}, attempt {attempt}: plan the audit."),
+                         task=(task, attempt))
+            for task, body in (("t-verify", {"outcome": "succeeded", "failure_cause": "verifier"}),
+                               ("t-fail", {"outcome": "failed"})):
+                r = http.post(f"/v1/tasks/{task}/outcome", json=body, headers={"Authorization": f"Bearer {a.token}"})
+                assert r.status_code == 202, r.text
+            complete("b-first", b, _prompt(replicas, SURVIVOR, "Customer b asks about the tide."))
+            complete("b-rejected", b, _prompt(replicas, SURVIVOR, "Customer b asks again."), expect=429)
+
+            # the client leaves a stream after 20 chunks
+            left, _ = asyncio.run(_stream(served.url, a.token, _prompt(replicas, SURVIVOR, "Tell the long story."),
+                                          leave_after=20))
+            assert left == 20
+
+            # the victim is killed while it streams an answer
+            def kill_at(n: int) -> None:
+                if n == 10:
+                    os.killpg(victim.process.pid, signal.SIGKILL)  # the API server and its engine
+
+            chunks, last = asyncio.run(_stream(served.url, a.token, _prompt(replicas, VICTIM, "Recite the tide tables."),
+                                               on_chunk=kill_at))
+            victim.process.wait(10)
+            assert 10 <= chunks < 1800 and last != "data: [DONE]"  # the stream ended early (SSE error or cut)
+
+            # the first prompt again: its replica is dead; the gateway fails over to the survivor
+            complete("failover", a, on_victim)
+    finally:
+        served.stop()
+        agents.stop()
+        assert emitter.wait_drained(30)
+        emitter.close()
+    window_end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+    # everything reached metering: 9 + 2 request events, 2 task outcomes, every agent interval
+    _wait_for(lambda: _rows(database_url, "SELECT count(*) FROM raw_events WHERE type = 'infermeter.request.v1'")
+              == [(11,)], "11 request events")
+    _wait_for(lambda: _rows(database_url, "SELECT count(*) FROM task_outcomes") == [(2,)], "2 task outcomes")
+    _wait_for(lambda: _rows(database_url, "SELECT count(*) FROM raw_events WHERE type = 'infermeter.replica.v1'")
+              == [(len(agents.intervals),)], "every replica interval")
+    events = {row[0]["data"]["request_id"]: row[0]["data"] for row in _rows(
+        database_url, "SELECT payload FROM raw_events WHERE type = 'infermeter.request.v1'")}
+    data = {name: events[request_id] for name, request_id in ids.items()}
+    by_status = sorted((d["status"], d["customer_id"] == a.customer_id) for d in events.values())
+    assert by_status == sorted([("ok", True)] * 7 + [("cancelled", True), ("error", True), ("ok", False),
+                                                    ("rejected", False)])
+
+    # what the gateway recorded for the anatomy
+    assert (data["victim-first"]["replica_id"], data["victim-first"]["prefix_seen"]) == (VICTIM, False)
+    assert data["survivor-first"]["prefix_seen"] is False
+    seen = data["survivor-seen"]
+    assert (seen["replica_id"], seen["prefix_seen"], seen["prefix_seen_replica"]) == (SURVIVOR, True, SURVIVOR)
+    assert seen["cached_input_tokens"] > 0  # vLLM reused it: not "context not reused"
+    failover = data["failover"]
+    assert (failover["replica_id"], failover["upstream_attempts"]) == (SURVIVOR, 2)
+    assert (failover["prefix_seen"], failover["prefix_seen_replica"], failover["cached_input_tokens"]) == (
+        True, VICTIM, 0)
+    assert "prefix_seen" not in data["b-rejected"]
+    [killed] = [d for d in events.values() if d["status"] == "error"]
+    [cancelled] = [d for d in events.values() if d["status"] == "cancelled"]
+    assert killed["replica_id"] == VICTIM and killed["tags"]["error"].startswith("upstream_")
+    assert killed["output_tokens"] >= 10
+    assert cancelled["tags"]["reason"] == "client_disconnected"
+
+    # the operator's commands, on this module's database
+    from app.cli import _mount_optional_apps, app
+
+    _mount_optional_apps()
+    model_path = tmp_path / "cost-model.yaml"
+    model_path.write_text(COST_MODEL)
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    runner = CliRunner()
+    window = ["--from", window_start.isoformat().replace("+00:00", "Z"),
+              "--to", window_end.isoformat().replace("+00:00", "Z")]
+
+    def cli(*args: str) -> dict:
+        result = runner.invoke(app, [*args, *window, "--cost-model", str(model_path), "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    try:
+        failures = cli("cost", "failures")
+        anatomy = cli("cost", "anatomy", "--group-by", "customer")
+        by_deployment = cli("cost", "anatomy", "--deployment", DEPLOYMENT)
+        compare = cli("pricing", "compare", "--price-book", str(EXAMPLE_BOOKS_DIR / "per-token.yaml"))
+    finally:
+        get_settings.cache_clear()
+
+    counts = {c["cause"]: c["count"] for c in failures["by_cause"]}
+    assert counts == {"runtime": 1, "capacity": 1, "routing": 2, "client": 1, "model": 1, "verifier": 1}
+    routing = {r["kind"]: r["count"] for r in failures["rows"] if r["cause"] == "routing"}
+    assert routing == {"failure": 1, "context_not_reused": 1}
+    assert all(r["customer_id"] == (b.customer_id if r["cause"] == "capacity" else a.customer_id)
+               for r in failures["rows"])
+    costs = {c["cause"]: Decimal(c["cost"]) for c in failures["by_cause"]}
+    assert all(costs[cause] > 0 for cause in ("runtime", "routing", "client", "model", "verifier"))
+    assert costs["capacity"] == 0  # a rejected request did no work
+
+    total = Decimal(anatomy["total"])
+    assert total > 0
+    assert total == Decimal(compare["books"][0]["cost"]) == Decimal(by_deployment["total"])
+    assert sum(Decimal(r["total"]) for r in anatomy["rows"]) == total
+    for row in anatomy["rows"]:
+        assert sum(Decimal(row[t]) for t in TERMS) == Decimal(row["total"])
+        assert all(Decimal(row[t]) >= 0 for t in TERMS)
+    [pool] = by_deployment["rows"]
+    # every term shows up but cache occupancy: the tiny model's KV cache holds a few % of its 64 MiB at
+    # most (vllm:kv_cache_usage_perc), which rounds to $0 here; the ledger did record the engine state
+    assert all(Decimal(pool[t]) > 0 for t in TERMS if t != "cache_occupancy"), pool
+    [(wall_ms, busy_ms, replicas_seen)] = _rows(
+        database_url, "SELECT sum(wall_ms), sum(busy_ms), count(DISTINCT replica_id) FROM gpu_ledger_hourly "
+        "WHERE deployment_id = %s", (DEPLOYMENT,))
+    assert wall_ms > busy_ms > 0 and replicas_seen == 2
+
