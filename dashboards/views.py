@@ -102,14 +102,20 @@ def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, m
     models = sorted({r["model"] for r in rows})
     if model:
         rows = [r for r in rows if r["model"] == model]
-    per_bucket: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TOKEN_KEYS, 0))
-    totals = dict.fromkeys(TOKEN_KEYS, 0)
+    # per bucket: [requests, input, cached input, uncached input, output] (TOKEN_KEYS' order)
+    per_bucket: dict[str, list[int]] = {}
     for r in rows:
-        for key in TOKEN_KEYS:
-            per_bucket[r[bucket]][key] += r[key]
-            totals[key] += r[key]
-    series = [{bucket: t, **v, "cache_hit_rate": _rate(v["cached_input_tokens"], v["input_tokens"])}
+        sums = per_bucket.get(r[bucket])
+        if sums is None:
+            sums = per_bucket[r[bucket]] = [0, 0, 0, 0, 0]
+        sums[0] += r["requests"]
+        sums[1] += r["input_tokens"]
+        sums[2] += r["cached_input_tokens"]
+        sums[3] += r["uncached_input_tokens"]
+        sums[4] += r["output_tokens"]
+    series = [{bucket: t, **dict(zip(TOKEN_KEYS, v, strict=True)), "cache_hit_rate": _rate(v[2], v[1])}
               for t, v in sorted(per_bucket.items())]
+    totals: dict[str, Any] = {key: sum(v[i] for v in per_bucket.values()) for i, key in enumerate(TOKEN_KEYS)}
     totals["cache_hit_rate"] = _rate(totals["cached_input_tokens"], totals["input_tokens"])
     return {"bucket": bucket, "models": models, "series": series, "totals": totals}
 

@@ -114,29 +114,52 @@ def usage(
             f"{customer_filter} GROUP BY {', '.join(d[2] for d in dims)}"
         )
         params += [edge_start, edge_end, *customer_params]
-    sql = (
-        f"SELECT {', '.join(names)}, sum(requests)::bigint AS requests, sum(input_tokens)::bigint AS input_tokens, "
-        "sum(cached_input_tokens)::bigint AS cached_input_tokens, sum(output_tokens)::bigint AS output_tokens "
-        f"FROM ({' UNION ALL '.join(parts)}) AS u GROUP BY {', '.join(names)} "
-        f"{'HAVING sum(requests) <> 0 ' if 'region' in group_by else ''}ORDER BY {', '.join(names)}"
-    )
-    with conn.cursor(row_factory=dict_row) as cur:
+    if len(parts) == 1 and hours and "region" not in group_by:
+        # whole hours only (the dashboards' case): the rollups' own GROUP BY is the answer, no outer one
+        sql = (
+            f"SELECT {', '.join(f'{d[1]} AS {d[0]}' for d in dims)}, {_BIGINT_SUMS} FROM request_rollup_hourly "
+            f"WHERE hour >= %s AND hour < %s{customer_filter} GROUP BY {', '.join(d[1] for d in dims)} "
+            f"ORDER BY {', '.join(names)}"
+        )
+    else:
+        sql = (
+            f"SELECT {', '.join(names)}, {_BIGINT_SUMS} "
+            f"FROM ({' UNION ALL '.join(parts)}) AS u GROUP BY {', '.join(names)} "
+            f"{'HAVING sum(requests) <> 0 ' if 'region' in group_by else ''}ORDER BY {', '.join(names)}"
+        )
+    with conn.cursor() as cur:
         utc_session(cur)
         cur.execute(sql, params)
         rows = cur.fetchall()
+    return _usage_items(rows, names)
+
+
+# The outer sums of `usage`, as integers (sum() of bigint is numeric in PostgreSQL).
+_BIGINT_SUMS = ("sum(requests)::bigint AS requests, sum(input_tokens)::bigint AS input_tokens, "
+                "sum(cached_input_tokens)::bigint AS cached_input_tokens, sum(output_tokens)::bigint AS output_tokens")
+
+
+def _usage_items(rows: list[tuple], names: list[str]) -> list[dict]:
+    """`usage`'s rows (its dimensions, then the four sums) as dicts; bucket times as UTC text, each
+    distinct time formatted once (a month by model and day repeats every day once per model)."""
+    texts: dict[datetime, str] = {}
+    width = len(names)
     out = []
     for row in rows:
-        item = {name: row[name] for name in names}
+        item = dict(zip(names, row[:width], strict=True))
         for key in ("day", "hour"):
-            if key in item and isinstance(item[key], datetime):
-                item[key] = utc_text(item[key])
-        item.update(
-            requests=int(row["requests"]),
-            input_tokens=int(row["input_tokens"]),
-            cached_input_tokens=int(row["cached_input_tokens"]),
-            uncached_input_tokens=int(row["input_tokens"]) - int(row["cached_input_tokens"]),
-            output_tokens=int(row["output_tokens"]),
-        )
+            moment = item.get(key)
+            if isinstance(moment, datetime):
+                text = texts.get(moment)
+                if text is None:
+                    text = texts[moment] = utc_text(moment)
+                item[key] = text
+        requests, input_tokens, cached, output = row[width:]
+        item["requests"] = int(requests)
+        item["input_tokens"] = int(input_tokens)
+        item["cached_input_tokens"] = int(cached)
+        item["uncached_input_tokens"] = int(input_tokens) - int(cached)
+        item["output_tokens"] = int(output)
         out.append(item)
     return out
 
