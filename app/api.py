@@ -36,6 +36,7 @@ from billing_service.stripe_api import router as stripe_router
 from billing_service.stripe_run import status_port
 from billing_service.stripe_state import PostgresWebhookEventLog
 from billing_service.stripe_webhook import utc_now
+from dashboards.web import close_read_pool, open_read_pool
 from dashboards.web import router as dashboards_router
 from infermeter.db import get_engine
 from infermeter.http import data_error_handler, error_handler
@@ -85,7 +86,9 @@ def register_dashboard_billing(settings: Settings, database_url: str) -> None:
 def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app_: FastAPI):
+        await open_read_pool(app_)  # the customer dashboard's chart data endpoints read in the event loop
         yield
+        await close_read_pool(app_)
         app_.state.pool.close()
         if app_.state.publisher:
             app_.state.publisher.close()

@@ -11,7 +11,8 @@ interval every hour; for 200 other customers one dedicated deployment each, hour
 
 Endpoints are called in-process (the API app of app.api.create_app through httpx's ASGI transport
 in one event loop: routing, authentication with the customer's API key as a bearer token, the
-query functions and JSON encoding, no network) for the month (`?from=2026-11-01T00:00:00Z&to=2026-12-01T00:00:00Z`,
+query functions and JSON encoding, no network; the async read pool the app's lifespan opens in a
+server, `dashboards.web.open_read_pool`, is opened in the same loop) for the month (`?from=2026-11-01T00:00:00Z&to=2026-12-01T00:00:00Z`,
 daily buckets), --calls times each after 5 warm-up calls, alternating with the bare SQL (run on one
 autocommit psycopg connection) so both see the same moments of the machine's load. The bare SQL: for each endpoint the statements a hand-written minimal version needs (one
 GROUP BY per data set: the customer's rollups by model and day, its GPU ledger by deployment and
@@ -146,13 +147,19 @@ async def time_pair(client, key: str, name: str, conn: psycopg.Connection, calls
 async def time_all(app, key: str, url: str, calls: int) -> dict[str, tuple[list, list]]:
     import httpx
 
+    from dashboards.web import close_read_pool, open_read_pool
+
     out = {}
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-        with psycopg.connect(to_libpq_url(url), autocommit=True) as conn:
-            conn.execute("SET TIME ZONE 'UTC'")
-            for name in ENDPOINTS:
-                out[name] = await time_pair(client, key, name, conn, calls)
+    await open_read_pool(app)  # what the app's lifespan does in a server (the ASGI transport runs no lifespan)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+            with psycopg.connect(to_libpq_url(url), autocommit=True) as conn:
+                conn.execute("SET TIME ZONE 'UTC'")
+                for name in ENDPOINTS:
+                    out[name] = await time_pair(client, key, name, conn, calls)
+    finally:
+        await close_read_pool(app)
     return out
 
 

@@ -98,18 +98,36 @@ def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, m
     """Tokens, requests and cache-hit rate per hour (day for windows over 3 days), and totals, from
     `metering.queries.usage` (what GET /v1/usage answers)."""
     bucket = bucket_for(window)
-    rows = queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket])
+    return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket]), bucket, model)
+
+
+async def customer_usage_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str,
+                               model: str | None) -> dict[str, Any]:
+    """`customer_usage` on an async connection (`metering.queries.usage_async`: the same statement)."""
+    bucket = bucket_for(window)
+    rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket])
+    return usage_view(rows, bucket, model)
+
+
+def usage_view(rows: list[dict], bucket: str, model: str | None) -> dict[str, Any]:
+    """`customer_usage` from the rows of `metering.queries.usage` by model and `bucket`."""
     models = sorted({r["model"] for r in rows})
     if model:
         rows = [r for r in rows if r["model"] == model]
-    per_bucket: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TOKEN_KEYS, 0))
-    totals = dict.fromkeys(TOKEN_KEYS, 0)
+    # per bucket: [requests, input, cached input, uncached input, output] (TOKEN_KEYS' order)
+    per_bucket: dict[str, list[int]] = {}
     for r in rows:
-        for key in TOKEN_KEYS:
-            per_bucket[r[bucket]][key] += r[key]
-            totals[key] += r[key]
-    series = [{bucket: t, **v, "cache_hit_rate": _rate(v["cached_input_tokens"], v["input_tokens"])}
+        sums = per_bucket.get(r[bucket])
+        if sums is None:
+            sums = per_bucket[r[bucket]] = [0, 0, 0, 0, 0]
+        sums[0] += r["requests"]
+        sums[1] += r["input_tokens"]
+        sums[2] += r["cached_input_tokens"]
+        sums[3] += r["uncached_input_tokens"]
+        sums[4] += r["output_tokens"]
+    series = [{bucket: t, **dict(zip(TOKEN_KEYS, v, strict=True)), "cache_hit_rate": _rate(v[2], v[1])}
               for t, v in sorted(per_bucket.items())]
+    totals: dict[str, Any] = {key: sum(v[i] for v in per_bucket.values()) for i, key in enumerate(TOKEN_KEYS)}
     totals["cache_hit_rate"] = _rate(totals["cached_input_tokens"], totals["input_tokens"])
     return {"bucket": bucket, "models": models, "series": series, "totals": totals}
 
@@ -117,7 +135,17 @@ def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, m
 def customer_gpu(conn: psycopg.Connection, window: Window, customer_id: str) -> dict[str, Any]:
     """GPU-hours of the customer's dedicated deployments (the GPU ledger rows it owns)."""
     bucket = bucket_for(window)
-    rows = queries.gpu_usage(conn, window, customer_id=customer_id, bucket=bucket)
+    return gpu_view(queries.dedicated_gpu_ms(conn, window, customer_id, bucket=bucket), bucket)
+
+
+async def customer_gpu_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str) -> dict[str, Any]:
+    """`customer_gpu` on an async connection (`metering.queries.dedicated_gpu_ms_async`: the same statement)."""
+    bucket = bucket_for(window)
+    return gpu_view(await queries.dedicated_gpu_ms_async(conn, window, customer_id, bucket=bucket), bucket)
+
+
+def gpu_view(rows: list[dict], bucket: str) -> dict[str, Any]:
+    """`customer_gpu` from the rows of `metering.queries.dedicated_gpu_ms` per `bucket`."""
     deployments: dict[str, int] = defaultdict(int)
     per_bucket: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in rows:
@@ -140,7 +168,17 @@ def customer_tasks(conn: psycopg.Connection, window: Window, customer_id: str) -
     """The customer's finished tasks per bucket, and totals: the sums of the buckets (each task finishes
     in one bucket, every column is a count), so one statement instead of two."""
     bucket = bucket_for(window)
-    series = queries.task_summary(conn, window, customer_id, bucket=bucket)
+    return tasks_view(queries.task_summary(conn, window, customer_id, bucket=bucket), bucket)
+
+
+async def customer_tasks_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str) -> dict[str, Any]:
+    """`customer_tasks` on an async connection (`metering.queries.task_summary_async`: the same statement)."""
+    bucket = bucket_for(window)
+    return tasks_view(await queries.task_summary_async(conn, window, customer_id, bucket=bucket), bucket)
+
+
+def tasks_view(series: list[dict], bucket: str) -> dict[str, Any]:
+    """`customer_tasks` from the rows of `metering.queries.task_summary` per `bucket`."""
     total: dict[str, Any] = {key: sum(row[key] for row in series) for key in TASK_KEYS}
     total["success_rate"] = _rate(total["succeeded"], total["tasks"])
     return {"bucket": bucket, "totals": total, "series": series}

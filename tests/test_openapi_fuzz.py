@@ -228,5 +228,13 @@ def test_dashboards_app_refuses_a_nul_in_a_filter(seeded_db: str, tmp_path) -> N
                                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "invalid_input"
+        # with the lifespan the chart endpoints read in the event loop (the async read pool): the same answer
+        with TestClient(app) as client:
+            assert app.state.dashboards_read_pool is not None
+            for chart in ("tokens", "gpu", "tasks"):
+                answer = client.get(f"/dashboard/data/{chart}.json", params={"customer_id": "cust\x00a"},
+                                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                assert answer.status_code == 400, (chart, answer.text)
+                assert answer.json()["error"]["code"] == "invalid_input"
     finally:
         app.state.pool.close()

@@ -117,6 +117,8 @@ def test_json_and_csv_of_each_chart_match_the_page(web, site):
     p.sign_in(site.keys["a"])
     p.goto(f"/dashboard?{Q}")
     p.wait_for_charts(5)
+    # the page reads in a worker thread (sync pool), the chart endpoints in the event loop (async read pool)
+    assert site.app.state.dashboards_read_pool is not None
     for chart in ("tokens", "requests", "cache_hit", "gpu", "tasks"):
         spec = json.loads(p.page.inner_text(f"#data-{chart}"))
         got = p.context.request.get(f"{site.url}/dashboard/data/{chart}.json?{Q}")
