@@ -28,7 +28,6 @@ stack file must be written before `start`. Logs: INFERMETER_HOME/serving/*.log.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -42,7 +41,15 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infermeter.settings import Settings
-from infermeter.stack import PidFile, StackError, die_with_parent, free_port, process_record
+from infermeter.stack import (
+    PidFile,
+    StackError,
+    die_with_parent,
+    free_port,
+    log_tail,
+    process_record,
+    stop_process_group,
+)
 
 DEPLOYMENT_ID = "tiny-cpu"
 
@@ -54,20 +61,10 @@ class _Child:
     log_path: Path
 
     def log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        stop_process_group(self.process, timeout_s)
 
 
 @dataclass

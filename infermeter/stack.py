@@ -210,6 +210,28 @@ def stop_recorded_process(record: dict, timeout_s: float = 5.0) -> bool:
 # --- PostgreSQL -------------------------------------------------------------------------------
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a child's log file ('' when it cannot be read)."""
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def stop_process_group(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM a child started in its own process group, SIGKILL the group if it has not exited
+    within `timeout_s`."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
 def embedded_pgdata(settings: Settings) -> Path:
     return (settings.home / "pg").resolve()
 

@@ -3,9 +3,6 @@ request events' classes, `metering.period_reads`) and divide its GPU cost (`pric
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -26,6 +23,7 @@ from pricing.anatomy import (
 )
 from pricing.cost import CostModel
 from pricing.records import Dataset
+from pricing_service.rate_period import gc_paused
 from pricing_service.source import check_window, load_dataset
 
 
@@ -50,20 +48,6 @@ def cost_anatomy(conn: psycopg.Connection, start: datetime, end: datetime, cost_
     all_parts = load_parts(conn, start, end, cost_model)
     with gc_paused():
         return anatomy(all_parts, cost_model.currency, group_by=group_by, deployment=deployment)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """A month's anatomy builds millions of acyclic parts (3+ per customer x model x hour); the cyclic
-    collector's full-heap passes over them find nothing and cost several times the building (measured
-    with bench.anatomy's steps): pause it for the bulk work, then restore it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @dataclass(frozen=True)

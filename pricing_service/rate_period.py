@@ -59,7 +59,7 @@ def load_period_usages(
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
     off = sorted(set(caching_off_for))
-    with _gc_paused():
+    with gc_paused():
         out = dict(request_sums(conn, start, end, by_deployment=by_deployment, meters=wanted, customer_id=customer_id))
         if off:
             _caching_off(out, frozenset(off))
@@ -268,7 +268,7 @@ def rate_period(
     meters = priced_meters(book)
     others: dict[str, dict[UsageKey, object]] = {}
     ratings: dict[str, Rating] = {}
-    with _gc_paused():
+    with gc_paused():
         _add_other_meters(conn, others, start, end, cost_model, meters - set(REQUEST_METERS), None,
                           task_outcomes=book.task_outcomes)
         for customer, quantities in request_sums(conn, start, end, by_deployment=needs_deployment(book), meters=meters):
@@ -282,9 +282,11 @@ def rate_period(
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Building 10^5 acyclic lines and usage dicts triggers many full-heap cyclic collections that find
-    nothing (a fifth of the rating time); pause the collector for the bulk work, then restore it."""
+def gc_paused() -> Iterator[None]:
+    """Rating builds 10^5 acyclic lines and usage dicts, the cost anatomy millions of acyclic parts: the
+    cyclic collector's full-heap passes over them find nothing and cost a fifth of rating's time and
+    several times the anatomy's building (bench.rating, bench.anatomy). Pause it for the bulk work,
+    then restore it."""
     enabled = gc.isenabled()
     gc.disable()
     try:

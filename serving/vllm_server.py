@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infermeter.stack import die_with_parent, free_port
+from infermeter.stack import die_with_parent, free_port, log_tail, stop_process_group
 
 CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -152,20 +152,10 @@ class VllmServer:
         raise VllmError(f"vLLM not ready after {timeout_s:.0f} s; log:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        stop_process_group(self.process, timeout_s)
         if self._log is not None:
             self._log.close()
             self._log = None
