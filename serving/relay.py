@@ -142,6 +142,9 @@ async def finish(
 # --- streaming -------------------------------------------------------------------------------
 
 
+YIELD_EVERY = 16  # relayed chunks between two turns of the event loop (a disconnect is seen within ~3)
+
+
 class MeteredStream(Response):
     """Relays vLLM's SSE stream chunk by chunk, tracking usage, and meters however it ends."""
 
@@ -189,9 +192,16 @@ class MeteredStream(Response):
         rename = ctx.route.upstream_model != ctx.route.name
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            relayed = 0
             async for line in self.upstream.lines():
                 if not line.startswith(b"data: "):
                     continue
+                relayed += 1
+                if relayed % YIELD_EVERY == 0:
+                    # Lines already buffered (a burst from vLLM, or this process late for the CPU) are relayed
+                    # without the event loop running, and after a client has gone the server's send returns
+                    # quietly: let the loop see a disconnect (the watcher cancels this task) now and then.
+                    await asyncio.sleep(0)
                 payload = line[6:].rstrip(b"\r\n")
                 if payload == b"[DONE]":
                     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})

@@ -3,7 +3,7 @@ OpenAI completions / chat completions routes like vLLM does (JSON with `usage`, 
 with continuous usage, chunked), or fail the way replicas fail.
 
     with StubLoop() as loop:
-        a = loop.replica("a", mode="status:503")   # ok | status:<code> | reset | hang | break_stream | empty_stream
+        a = loop.replica("a", mode="status:503")   # ok | status:<code> | reset | hang | break_stream | empty_stream | burst
         b = loop.replica("b", prompt_tokens=22, completion_tokens=5)
         a.url, a.received, a.bodies; a.mode = "ok"  # change behaviour between requests
 
@@ -45,6 +45,7 @@ class StubReplica:
         self.cached_tokens = cached_tokens
         self.received = 0
         self.bodies: list[dict] = []
+        self.release: asyncio.Event | None = None  # mode "burst": the rest of the stream goes once it is set
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -53,6 +54,7 @@ class StubReplica:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
+        self.release = asyncio.Event()
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
@@ -143,9 +145,15 @@ class StubReplica:
             writer.transport.abort()
             return False
 
+        held: list[bytes] | None = None  # mode "burst": after the first chunk, the rest in one write
+
         async def event(data: bytes) -> None:
             piece = b"data: " + data + b"\n\n"
-            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            framed = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+            if held is not None:
+                held.append(framed)
+                return
+            writer.write(framed)
             await writer.drain()
 
         chat = "messages" in body
@@ -154,6 +162,8 @@ class StubReplica:
             chunk = {"id": f"cmpl-{self.name}", "object": "chunk", "created": 0, "model": self.served_model,
                      "choices": [{**choice, "finish_reason": None}], "usage": self._usage(n, final=False)}  # fmt: skip
             await event(_dumps(chunk))
+            if mode == "burst" and n == 1:
+                held = []
             if mode == "break_stream" and n == 2:  # two tokens out, then the replica dies
                 await asyncio.sleep(0.05)
                 writer.transport.abort()
@@ -162,6 +172,10 @@ class StubReplica:
                  "choices": [], "usage": self._usage(self.completion_tokens, final=True)}  # fmt: skip
         await event(_dumps(final))
         await event(b"[DONE]")
+        if held is not None:
+            assert self.release is not None
+            await self.release.wait()
+            writer.write(b"".join(held))
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
