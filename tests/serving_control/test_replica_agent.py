@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from metering.contract import REPLICA_V1, ReplicaData, decode_event, encode_event, rfc3339
 from metering.kafka import ensure_topics
@@ -57,6 +57,20 @@ def test_parse_real_prometheus_text_sums_label_sets():
     fake.prompt.labels(engine="1", model_name="tiny").inc(5)
     sample = parse_vllm_metrics(generate_latest(fake.registry).decode(), T0)
     assert (sample.prompt_tokens, sample.generation_tokens, sample.running) == (15, 4, 2.0)
+
+
+def test_parse_reads_its_families_among_the_many_vllm_exports():
+    """vLLM's /metrics is mostly histograms the agent does not read (kept out before parsing)."""
+    fake = FakeVllmMetrics()
+    fake.add(prompt=10, generation=4, running=2)
+    labels = ["engine", "model_name"]
+    for name in ("vllm:request_prompt_tokens", "vllm:time_to_first_token_seconds", "vllm:prompt_tokens_cached"):
+        Histogram(name, "noise", labels, registry=fake.registry).labels(engine="0", model_name="tiny").observe(3)
+    Gauge("vllm:kv_cache_usage_perc", "KV-cache usage.", labels, registry=fake.registry).labels(
+        engine="0", model_name="tiny").set(0.25)
+    sample = parse_vllm_metrics(generate_latest(fake.registry).decode(), T0)
+    assert (sample.prompt_tokens, sample.generation_tokens, sample.running, sample.waiting, sample.kv_cache_usage) == (
+        10, 4, 2.0, 0.0, 0.25)
 
 
 def test_counter_reset_counts_from_zero():
