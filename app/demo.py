@@ -47,11 +47,9 @@ How the trace becomes a month (seeded; docs/demo.md says the same, with the numb
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
-import os
 import random
 import uuid
 from collections import defaultdict
@@ -376,19 +374,7 @@ def demo_key(settings: Settings, database_url: str, out_dir: Path) -> str:
     from serving.keys import KeyStore
 
     store = KeyStore(get_engine(database_url), settings=settings)
-    kept = out_dir / "demo-key.json"
-    if kept.exists():
-        with contextlib.suppress(ValueError, KeyError, OSError):
-            found = json.loads(kept.read_text())
-            key = store.get(found["key_id"])
-            if key is not None and key.active and key.customer_id == DEMO_CUSTOMER:
-                return found["key"]
-    key_id, token = store.create(DEMO_CUSTOMER, project_id="demo")
-    kept.unlink(missing_ok=True)
-    descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        json.dump({"customer_id": DEMO_CUSTOMER, "key_id": key_id, "key": token}, out)
-    return token
+    return store.kept(DEMO_CUSTOMER, out_dir / "demo-key.json", project_id="demo")[1]
 
 
 def _dashboard_links(settings: Settings, database_url: str, base: str, start: datetime, end: datetime,

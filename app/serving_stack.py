@@ -17,8 +17,10 @@ none outlives `up`, even on `kill -9`:
 - the gateway (`infermeter serve gateway`) on INFERMETER_GATEWAY_HOST:INFERMETER_GATEWAY_PORT with
   a generated upstream file, INFERMETER_HOME/serving/upstreams.yaml (model `tiny-llama`, one
   replica entry per vLLM);
-- a customer API key, created through the key store the `keys` CLI uses (shown once, stored
-  hashed: each run makes a new one).
+- a customer API key, created through the key store the `keys` CLI uses (stored hashed) and kept
+  for the next start in INFERMETER_HOME/serving/key-<customer>.json (mode 0600): a restart prints
+  the same key while it is active (revoke it with `infermeter keys revoke` and the next start makes
+  a new one) instead of leaving one more active key behind each time.
 
 The agents and the gateway find the database and the broker through the stack file of the running
 `up` (INFERMETER_HOME/stack.json), as they would if started by hand in another terminal; so the
@@ -189,7 +191,7 @@ class ServingStack:
         from serving.keys import KeyStore
 
         engine = get_engine(resolve_database_url(self.settings))
-        return KeyStore(engine, settings=self.settings).create(customer, None)
+        return KeyStore(engine, settings=self.settings).kept(customer, self.folder / f"key-{customer}.json")
 
     # --- stop ----------------------------------------------------------------------------------
 
@@ -209,7 +211,8 @@ class ServingStack:
             f"a replica agent each, the gateway; logs in {self.folder}",
             f"OPENAI_BASE_URL={self.base_url}",
             f"OPENAI_API_KEY={self.api_key}",
-            f"(key {self.api_key_id} of customer {customer}: shown once, stored hashed)",
+            f"(key {self.api_key_id} of customer {customer}: kept in {self.folder / f'key-{customer}.json'}, "
+            "mode 0600; stored hashed in the database)",
         ]
 
 

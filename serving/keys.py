@@ -6,6 +6,7 @@ Public API (the gateway codes against this):
     key_id, secret = store.create(customer_id, project_id=None)   # secret shown ONCE
     store.list(customer_id) -> list[ApiKey]                        # never returns secrets
     store.revoke(key_id) -> bool                                   # False: no such active key
+    key_id, secret = store.kept(customer_id, path)                 # the key kept in path (0600), or a new one
     principal = await store.authenticate(token)                    # infermeter.auth.Principal
     principal = store.authenticate_sync(token)                     # same, blocking (CLI, tests)
 
@@ -32,14 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
+import json
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
@@ -171,6 +176,24 @@ class KeyStore:
         with self._lock:
             self._cache.pop(key_id, None)
         return result.rowcount == 1
+
+    def kept(self, customer_id: str, path: Path, project_id: str | None = None) -> tuple[str, str]:
+        """The customer's key kept in `path` (JSON, mode 0600) by an earlier run while it is still
+        active, else a new one, kept there: (key id, token). For commands that print a ready-to-use
+        key on each start (`demo`, `up --serving`): a restart reuses it instead of leaving one more
+        active key behind each time."""
+        with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
+            found = json.loads(path.read_text())
+            key = self.get(found["key_id"])
+            if key is not None and key.active and key.customer_id == customer_id:
+                return found["key_id"], found["key"]
+        key_id, token = self.create(customer_id, project_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            json.dump({"customer_id": customer_id, "key_id": key_id, "key": token}, out)
+        return key_id, token
 
     # --- authentication ---------------------------------------------------------------------
 

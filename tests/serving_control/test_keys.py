@@ -40,6 +40,24 @@ def test_list_shows_keys_of_one_customer_without_secrets(engine, settings):
     assert {k.key_id for k in store.list("cust-a", include_revoked=False)} == {k2}
 
 
+def test_a_kept_key_is_reused_while_active_and_replaced_once_revoked(engine, settings, tmp_path):
+    store = KeyStore(engine, settings)
+    path = tmp_path / "serving" / "key-cust-k.json"
+    key_id, token = store.kept("cust-k", path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert store.kept("cust-k", path) == (key_id, token)  # a restart: the same key, no new one
+    assert [k.key_id for k in store.list("cust-k")] == [key_id]
+    assert store.authenticate_sync(token).customer_id == "cust-k"
+    store.revoke(key_id)
+    new_id, new_token = store.kept("cust-k", path)
+    assert new_id != key_id and store.authenticate_sync(new_token).api_key_id == new_id
+    # a file of another customer's key, or one that is not JSON: a new key, never the other's
+    assert store.kept("cust-other", path)[0] not in (key_id, new_id)
+    path.write_text("not json")
+    other = store.kept("cust-k", path)
+    assert other[0] not in (key_id, new_id) and store.kept("cust-k", path) == other
+
+
 @pytest.mark.parametrize(
     "token",
     ["", "sk-something", KEY_PREFIX + "nothex", KEY_PREFIX + "0123456789abcdef_" + "x" * 43, "dev-admin-tokenX"],
