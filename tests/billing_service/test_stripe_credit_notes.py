@@ -270,3 +270,17 @@ def test_a_crash_after_any_stripe_call_then_stripe_sync_pushes_each_credit_note_
             assert all(n["in_sync"] for n in cli("stripe", "status", "--json").json()["credit_notes"]), k
     finally:
         engine.dispose()
+
+
+def test_a_credit_note_of_a_void_invoice_is_not_pushed(conn, february, cli, stripe_env, stripe_fake):
+    """Voided in Stripe, the invoice owes nothing there: its credit note not pushed yet stays ours only."""
+    inv = february.invoice_id
+    assert cli("stripe", "sync").code == 0
+    issue_credit_note(conn, inv, reason="goodwill", now=NOTE_AT)
+    assert cli("invoices", "void", inv, now=NOTE_AT + timedelta(hours=1)).code == 0
+    report = cli("stripe", "sync", "--json").json()
+    assert report["ok"] and [(i["number"], i["outcome"], i["stripe_status"]) for i in report["invoices"]] == [
+        ("INV-2026-000001", "pushed", "void")]
+    assert [(n["outcome"], n["note"]) for n in report["credit_notes"]] == [
+        ("in_sync", "invoice void: nothing to credit in Stripe")]
+    assert stripe_fake.count(stripe_env, "credit_note") == 0
