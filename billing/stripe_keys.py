@@ -75,6 +75,7 @@ def void_key(invoice_id: str) -> str:
     return idempotency_key("void", invoice_id)
 
 
-def credit_note_key(credit_note_id: str, total: Decimal, currency: str | Currency) -> str:
-    """infermeter:creditnote:<credit_note_id>:<total_minor>"""
-    return idempotency_key("creditnote", credit_note_id, to_minor_units(total, currency))
+def credit_note_key(credit_note_id: str, amount: Decimal, currency: str | Currency) -> str:
+    """infermeter:creditnote:<credit_note_id>:<amount_minor>: the Stripe credit note of a credit note, for
+    `amount` (what it gives back of what the invoice charged in Stripe, `CreditNote.refund_amount`)."""
+    return idempotency_key("creditnote", credit_note_id, to_minor_units(amount, currency))

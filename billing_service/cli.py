@@ -476,14 +476,23 @@ def stripe_sync(
         for c in report.customers:
             console.print(f"customer {c.customer_id} (Stripe {c.stripe_customer}): name and e-mail {c.outcome}",
                           highlight=False, soft_wrap=True)
+        for n in report.credit_notes:
+            console.print(f"credit note {n.number or n.credit_note_id} on {n.invoice_number}: {n.outcome} ({n.note}"
+                          + (f"; Stripe {n.stripe_credit_note}" if n.stripe_credit_note else "") + ")",
+                          highlight=False, soft_wrap=True)
+        for n in report.credit_notes:
+            if n.error:
+                err.print(f"credit note {n.number or n.credit_note_id}: {n.outcome}: {n.error}", highlight=False,
+                          soft_wrap=True)
         for i in report.invoices:
             if i.error:
                 err.print(f"{i.number or i.invoice_id}: {i.outcome}: {i.error}", highlight=False, soft_wrap=True)
         for c in report.customers:
             if c.error:
                 err.print(f"customer {c.customer_id}: {c.outcome}: {c.error}", highlight=False, soft_wrap=True)
+        notes = report.to_json()["credit_notes_pushed"]
         console.print(f"pushed {report.count('pushed')}, already in sync {report.count('in_sync')}, failed "
-                      f"{report.count('failed')}, skipped {report.count('skipped')}")
+                      f"{report.count('failed')}, skipped {report.count('skipped')}; credit notes pushed {notes}")
     if not report.ok:
         raise typer.Exit(1)
 
@@ -494,19 +503,24 @@ def stripe_status(
     customer: Annotated[str | None, typer.Option("--customer", help="Only this customer.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Per finalized or void invoice: local status, the Stripe ids recorded, in sync or not (no call to Stripe)."""
-    from billing_service.stripe_run import sync_status
+    """Per finalized or void invoice and per credit note: the Stripe ids recorded, in sync or not (no call to Stripe)."""
+    from billing_service.stripe_run import credit_note_status, sync_status
 
     with _connect() as conn:
         found = sync_status(conn, period=period, customer_id=customer)
+        notes = credit_note_status(conn, period=period, customer_id=customer)
     if as_json:
-        _print_json({"invoices": found})
+        _print_json({"invoices": found, "credit_notes": notes})
         return
     for i in found:  # one line each (a wide table would be cut in a terminal)
         console.print(f"{i['number'] or i['id']} {i['customer_id']} {i['period']} {i['status']}: "
                       f"{'in sync' if i['in_sync'] else 'NOT in sync'} ({i['note']}; Stripe "
                       f"{i['stripe_invoice'] or '-'}, customer {i['stripe_customer'] or '-'}, items "
                       f"{i['stripe_items']}/{i['items_expected']})", highlight=False, soft_wrap=True)
+    for n in notes:
+        console.print(f"credit note {n['number']} on {n['invoice_number']} {n['customer_id']} {n['total']} "
+                      f"(in Stripe {n['stripe_amount']}): {'in sync' if n['in_sync'] else 'NOT in sync'} "
+                      f"({n['note']}; Stripe {n['stripe_credit_note'] or '-'})", highlight=False, soft_wrap=True)
     if not found:
         console.print("no finalized invoices")
 

@@ -90,7 +90,7 @@ from billing_service.store import (
     save_customer,
     store_book,
 )
-from billing_service.usage import meters_of, period_usage, usage_summary
+from billing_service.usage import meters_of, period_usage, unbilled_summary
 from infermeter.times import floor_hour
 from metering.queries import customers_with_usage
 from pricing.cost import CostModel
@@ -613,9 +613,9 @@ def unbilled_usage(
             reason = "no plan for this period (`infermeter plans assign`)"
         if customer is not None and cid not in customers_with_usage(conn, window.window):
             continue
-        used = period_usage(conn, cid, window, cost_model=cost_model)
-        if used.quantities:
-            out.append(Unbilled(cid, period, window.start, window.end, reason, usage_summary(used)))
+        summary = unbilled_summary(conn, cid, window, cost_model)  # tasks: every source, labelled
+        if summary:
+            out.append(Unbilled(cid, period, window.start, window.end, reason, summary))
     return out
 
 

@@ -18,7 +18,24 @@ Endpoints (and only these parameters; anything else is a 400 `invalid_request_er
     GET  /v1/invoices/{id}
     POST /v1/invoices/{id}/finalize      auto_advance
     POST /v1/invoices/{id}/void          (none)
+    GET  /v1/invoices/{id}/lines         limit, starting_after
+    POST /v1/credit_notes                invoice*, lines (type*, invoice_line_item, amount, description, quantity,
+                                         unit_amount, metadata), amount, memo, metadata, reason, email_type,
+                                         effective_at, refund_amount, credit_amount, out_of_band_amount
+    GET  /v1/credit_notes                customer, invoice, limit, starting_after
+    GET  /v1/credit_notes/{id}
     (* required)
+
+Credit notes follow Stripe's documented rules (API 2026-10-28, `CreditNoteCreateParams` of stripe-python
+16): one of `amount` or `lines` is required (`shipping_cost` is documented but not implemented here); an
+`invoice_line_item` line credits `amount` of a line of the invoice (at most what is left uncredited on
+it), a `custom_line_item` line credits `unit_amount` x `quantity` (default 1) and needs a `description`;
+`amount` with lines must equal their sum; the credit note total must be positive and at most the invoice
+total less its earlier credit notes; only an open, paid or uncollectible invoice takes one. The total
+first reduces the invoice's `amount_remaining` (`pre_payment_amount`); the rest (`post_payment_amount`)
+must equal `refund_amount + credit_amount + out_of_band_amount`. `StripeFake.pay(api_key, invoice_id)`
+(tests) marks an open invoice paid, so a post-payment credit note can be tried. Refunds and customer
+balances are recorded on the credit note only (no charge, no balance).
 
 Documented Stripe parameters outside this list (`expand`, `period`, `price_data`, ...) are refused with a
 message saying the fake does not implement them, so a test never passes on a parameter the fake ignored.
@@ -184,7 +201,7 @@ NOT_IMPLEMENTED = frozenset({
     "test_clock", "created", "ending_before", "customer_account", "balance", "cash_balance", "shipping",
     "source", "next_invoice_sequence", "invoice_prefix", "business_name", "individual_name", "validate",
     "application_fee_amount", "automatically_finalizes_at", "default_source", "default_tax_rates",
-    "effective_at",
+    "effective_at", "refunds", "tax_amounts",
 })
 
 
@@ -211,6 +228,64 @@ class Spec:
 
 
 LIST = {"limit": _limit, "starting_after": _str}
+
+
+def _non_negative(name: str, value: Any) -> int:
+    n = _int(name, value)
+    if n < 0:
+        raise _invalid(f"Invalid {name}: must be greater than or equal to 0", name)
+    return n
+
+
+CREDIT_NOTE_LINE = {"type": _enum("invoice_line_item", "custom_line_item"), "invoice_line_item": _str,
+                    "amount": _non_negative, "description": _str, "quantity": _non_negative,
+                    "unit_amount": _non_negative, "metadata": _metadata}
+# documented for a credit note line, not implemented here (refused with that reason)
+CREDIT_NOTE_LINE_NOT_IMPLEMENTED = frozenset({"tax_amounts", "tax_rates", "unit_amount_decimal"})
+
+
+def _credit_note_lines(name: str, value: Any) -> list[dict[str, Any]]:
+    """`lines[i][...]`: each a hash of the documented line parameters, checked per type."""
+    if not isinstance(value, list) or not value or not all(isinstance(x, dict) for x in value):
+        raise _invalid(f"Invalid array: {name} must be a non-empty array of hashes", name)
+    out = []
+    for i, raw in enumerate(value):
+        line: dict[str, Any] = {}
+        for key, item in raw.items():
+            param = f"{name}[{i}][{key}]"
+            if key in CREDIT_NOTE_LINE_NOT_IMPLEMENTED:
+                raise _invalid(f"Parameter {param} is documented by Stripe but not implemented by this fake "
+                               f"(billing_service/stripe_fake.py): the adapter does not send it", param,
+                               "parameter_unknown")
+            if key not in CREDIT_NOTE_LINE:
+                raise _invalid(f"Received unknown parameter: {param}", param, "parameter_unknown")
+            line[key] = CREDIT_NOTE_LINE[key](param, item)
+        if "type" not in line:
+            raise _invalid(f"Missing required param: {name}[{i}][type].", f"{name}[{i}][type]", "parameter_missing")
+        if line["type"] == "invoice_line_item":
+            only_custom = [k for k in ("description", "unit_amount") if k in line]
+            if only_custom:
+                raise _invalid(f"{name}[{i}][{only_custom[0]}] is only valid when type is custom_line_item",
+                               f"{name}[{i}][{only_custom[0]}]")
+            if "invoice_line_item" not in line:
+                raise _invalid(f"Missing required param: {name}[{i}][invoice_line_item].",
+                               f"{name}[{i}][invoice_line_item]", "parameter_missing")
+            if "amount" not in line:  # Stripe also credits by quantity; the adapter sends amounts
+                raise _invalid(f"{name}[{i}]: this fake credits an invoice line by amount only: pass amount",
+                               f"{name}[{i}][amount]", "parameter_missing")
+        else:
+            only_invoice = [k for k in ("invoice_line_item", "amount") if k in line]
+            if only_invoice:
+                raise _invalid(f"{name}[{i}][{only_invoice[0]}] is only valid when type is invoice_line_item",
+                               f"{name}[{i}][{only_invoice[0]}]")
+            for needed in ("description", "unit_amount"):
+                if needed not in line:
+                    raise _invalid(f"Missing required param: {name}[{i}][{needed}].", f"{name}[{i}][{needed}]",
+                                   "parameter_missing")
+            if line.get("quantity", 1) < 1:
+                raise _invalid(f"Invalid {name}[{i}][quantity]: must be at least 1", f"{name}[{i}][quantity]")
+        out.append(line)
+    return out
 SPECS = {
     ("POST", "customers"): Spec({"name": _str, "email": _str, "description": _str, "metadata": _metadata}),
     ("GET", "customers"): Spec({"email": _str, **LIST}),
@@ -231,6 +306,15 @@ SPECS = {
     ("GET", "retrieve"): Spec({}),
     ("POST", "finalize"): Spec({"auto_advance": _bool}),
     ("POST", "void"): Spec({}),
+    ("GET", "invoice_lines"): Spec({**LIST}),
+    ("POST", "credit_notes"): Spec(
+        {"invoice": _str, "lines": _credit_note_lines, "amount": _non_negative, "memo": _str,
+         "metadata": _metadata, "reason": _enum("duplicate", "fraudulent", "order_change", "product_unsatisfactory"),
+         "email_type": _enum("credit_note", "none"), "effective_at": _int, "refund_amount": _non_negative,
+         "credit_amount": _non_negative, "out_of_band_amount": _non_negative},
+        ("invoice",),
+    ),
+    ("GET", "credit_notes"): Spec({"customer": _str, "invoice": _str, **LIST}),
 }
 
 
@@ -241,7 +325,8 @@ class Account:
     """The objects and idempotency keys of one API key."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {"customer": {}, "invoiceitem": {}, "invoice": {}}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {"customer": {}, "invoiceitem": {}, "invoice": {},
+                                                              "credit_note": {}}
         self.order: dict[str, int] = {}  # id -> creation sequence (lists are newest first)
         self.keys: dict[str, tuple[str, int, dict[str, Any], float]] = {}  # key -> fingerprint, status, body, at
         self.invoice_numbers = 0
@@ -302,6 +387,18 @@ class StripeFake:
             return []
         return [o for o in account.objects[kind].values() if all(o.get(k) == v for k, v in where.items())]
 
+    def pay(self, api_key: str, invoice_id: str) -> dict[str, Any]:
+        """Mark an open invoice paid (what a successful collection would do; tests only)."""
+        with self._lock:
+            account = self.accounts[api_key]
+            obj = account.objects["invoice"][invoice_id]
+            if obj["status"] != "open":
+                raise ValueError(f"invoice {invoice_id} is {obj['status']}: only an open invoice is paid")
+            obj["amount_paid"] = self._invoice_view(account, obj)["amount_remaining"]
+            obj["status"] = "paid"
+            obj["status_transitions"] = {**obj["status_transitions"], "paid_at": int(self.clock())}
+            return self._invoice_view(account, obj)
+
     # ------------------------------------------------------------ HTTP
 
     async def _handle(self, request: Request) -> Response:
@@ -359,7 +456,7 @@ class StripeFake:
     def _route(self, account: Account, method: str, path: str, data: dict[str, Any]) -> dict[str, Any]:
         parts = path.strip("/").split("/")[1:]  # drop "v1"
         resource = parts[0] if parts else ""
-        if resource in ("customers", "invoiceitems", "invoices") and len(parts) == 1:
+        if resource in ("customers", "invoiceitems", "invoices", "credit_notes") and len(parts) == 1:
             params = SPECS[(method, resource)].check(data) if (method, resource) in SPECS else None
             if params is not None:
                 if method == "GET":
@@ -367,12 +464,17 @@ class StripeFake:
                 return getattr(self, f"_create_{resource}")(account, params)
         elif resource == "customers" and len(parts) == 2 and method == "POST":
             return self._update_customer(account, parts[1], SPECS[("POST", "update_customer")].check(data))
-        elif resource in ("customers", "invoiceitems", "invoices") and len(parts) == 2 and method == "GET":
+        elif resource in ("customers", "invoiceitems", "invoices", "credit_notes") and len(parts) == 2 \
+                and method == "GET":
             SPECS[("GET", "retrieve")].check(data)
             return self._get(account, _KIND[resource], parts[1])
         elif resource == "invoices" and len(parts) == 3 and method == "POST" and parts[2] in ("finalize", "void"):
             params = SPECS[("POST", parts[2])].check(data)
             return getattr(self, f"_{parts[2]}")(account, parts[1], params)
+        elif resource == "invoices" and len(parts) == 3 and method == "GET" and parts[2] == "lines":
+            params = SPECS[("GET", "invoice_lines")].check(data)
+            lines = self._get(account, "invoice", parts[1])["lines"]["data"]
+            return _page(lines, params, f"/v1/invoices/{parts[1]}/lines")
         raise StripeError(404, f"Unrecognized request URL ({method}: {path}). This fake implements only the "
                                f"endpoints the infermeter adapter uses.", saved=False)
 
@@ -400,16 +502,8 @@ class StripeFake:
                 rows = [o for o in rows if o.get(name) == params[name]]
         if "pending" in params:
             rows = [o for o in rows if (o.get("invoice") is None) == params["pending"]]
-        if "starting_after" in params:
-            ids = [o["id"] for o in rows]
-            if params["starting_after"] not in ids:
-                raise StripeError(400, f"starting_after {params['starting_after']} is not in this list",
-                                  param="starting_after", saved=False)
-            rows = rows[ids.index(params["starting_after"]) + 1:]
-        limit = params.get("limit", 10)
-        page = rows[:limit]
-        data = [self._invoice_view(account, o) if kind == "invoice" else dict(o) for o in page]
-        return {"object": "list", "url": f"/v1/{resource}", "has_more": len(rows) > limit, "data": data}
+        data = [self._invoice_view(account, o) if kind == "invoice" else dict(o) for o in rows]
+        return _page(data, params, f"/v1/{resource}")
 
     def _create_customers(self, account: Account, p: dict[str, Any]) -> dict[str, Any]:
         obj = {"id": self._new_id(account, "cus_"), "object": "customer", "created": int(self.clock()),
@@ -468,9 +562,12 @@ class StripeFake:
                   "parent": {"type": "invoice_item_details", "invoice_item_details": {"invoice_item": i["id"]}}}
                  for i in items]
         total = sum(i["amount"] for i in items)
-        due = 0 if obj["status"] == "void" else max(total, 0)
+        notes = [n for n in account.objects["credit_note"].values() if n["invoice"] == obj["id"]]
+        pre = sum(n["pre_payment_amount"] for n in notes)
+        due = 0 if obj["status"] == "void" else max(total - pre, 0)  # a pre-payment credit note lowers it
         return {**obj, "subtotal": total, "total": total, "amount_due": due,
-                "amount_remaining": due - obj["amount_paid"],
+                "amount_remaining": due - obj["amount_paid"], "pre_payment_credit_notes_amount": pre,
+                "post_payment_credit_notes_amount": sum(n["post_payment_amount"] for n in notes),
                 "lines": {"object": "list", "url": f"/v1/invoices/{obj['id']}/lines", "has_more": False,
                           "total_count": len(lines), "data": lines}}
 
@@ -499,8 +596,92 @@ class StripeFake:
         obj["status_transitions"] = {**obj["status_transitions"], "voided_at": int(self.clock())}
         return self._invoice_view(account, obj)
 
+    def _create_credit_notes(self, account: Account, p: dict[str, Any]) -> dict[str, Any]:
+        if "lines" not in p and "amount" not in p:
+            raise _invalid("One of amount, lines, or shipping_cost must be provided.", "lines", "parameter_missing")
+        invoice = self._get(account, "invoice", p["invoice"], "invoice")
+        if invoice["status"] not in ("open", "paid", "uncollectible"):
+            raise StripeError(400, f"Invoice {invoice['id']} is {invoice['status']}: a credit note can only be issued "
+                                   f"on a finalized (open, paid or uncollectible) invoice", param="invoice",
+                              code="invoice_not_editable")
+        earlier = [n for n in account.objects["credit_note"].values() if n["invoice"] == invoice["id"]]
+        credited_line: dict[str, int] = {}
+        for note in earlier:
+            for line in note["lines"]["data"]:
+                if line["invoice_line_item"]:
+                    credited_line[line["invoice_line_item"]] = credited_line.get(line["invoice_line_item"], 0) \
+                        + line["amount"]
+        invoice_lines = {line["id"]: line for line in invoice["lines"]["data"]}
+        note_id = self._new_id(account, "cn_")
+        lines: list[dict[str, Any]] = []
+        for i, line in enumerate(p.get("lines", [])):
+            if line["type"] == "invoice_line_item":
+                target = invoice_lines.get(line["invoice_line_item"])
+                if target is None:
+                    raise StripeError(400, f"No such invoice line item on invoice {invoice['id']}: "
+                                           f"'{line['invoice_line_item']}'", param=f"lines[{i}][invoice_line_item]",
+                                      code="resource_missing")
+                left = max(target["amount"], 0) - credited_line.get(target["id"], 0)
+                if line["amount"] > left:
+                    raise StripeError(400, f"The credit amount {line['amount']} for invoice line item {target['id']} "
+                                           f"exceeds what is left to credit on it ({left})",
+                                      param=f"lines[{i}][amount]")
+                credited_line[target["id"]] = credited_line.get(target["id"], 0) + line["amount"]
+                amount, quantity, unit, description = line["amount"], None, None, target["description"]
+            else:
+                quantity = line.get("quantity", 1)
+                unit, description = line["unit_amount"], line["description"]
+                amount = unit * quantity
+            lines.append({"id": "cnli_" + secrets.token_hex(7), "object": "credit_note_line_item", "amount": amount,
+                          "description": description, "invoice_line_item": line.get("invoice_line_item"),
+                          "quantity": quantity, "type": line["type"], "unit_amount": unit,
+                          "metadata": line.get("metadata", {})})
+        total = sum(line["amount"] for line in lines) if lines else p["amount"]
+        if lines and "amount" in p and p["amount"] != total:
+            raise StripeError(400, f"amount {p['amount']} must equal the sum of the lines ({total})", param="amount")
+        if total <= 0:
+            raise StripeError(400, "The credit note total must be greater than 0", param="lines")
+        left_on_invoice = invoice["total"] - sum(n["total"] for n in earlier)
+        if total > left_on_invoice:
+            raise StripeError(400, f"The credit note total {total} exceeds what is left to credit on invoice "
+                                   f"{invoice['id']} ({left_on_invoice})", param="lines")
+        pre = min(total, invoice["amount_remaining"])
+        post = total - pre
+        outside = sum(p.get(k, 0) for k in ("refund_amount", "credit_amount", "out_of_band_amount"))
+        if outside != post:
+            raise StripeError(400, f"The sum of refund_amount, credit_amount and out_of_band_amount ({outside}) must "
+                                   f"equal the credit note's post-payment amount ({post}: total {total}, of which "
+                                   f"{pre} lowers the invoice's amount remaining)", param="refund_amount")
+        obj = {"id": note_id, "object": "credit_note", "invoice": invoice["id"], "customer": invoice["customer"],
+               "currency": invoice["currency"], "amount": total, "subtotal": total, "total": total,
+               "pre_payment_amount": pre, "post_payment_amount": post,
+               "refunds": ([{"amount_refunded": p["refund_amount"], "refund": "re_" + secrets.token_hex(7),
+                             "type": "refund"}] if p.get("refund_amount") else []),
+               "customer_balance_transaction": "cbtxn_" + secrets.token_hex(7) if p.get("credit_amount") else None,
+               "out_of_band_amount": p.get("out_of_band_amount"),
+               "type": "pre_payment" if post == 0 else "post_payment" if pre == 0 else "mixed",
+               "status": "issued", "number": f"{invoice['number']}-CN-{len(earlier) + 1:02d}",
+               "memo": p.get("memo"), "metadata": p.get("metadata", {}), "reason": p.get("reason"),
+               "created": int(self.clock()), "effective_at": p.get("effective_at"), "livemode": False,
+               "lines": {"object": "list", "url": f"/v1/credit_notes/{note_id}/lines", "has_more": False,
+                         "total_count": len(lines), "data": lines}}
+        account.objects["credit_note"][note_id] = obj
+        return dict(obj)
 
-_KIND = {"customers": "customer", "invoiceitems": "invoiceitem", "invoices": "invoice"}
+
+def _page(rows: list[dict[str, Any]], params: dict[str, Any], url: str) -> dict[str, Any]:
+    """One page of a list (`limit`, default 10; `starting_after` an id of the list)."""
+    if "starting_after" in params:
+        ids = [o["id"] for o in rows]
+        if params["starting_after"] not in ids:
+            raise StripeError(400, f"starting_after {params['starting_after']} is not in this list",
+                              param="starting_after", saved=False)
+        rows = rows[ids.index(params["starting_after"]) + 1:]
+    limit = params.get("limit", 10)
+    return {"object": "list", "url": url, "has_more": len(rows) > limit, "data": rows[:limit]}
+
+
+_KIND = {"customers": "customer", "invoiceitems": "invoiceitem", "invoices": "invoice", "credit_notes": "credit_note"}
 
 
 def _api_key(header: str | None) -> str:

@@ -13,6 +13,11 @@
 - In sync means: the `finalize` step is recorded for a finalized invoice; for a void invoice, the `void`
   step is recorded, or nothing of it ever reached Stripe (no invoice or item recorded: there is nothing
   to void there, and pushing it only to void it would finalize a Stripe invoice, which starts collection).
+- Credit notes: after each invoice of a customer, its credit notes not in Stripe yet are pushed
+  (`StripeSync.sync_credit_note`) once its Stripe invoice is finalized; until then they wait (outcome
+  `waiting`). A note that gives back nothing charged in Stripe (all of it returns prepaid credits) and a
+  note of a void invoice have nothing to push. A failed note is reported (exit 1) and the rest goes on:
+  a credit note leaves no pending item that a later invoice would sweep in.
 - `status_port(pool_or_connect, clock)`: `on_status(invoice_id, status, at)` for the webhook handler,
   running `billing_service.run.record_payment_status` on its own connection and transaction.
 """
@@ -27,11 +32,11 @@ from datetime import datetime
 import psycopg
 
 from billing._common import stable_id
-from billing.invoice import Invoice, InvoiceStatus
+from billing.invoice import CreditNote, Invoice, InvoiceStatus
 from billing.periods import parse_label
-from billing_service.store import PgInvoiceStore, get_customer, require_customer
+from billing_service.store import PgInvoiceStore, get_customer, money_text, require_customer
 from billing_service.stripe_state import SyncState
-from billing_service.stripe_sync import CustomerInfo, StripeSync, item_specs
+from billing_service.stripe_sync import CustomerInfo, StripeSync, credit_note_amount_minor, item_specs
 from infermeter.times import utc_text
 
 PUSHED = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.PAYMENT_FAILED, InvoiceStatus.VOID)
@@ -69,6 +74,71 @@ def in_sync(recorded: Recorded, invoice: Invoice) -> bool:
     if invoice.status is InvoiceStatus.VOID:
         return recorded("void", invoice.id) or not _touched(recorded, invoice)
     return recorded("finalize", invoice.id)
+
+
+def credit_note_state(recorded: Recorded, invoice: Invoice, note: CreditNote) -> tuple[bool, bool, str]:
+    """(in sync, to push now, why) of a credit note of `invoice`."""
+    if recorded("creditnote", note.id):
+        return True, False, "credited in Stripe"
+    if credit_note_amount_minor(note, invoice) == 0:
+        return True, False, "nothing to credit in Stripe: it returns prepaid credits only"
+    if invoice.status is InvoiceStatus.VOID:
+        return True, False, "invoice void: nothing to credit in Stripe"
+    if recorded("finalize", invoice.id):
+        return False, True, "not pushed yet"
+    return False, False, "waits for its invoice to be finalized in Stripe"
+
+
+@dataclass
+class SyncedCreditNote:
+    credit_note_id: str
+    number: str | None
+    invoice_id: str
+    invoice_number: str | None
+    customer_id: str
+    total: str
+    stripe_amount: str  # what is credited in Stripe (decimal text): the part that gives back what was charged
+    outcome: str  # pushed | in_sync | waiting | failed
+    stripe_credit_note: str | None = None
+    note: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.credit_note_id, "number": self.number, "invoice_id": self.invoice_id,
+                "invoice_number": self.invoice_number, "customer_id": self.customer_id, "total": self.total,
+                "stripe_amount": self.stripe_amount, "outcome": self.outcome,
+                "stripe_credit_note": self.stripe_credit_note, "note": self.note, "error": self.error}
+
+
+def _credit_notes(conn: psycopg.Connection, invoice: Invoice) -> list[tuple[CreditNote, str | None]]:
+    store = PgInvoiceStore(conn)
+    numbers = store.credit_note_numbers(invoice.id)
+    return [(note, numbers.get(note.id)) for note in store.credit_notes(invoice.id)]
+
+
+def sync_credit_notes(conn: psycopg.Connection, sync: StripeSync, invoice: Invoice) -> list[SyncedCreditNote]:
+    """Push the credit notes of `invoice` that are due (see `credit_note_state`), oldest first."""
+    out = []
+    for note, number in _credit_notes(conn, invoice):
+        row = SyncedCreditNote(note.id, number, invoice.id, invoice.number, invoice.customer_id,
+                               money_text(note.total, note.currency), money_text(note.refund_amount, note.currency), "in_sync")
+        out.append(row)
+        synced, due, why = credit_note_state(recorded_in(sync.state), invoice, note)
+        row.note = why
+        if synced:
+            record = sync.state.get("creditnote", note.id)
+            row.stripe_credit_note = record.stripe_id if record else None
+            continue
+        if not due:
+            row.outcome = "waiting"
+            continue
+        try:
+            row.stripe_credit_note = sync.sync_credit_note(invoice, note, number or note.id)
+        except Exception as exc:  # a Stripe error or a mismatch: report it, go on
+            row.outcome, row.error = "failed", str(exc)
+            continue
+        row.outcome, row.note = "pushed", "credited in Stripe"
+    return out
 
 
 def customer_version(name: str, email: str | None) -> str:
@@ -163,10 +233,12 @@ class SyncedInvoice:
 class SyncReport:
     invoices: list[SyncedInvoice] = field(default_factory=list)
     customers: list[UpdatedCustomer] = field(default_factory=list)  # customer updates pushed (or failed)
+    credit_notes: list[SyncedCreditNote] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(i.outcome != "failed" for i in self.invoices) and all(c.outcome != "failed" for c in self.customers)
+        return (all(i.outcome != "failed" for i in self.invoices) and all(c.outcome != "failed" for c in self.customers)
+                and all(n.outcome != "failed" for n in self.credit_notes))
 
     def count(self, outcome: str) -> int:
         return sum(1 for i in self.invoices if i.outcome == outcome)
@@ -176,7 +248,9 @@ class SyncReport:
                 "failed": self.count("failed"), "skipped": self.count("skipped"),
                 "invoices": [i.to_json() for i in self.invoices],
                 "customers_updated": sum(1 for c in self.customers if c.outcome == "updated"),
-                "customers": [c.to_json() for c in self.customers]}
+                "customers": [c.to_json() for c in self.customers],
+                "credit_notes_pushed": sum(1 for n in self.credit_notes if n.outcome == "pushed"),
+                "credit_notes": [n.to_json() for n in self.credit_notes]}
 
 
 @contextmanager
@@ -211,18 +285,18 @@ def sync_invoices(
                 report.invoices.append(row)
                 if failed is not None:
                     row.outcome, row.error = "skipped", f"an earlier invoice of {cid} failed: {failed}"
-                    continue
-                if in_sync(recorded_in(sync.state), invoice):
+                elif in_sync(recorded_in(sync.state), invoice):
                     record = sync.state.get("invoice", invoice.id)
                     row.stripe_invoice = record.stripe_id if record else None
-                    continue
-                try:
-                    result = sync.sync_invoice(invoice, customer_info(conn, cid, invoice.currency))
-                except Exception as exc:  # a Stripe error or a mismatch: report it, go on with other customers
-                    failed = f"{invoice.number or invoice.id}: {exc}"
-                    row.outcome, row.error = "failed", str(exc)
-                    continue
-                row.outcome, row.stripe_invoice, row.stripe_status = "pushed", result.invoice, result.status
+                else:
+                    try:
+                        result = sync.sync_invoice(invoice, customer_info(conn, cid, invoice.currency))
+                    except Exception as exc:  # a Stripe error or a mismatch: report it, go on with other customers
+                        failed = f"{invoice.number or invoice.id}: {exc}"
+                        row.outcome, row.error = "failed", str(exc)
+                    else:
+                        row.outcome, row.stripe_invoice, row.stripe_status = "pushed", result.invoice, result.status
+                report.credit_notes.extend(sync_credit_notes(conn, sync, invoice))  # those due: waiting if not
     return report
 
 
@@ -254,6 +328,26 @@ def sync_status(conn: psycopg.Connection, *, period: str | None = None,
             "items_expected": len(item_specs(inv)), "finalized_in_stripe": ("finalize", inv.id) in records,
             "voided_in_stripe": ("void", inv.id) in records, "in_sync": synced, "note": note,
         })
+    return out
+
+
+def credit_note_status(conn: psycopg.Connection, *, period: str | None = None,
+                       customer_id: str | None = None) -> list[dict]:
+    """Per credit note of a finalized or void invoice: what Stripe has of it (no Stripe call)."""
+    records: dict[tuple[str, str], str] = {
+        (kind, local_id): stripe_id
+        for kind, local_id, stripe_id in conn.execute("SELECT kind, local_id, stripe_id FROM stripe_objects")
+    }
+    out = []
+    for inv in _candidates(conn, period, customer_id):
+        for note, number in _credit_notes(conn, inv):
+            synced, _, why = credit_note_state(lambda kind, local_id: (kind, local_id) in records, inv, note)
+            out.append({
+                "id": note.id, "number": number, "invoice_id": inv.id, "invoice_number": inv.number,
+                "customer_id": inv.customer_id, "period": inv.period, "total": money_text(note.total, note.currency),
+                "stripe_amount": money_text(note.refund_amount, note.currency),
+                "stripe_credit_note": records.get(("creditnote", note.id)), "in_sync": synced, "note": why,
+            })
     return out
 
 

@@ -9,6 +9,7 @@ Kinds of `SyncState` records (local ids):
 - `invoiceitem`: "<invoice id>/<line id>" -> `ii_...`
 - `invoice`: invoice id -> `in_...`
 - `finalize`, `void`: invoice id -> the `in_...` that was finalized / voided (a step done, not an object)
+- `creditnote`: credit note id -> `cn_...` (its Stripe credit note)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from billing_service.stripe_tables import stripe_objects, stripe_webhook_events
 
 # customer_update: the local id is "<customer id>@<push>" (0 when the customer was created, then 1, 2, ...),
 # recorded once that push of the name and e-mail is in Stripe; its key ends with their version
-KINDS = ("customer", "customer_update", "invoiceitem", "invoice", "finalize", "void")
+KINDS = ("customer", "customer_update", "invoiceitem", "invoice", "finalize", "void", "creditnote")
 
 
 class SyncStateConflict(RuntimeError):

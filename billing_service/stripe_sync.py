@@ -11,7 +11,10 @@
 3. the Stripe invoice for those pending items (`pending_invoice_items_behavior=include`,
    `auto_advance=false`, `number` = the infermeter number), checked to total exactly the invoice;
 4. finalize it (`auto_advance=true`: Stripe collects, and reports back through webhooks);
-5. void it when the local invoice is void.
+5. void it when the local invoice is void;
+6. each credit note of a finalized invoice, once its Stripe invoice is finalized (`sync_credit_note`):
+   a Stripe credit note for what the note gives back of what the invoice charged
+   (`CreditNote.refund_amount`, in minor units); prepaid credits it returns stay ours.
 
 Exactly once, two ways together:
 - every POST carries an idempotency key derived from the invoice and line ids (`billing.stripe_keys`):
@@ -30,15 +33,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC
 from decimal import Decimal
 from typing import Any
 
 import stripe
 
-from billing.invoice import Invoice, InvoiceLine, InvoiceStatus
+from billing.invoice import CreditNote, Invoice, InvoiceLine, InvoiceStatus
 from billing.stripe_keys import (
+    credit_note_key,
     customer_update_key,
     finalize_key,
+    from_minor_units,
     idempotency_key,
     invoice_item_key,
     invoice_key,
@@ -54,6 +60,9 @@ META_INVOICE = "infermeter_invoice_id"
 META_LINE = "infermeter_line_id"
 META_PERIOD = "infermeter_period"
 META_NUMBER = "infermeter_number"
+META_CREDIT_NOTE = "infermeter_credit_note_id"
+META_CREDIT_NOTE_NUMBER = "infermeter_credit_note_number"
+STRIPE_CREDITABLE = ("open", "paid", "uncollectible")  # Stripe invoice statuses that take a credit note
 PAGE = 100
 
 
@@ -126,6 +135,16 @@ def item_specs(invoice: Invoice) -> list[ItemSpec]:
                      invoice.period)
         )
     return specs
+
+
+def credit_note_amount_minor(note: CreditNote, invoice: Invoice) -> int:
+    """What a credit note gives back in Stripe, in minor units: the part of it that gives back what the
+    invoice charged (`refund_amount`). The part returned to prepaid credits (`credits_returned`) never
+    reached Stripe (the credits were a negative item there), so it is not credited there. 0: no Stripe
+    credit note (the invoice charged nothing in Stripe, or earlier notes gave it all back)."""
+    if note.invoice_id != invoice.id:
+        raise ValueError(f"credit note {note.id} is for invoice {note.invoice_id}, not {invoice.id}")
+    return to_minor_units(note.refund_amount, invoice.money)
 
 
 def _describe(line: InvoiceLine) -> str:
@@ -370,6 +389,109 @@ class StripeSync:
         self.state.record("void", invoice.id, stripe_invoice, key)
         return current.status
 
+    # ------------------------------------------------------------ credit notes
+
+    def sync_credit_note(self, invoice: Invoice, note: CreditNote, number: str) -> str | None:
+        """The Stripe credit note of a credit note (`number`: its CN-YYYY-NNNNNN), created once; None when
+        there is nothing to credit in Stripe (`credit_note_amount_minor` is 0).
+
+        The invoice's Stripe invoice must be finalized already (its `finalize` step recorded): a note
+        waits for its invoice. Lines: when the note gives back all it credits (no prepaid credits return),
+        one `invoice_line_item` line per credited line, crediting that amount of the Stripe line of its
+        invoice item; otherwise one `custom_line_item` line for the amount given back, its description
+        naming the whole credit and the part returned to prepaid credits. What the credit does not take
+        off the Stripe invoice's `amount_remaining` (the invoice is paid) is refunded (`refund_amount`).
+        Key `infermeter:creditnote:<note id>:<amount minor>`; before creating, the invoice's credit
+        notes are listed and one with our `infermeter_credit_note_id` is taken (a lost record)."""
+        _require_finalized(invoice)
+        amount = credit_note_amount_minor(note, invoice)
+        if amount == 0:
+            return None
+        key = credit_note_key(note.id, note.refund_amount, invoice.money)
+        done = self.state.get("creditnote", note.id)
+        if done is not None:
+            if done.idempotency_key != key:
+                raise StripeSyncError(
+                    f"credit note {number} was pushed as {done.stripe_id} with key {done.idempotency_key}, but it "
+                    f"now gives key {key}: a credit note never changes; investigate")
+            return done.stripe_id
+        finalized = self.state.get("finalize", invoice.id)
+        if finalized is None:
+            raise StripeSyncError(f"credit note {number} waits for invoice {invoice.number or invoice.id} "
+                                  f"to be finalized in Stripe")
+        stripe_invoice = finalized.stripe_id
+        currency = invoice.currency.lower()
+        found = [cn for cn in self._all(self.v1.credit_notes.list, {"invoice": stripe_invoice})
+                 if _meta(cn).get(META_CREDIT_NOTE) == note.id]
+        if len(found) > 1:
+            raise StripeSyncError(f"credit note {number} exists {len(found)} times in Stripe "
+                                  f"({', '.join(c.id for c in found)}): void the extra ones, then rerun")
+        if found:
+            if (_get(found[0], "amount"), _get(found[0], "currency")) != (amount, currency):
+                raise StripeSyncError(
+                    f"Stripe credit note {found[0].id} for {number} is {_get(found[0], 'amount')} "
+                    f"{_get(found[0], 'currency')}, expected {amount} {currency} (minor units)")
+            self.state.record("creditnote", note.id, found[0].id, key)
+            return found[0].id
+        current = self.v1.invoices.retrieve(stripe_invoice)
+        if current.status not in STRIPE_CREDITABLE:
+            raise StripeSyncError(
+                f"credit note {number}: Stripe invoice {stripe_invoice} of {invoice.number} is {current.status}; "
+                f"Stripe takes credit notes on {', '.join(STRIPE_CREDITABLE)} invoices only")
+        params: dict[str, Any] = {
+            "invoice": stripe_invoice,
+            "lines": self._credit_note_lines(invoice, note, stripe_invoice, amount),
+            "memo": f"{number} ({utc_date(note)}): {note.reason}",
+            "metadata": {META_CREDIT_NOTE: note.id, META_CREDIT_NOTE_NUMBER: number, META_INVOICE: invoice.id,
+                         META_NUMBER: invoice.number or ""},
+        }
+        post_payment = amount - min(amount, int(_get(current, "amount_remaining") or 0))
+        if post_payment:
+            params["refund_amount"] = post_payment
+        created = self.v1.credit_notes.create(params=params, options={"idempotency_key": key})
+        self.state.record("creditnote", note.id, created.id, key)
+        if (_get(created, "amount"), _get(created, "currency")) != (amount, currency):
+            raise StripeSyncError(f"Stripe credit note {created.id} for {number} is {_get(created, 'amount')} "
+                                  f"{_get(created, 'currency')}, expected {amount} {currency} (minor units)")
+        return created.id
+
+    def _credit_note_lines(self, invoice: Invoice, note: CreditNote, stripe_invoice: str,
+                           amount: int) -> list[dict[str, Any]]:
+        money = invoice.money
+
+        def text(value: Decimal) -> str:  # at the currency's minor unit ("3.91", "1800")
+            return f"{from_minor_units(to_minor_units(value, money), money):f} {invoice.currency}"
+
+        if note.refund_amount != note.total:  # part of it goes back to prepaid credits: one custom line
+            return [{
+                "type": "custom_line_item", "quantity": 1, "unit_amount": amount,
+                "description": (f"{text(note.total)} credited on {invoice.number}, of which "
+                                f"{text(note.credits_returned)} returned as prepaid credits"),
+            }]
+        by_item: dict[str, str] = {}  # ii_... -> il_...
+        by_meta: dict[str, list[str]] = {}  # our line id -> il_... (a line whose item record was lost)
+        for line in self._all_of(self.v1.invoices.line_items.list, stripe_invoice):
+            parent = _get(line, "parent")
+            details = _get(parent, "invoice_item_details") if parent is not None else None
+            item = _get(details, "invoice_item") if details is not None else None
+            if item:
+                by_item[item] = line.id
+            meta = _meta(line)
+            if meta.get(META_INVOICE) == invoice.id and META_LINE in meta:
+                by_meta.setdefault(meta[META_LINE], []).append(line.id)
+        out = []
+        for credited in note.lines:
+            record = self.state.get("invoiceitem", f"{invoice.id}/{credited.invoice_line_id}")
+            stripe_line = by_item.get(record.stripe_id) if record is not None else None
+            if stripe_line is None and len(by_meta.get(credited.invoice_line_id, [])) == 1:
+                stripe_line = by_meta[credited.invoice_line_id][0]
+            if stripe_line is None:
+                raise StripeSyncError(f"line {credited.invoice_line_id} of invoice {invoice.number} has no (single) "
+                                      f"line on Stripe invoice {stripe_invoice}: cannot credit it there")
+            out.append({"type": "invoice_line_item", "invoice_line_item": stripe_line,
+                        "amount": to_minor_units(credited.amount, money)})
+        return out
+
     def _status(self, invoice: Invoice, stripe_invoice: str) -> str:
         return self.v1.invoices.retrieve(stripe_invoice).status
 
@@ -378,6 +500,14 @@ class StripeSync:
     @staticmethod
     def _all(list_method: Callable[..., Any], params: dict[str, Any]) -> Iterator[Any]:
         yield from list_method(params={**params, "limit": PAGE}).auto_paging_iter()
+
+    @staticmethod
+    def _all_of(list_method: Callable[..., Any], parent_id: str) -> Iterator[Any]:
+        yield from list_method(parent_id, params={"limit": PAGE}).auto_paging_iter()
+
+
+def utc_date(note: CreditNote) -> str:
+    return note.issued_at.astimezone(UTC).date().isoformat()
 
 
 def _signed(spec: ItemSpec, invoice: Invoice) -> Decimal:

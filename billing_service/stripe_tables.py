@@ -2,7 +2,8 @@
 
 - `stripe_objects`: every Stripe object the adapter created, by (kind, local id): a customer by
   infermeter customer id, an invoice item by "<invoice id>/<line id>", an invoice by invoice id, and
-  the finalize / void steps of an invoice. A rerun reads it and skips what is done.
+  the finalize / void steps of an invoice, a credit note by credit note id. A rerun reads it and skips
+  what is done.
 - `stripe_webhook_events`: every webhook event taken in, by Stripe event id: a replayed event is
   found here and has no second effect.
 
@@ -19,7 +20,7 @@ from infermeter.db import Key, metadata
 stripe_objects = Table(
     "stripe_objects",
     metadata,
-    Column("kind", Key, nullable=False),  # customer | invoiceitem | invoice | finalize | void
+    Column("kind", Key, nullable=False),  # customer | customer_update | invoiceitem | invoice | finalize | void | creditnote
     Column("local_id", Key, nullable=False),
     Column("stripe_id", Text, nullable=False),
     Column("idempotency_key", Text, nullable=False),

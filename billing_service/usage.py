@@ -8,6 +8,10 @@
   sources (`task_outcomes`), only their outcomes count and a task without one within its timeout
   is billed by the book's rule at its deadline (`pricing_service.rate_period.task_totals`;
   docs/billing.md, "Trusted task outcomes").
+- Unbilled usage (a customer without a record or without a plan: no book, so no trusted sources):
+  `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
+  outcome) and labels what rests on the customer's own word (`label_tasks`); see docs/billing.md,
+  "Unbilled usage and task outcomes".
 - GPU time: metering splits replica intervals at UTC hour boundaries (gpu_ledger_hourly) and pricing
   attributes each deployment-hour by the cost model. The edge-hour rule: a UTC hour's GPU time belongs
   wholly to the billing period that contains the hour's START. So the GPU hours of a period
@@ -19,16 +23,21 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import psycopg
 
 from billing.periods import Period
 from infermeter.times import Window, ceil_hour
+from metering.contract import CUSTOMER_SOURCE_PREFIX
+from metering.period_reads import task_reports
 from metering.queries import task_totals, usage, usage_meter_totals
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
+from pricing.task_outcomes import TaskReports, tasks_from_rows
 from pricing.usage import Usage, UsageKey
 from pricing_service.rate_period import gpu_seconds
 from pricing_service.rate_period import task_totals as trusted_task_totals
@@ -52,10 +61,12 @@ def period_usage(
     meters: Iterable[str] | None = None,
     cost_model: CostModel | None = None,
     task_outcomes: TaskOutcomeTrust | None = None,
+    with_tasks: bool = True,
 ) -> Usage:
     """The customer's usage of [period.start, period.end). `meters` limits what is read (the meters a
     book prices); GPU time is read only with a cost model (it attributes the shared pool);
-    `task_outcomes` is the book's trust in task outcomes (None: every outcome counts)."""
+    `task_outcomes` is the book's trust in task outcomes (None: every outcome counts); `with_tasks=False`
+    leaves the task meters out (`unbilled_summary` counts tasks its own way)."""
     wanted = None if meters is None else set(meters)
     window = period.window if isinstance(period, Period) else period
     quantities: dict[UsageKey, Decimal | int] = {}
@@ -71,7 +82,7 @@ def period_usage(
     if wanted is None or any(m.startswith("usage:") for m in wanted):
         for row in usage_meter_totals(conn, window, customer_id=customer_id):
             add(UsageKey("usage:" + row["meter"]), row["quantity"])
-    if wanted is None or wanted & set(TASK_METERS):
+    if with_tasks and (wanted is None or wanted & set(TASK_METERS)):
         if task_outcomes is None:
             totals = [(r["customer_id"], r["succeeded"], r["failed"], r["attempts"])
                       for r in task_totals(conn, window, customer_id=customer_id)]
@@ -96,3 +107,52 @@ def usage_summary(u: Usage) -> dict[str, str]:
         name = key.meter + (f"/{key.group}" if key.group else "")
         out[name] = out.get(name, Decimal(0)) + quantity
     return {k: format(v.normalize(), "f") if v == v.to_integral_value() else format(v, "f") for k, v in sorted(out.items())}
+
+
+# ---------------------------------------------------------------- unbilled usage
+
+SELF_REPORTED = "[self_reported]"  # label: the outcome counted came from the customer's own key
+TASK_OUTCOME_METERS = {"succeeded": "successful_tasks", "failed": "failed_tasks", "abandoned": "abandoned_tasks"}
+EVERY_SOURCE = ("",)  # every source starts with ""
+
+
+def label_tasks(tasks: Iterable[TaskReports], start: datetime, end: datetime) -> dict[str, int]:
+    """Tasks of [start, end) for a report of unbilled usage, where no book says whom to trust (pure):
+
+    - each task counts once, at its latest outcome from any source (latest by finished_at, then source,
+      then event id: metering's latest outcome, what a book without `task_outcomes` bills), when that
+      falls in the window: `successful_tasks`, `failed_tasks`, `abandoned_tasks`, and `task_attempts`
+      (the attempts of the successful and failed ones, as rating counts them);
+    - `<meter>[self_reported]`: of those, the tasks whose counted outcome came from the customer's own
+      key (`//customer/<id>`): a book that names trusted sources would not believe it and would bill the
+      task by its rule instead (an abandoned or failed task may then be billed as a success);
+    - `tasks_without_outcome`: tasks whose first request is in the window and that have no outcome from
+      anyone yet (a book with `task_outcomes` bills them at their deadline by its rule; one without, not
+      until an outcome comes)."""
+    out: Counter[str] = Counter()
+    for task in tasks:
+        latest = max(task.reports, key=lambda r: (r.finished_at, r.source, r.event_id), default=None)
+        if latest is None:
+            if task.first_request_at is not None and start <= task.first_request_at < end:
+                out["tasks_without_outcome"] += 1
+            continue
+        if not start <= latest.finished_at < end:
+            continue
+        meter = TASK_OUTCOME_METERS[latest.outcome]
+        out[meter] += 1
+        if meter != "abandoned_tasks":
+            out["task_attempts"] += task.attempts
+        if latest.source.startswith(CUSTOMER_SOURCE_PREFIX):
+            out[meter + SELF_REPORTED] += 1
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def unbilled_summary(conn: psycopg.Connection, customer_id: str, period: Period | Window,
+                     cost_model: CostModel | None = None) -> dict[str, str]:
+    """{"meter[/model or GPU type]": quantity} of a customer's usage that no invoice carries: requests,
+    usage meters and GPU time as `period_usage` reads them, tasks labelled by `label_tasks`."""
+    window = period.window if isinstance(period, Period) else period
+    summary = usage_summary(period_usage(conn, customer_id, window, cost_model=cost_model, with_tasks=False))
+    rows = task_reports(conn, window.start, window.end, timedelta(0), EVERY_SOURCE, customer_id)
+    summary.update({k: str(v) for k, v in label_tasks(tasks_from_rows(rows), window.start, window.end).items()})
+    return dict(sorted(summary.items()))

@@ -172,7 +172,8 @@ def _read_ahead(
 
 TASK_TOTALS_SQL = """
 SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), count(*) FILTER (WHERE o.outcome = 'failed'),
-       coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id)), 0)
+       coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id))
+                FILTER (WHERE o.outcome IN ('succeeded', 'failed')), 0)
 FROM task_outcomes o WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s {only}
 GROUP BY o.customer_id
 """
@@ -186,7 +187,8 @@ def task_totals(
     conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
 ) -> list[tuple[str, int, int, int]]:
     """(customer, tasks succeeded, tasks failed, their attempts) of the tasks that finished in
-    [start, end), per customer with any."""
+    [start, end), per customer with any. Abandoned tasks count in neither meter and their attempts are
+    not counted (as `metering.queries.task_totals` and `pricing.task_outcomes` count them)."""
     only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
     params = {"start": start, "end": end, "customer": customer_id}
     return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()

@@ -166,3 +166,107 @@ def test_auth_and_unknown_urls(stripe_fake):
     response = httpx.post(f"{stripe_fake.url}/v1/prices", data={"currency": "usd"},
                           headers={"Authorization": "Bearer sk_test_x"})
     assert response.status_code == 404 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+# ---------------------------------------------------------------- credit notes
+
+
+def _open_invoice(client, currency="usd", amounts=(1000, 250)):
+    customer = _customer(client)
+    for amount in amounts:
+        client.v1.invoice_items.create(params={"customer": customer.id, "amount": amount, "currency": currency})
+    invoice = client.v1.invoices.create(params={"customer": customer.id, "currency": currency,
+                                                "pending_invoice_items_behavior": "include"})
+    return client.v1.invoices.finalize_invoice(invoice.id)
+
+
+def test_credit_note_parameters_are_stripes_and_nothing_else(client, stripe_fake, stripe_api_key):
+    invoice = _open_invoice(client)
+    line = invoice.lines.data[0].id
+    ok_line = {"type": "invoice_line_item", "invoice_line_item": line, "amount": 100}
+    refused = [
+        ({"invoice": invoice.id, "lines": [ok_line], "colour": "x"}, "colour", "unknown parameter"),
+        ({"invoice": invoice.id, "lines": [{**ok_line, "colour": "x"}]}, "lines[0][colour]", "unknown parameter"),
+        ({"invoice": invoice.id, "shipping_cost": {"shipping_rate": "shr_1"}}, "shipping_cost", "not implemented"),
+        ({"invoice": invoice.id, "lines": [{**ok_line, "tax_rates": ["txr_1"]}]}, "lines[0][tax_rates]",
+         "not implemented"),
+        ({"invoice": invoice.id}, "lines", "One of amount, lines"),
+        ({"lines": [ok_line]}, "invoice", "Missing required param"),
+        ({"invoice": invoice.id, "lines": [{"invoice_line_item": line, "amount": 1}]}, "lines[0][type]",
+         "Missing required param"),
+        ({"invoice": invoice.id, "lines": [{**ok_line, "description": "x"}]}, "lines[0][description]",
+         "only valid when type is custom_line_item"),
+        ({"invoice": invoice.id, "lines": [{"type": "custom_line_item", "unit_amount": 5}]},
+         "lines[0][description]", "Missing required param"),
+        ({"invoice": invoice.id, "lines": [{"type": "custom_line_item", "description": "x", "unit_amount": 5,
+                                            "invoice_line_item": line}]},
+         "lines[0][invoice_line_item]", "only valid when type is invoice_line_item"),
+        ({"invoice": invoice.id, "lines": [{**ok_line, "amount": -1}]}, "lines[0][amount]", "greater than or equal"),
+        ({"invoice": invoice.id, "lines": [ok_line], "reason": "changed_my_mind"}, "reason", "must be one of"),
+    ]
+    for params, param, message in refused:
+        with pytest.raises(stripe.InvalidRequestError, match=message.replace("[", r"\[")) as exc:
+            client.v1.credit_notes.create(params=params)
+        assert exc.value.param == param, params
+    assert stripe_fake.count(stripe_api_key, "credit_note") == 0
+
+
+def test_credit_notes_follow_stripes_amount_rules(client, stripe_fake, stripe_api_key):
+    invoice = _open_invoice(client)  # 1000 + 250, open
+    first, second = (line.id for line in invoice.lines.data)
+    with pytest.raises(stripe.InvalidRequestError, match="exceeds what is left to credit on it"):
+        client.v1.credit_notes.create(params={"invoice": invoice.id, "lines": [
+            {"type": "invoice_line_item", "invoice_line_item": second, "amount": 251}]})
+    with pytest.raises(stripe.InvalidRequestError, match="No such invoice line item"):
+        client.v1.credit_notes.create(params={"invoice": invoice.id, "lines": [
+            {"type": "invoice_line_item", "invoice_line_item": "il_other", "amount": 1}]})
+    with pytest.raises(stripe.InvalidRequestError, match="must equal the sum of the lines"):
+        client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 5, "lines": [
+            {"type": "invoice_line_item", "invoice_line_item": second, "amount": 4}]})
+    # open: the credit lowers what is due, nothing to refund (a refund_amount is refused)
+    with pytest.raises(stripe.InvalidRequestError, match="post-payment amount"):
+        client.v1.credit_notes.create(params={"invoice": invoice.id, "refund_amount": 200, "lines": [
+            {"type": "invoice_line_item", "invoice_line_item": second, "amount": 200}]})
+    pre = client.v1.credit_notes.create(params={"invoice": invoice.id, "memo": "m", "metadata": {"ours": "1"},
+                                                "lines": [{"type": "invoice_line_item", "invoice_line_item": second,
+                                                           "amount": 200}]})
+    assert (pre.amount, pre.type, pre.pre_payment_amount, pre.status) == (200, "pre_payment", 200, "issued")
+    assert pre.lines.data[0].invoice_line_item == second and pre.metadata["ours"] == "1"
+    assert client.v1.invoices.retrieve(invoice.id).amount_due == 1050
+    stripe_fake.pay(stripe_api_key, invoice.id)
+    # paid: what is credited now must be refunded, credited to the balance or marked out of band
+    with pytest.raises(stripe.InvalidRequestError, match="post-payment amount"):
+        client.v1.credit_notes.create(params={"invoice": invoice.id, "lines": [
+            {"type": "custom_line_item", "description": "goodwill", "unit_amount": 300}]})
+    post = client.v1.credit_notes.create(params={"invoice": invoice.id, "refund_amount": 300, "lines": [
+        {"type": "custom_line_item", "description": "goodwill", "unit_amount": 300}]})
+    assert (post.amount, post.type, post.post_payment_amount) == (300, "post_payment", 300)
+    # at most the invoice total less earlier credit notes (1250 - 200 - 300 = 750 left)
+    with pytest.raises(stripe.InvalidRequestError, match=r"exceeds what is left to credit on invoice"):
+        client.v1.credit_notes.create(params={"invoice": invoice.id, "refund_amount": 751, "lines": [
+            {"type": "custom_line_item", "description": "too much", "unit_amount": 751}]})
+    listed = client.v1.credit_notes.list(params={"invoice": invoice.id, "limit": 1})
+    assert listed.has_more and {n.id for n in listed.auto_paging_iter()} == {pre.id, post.id}
+    assert client.v1.credit_notes.retrieve(pre.id).amount == 200
+    lines = client.v1.invoices.line_items.list(invoice.id, params={"limit": 1})
+    assert [line.id for line in lines.auto_paging_iter()] == [first, second]
+
+
+def test_credit_notes_need_a_finalized_invoice_and_keys_are_idempotent(client, stripe_fake, stripe_api_key):
+    customer = _customer(client)
+    client.v1.invoice_items.create(params={"customer": customer.id, "amount": 900, "currency": "jpy"})
+    draft = client.v1.invoices.create(params={"customer": customer.id, "currency": "jpy",
+                                              "pending_invoice_items_behavior": "include"})
+    line = {"type": "invoice_line_item", "invoice_line_item": draft.lines.data[0].id, "amount": 900}
+    with pytest.raises(stripe.InvalidRequestError, match="finalized"):
+        client.v1.credit_notes.create(params={"invoice": draft.id, "lines": [line]})
+    client.v1.invoices.finalize_invoice(draft.id)
+    first = client.v1.credit_notes.create(params={"invoice": draft.id, "lines": [line]},
+                                          options={"idempotency_key": "cn-1"})
+    again = client.v1.credit_notes.create(params={"invoice": draft.id, "lines": [line]},
+                                          options={"idempotency_key": "cn-1"})
+    assert again.id == first.id and first.amount == 900 and first.currency == "jpy"
+    with pytest.raises(stripe.IdempotencyError):
+        client.v1.credit_notes.create(params={"invoice": draft.id, "lines": [{**line, "amount": 899}]},
+                                      options={"idempotency_key": "cn-1"})
+    assert stripe_fake.count(stripe_api_key, "credit_note") == 1

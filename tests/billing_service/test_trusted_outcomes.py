@@ -252,3 +252,35 @@ def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_c
         _metered(settings, [(VERIFIER, "v-t1")])
         assert preview() == "2.25"  # t1 failed by the verifier, within its deadline
     assert conn.execute("SELECT count(*) FROM event_keys WHERE event_id = 'spoof'").fetchone() == (0,)
+
+
+def test_unbilled_usage_counts_every_source_and_labels_what_the_customer_reported_itself(conn, tasks, metering):
+    """No plan, so no book and no trusted sources: the billing run's unbilled usage counts tasks as a
+    book trusting everyone would (its task meters equal that book's rating), and labels what rests on the
+    customer's own word, abandoned tasks (no task meter counts them) and tasks with no outcome yet."""
+    tasks.request("acme", at(12), task_id="t7")
+    tasks.task("acme", "t7", "abandoned", at(12, 11), source=CUSTOMER)  # hidden from a book trusting everyone
+    metering.request("ghost", at(14), task_id="g1")  # no customer record: the UTC period
+    metering.task("ghost", "g1", "abandoned", at(14, 1), source="//customer/ghost")
+    set_customer(conn, "acme", now=at(1, 0, month=1))  # a record, no plan
+    result = billing_run(conn, "2026-02", now=at(1, 0, month=3), cost_model=COST)
+    unbilled = {u.customer_id: u for u in result.unbilled}
+    assert unbilled["acme"].reason.startswith("no plan")
+    acme = {k: v for k, v in unbilled["acme"].quantities.items() if "tasks" in k or "attempts" in k}
+    # latest outcome from anyone: t3, t4 succeeded; t1, t2 (the customer's later report), t6 failed; t7 abandoned
+    assert acme == {
+        "successful_tasks": "2", "successful_tasks[self_reported]": "1",  # t3: the customer overrode the verifier
+        "failed_tasks": "3", "failed_tasks[self_reported]": "3",
+        "abandoned_tasks": "1", "abandoned_tasks[self_reported]": "1",
+        "task_attempts": "5",  # of the successful and failed tasks, as rating counts them
+        "tasks_without_outcome": "1",  # t5
+    }
+    naive = task_quantities(rate_period(conn, parse_price_book(TRUSTING_EVERYONE), *FEB)["acme"])
+    assert {m: str(q) for m, q in naive.items()} == {m: acme[m] for m in naive}
+    assert unbilled["ghost"].reason.startswith("no customer record")
+    assert {k: v for k, v in unbilled["ghost"].quantities.items() if "tasks" in k} == {
+        "abandoned_tasks": "1", "abandoned_tasks[self_reported]": "1"}
+    # a plan from March leaves February unbilled, March billed: nothing for acme in March's report
+    assign_plan(conn, "acme", book("bill_as_success"), "per-task-verified.yaml", "2026-03-01", now=at(1, 0, month=3))
+    march = billing_run(conn, "2026-03", now=datetime(2026, 3, 20, tzinfo=UTC), cost_model=COST)
+    assert "acme" not in {u.customer_id for u in march.unbilled}
