@@ -5,9 +5,10 @@ statements (COPY and one UPDATE ... FROM) instead of ~15 round trips per custome
 The billing run's logic (`billing_service.run._run_customer`) does not change: it saves, reloads
 and finalizes through these objects exactly as through `PgInvoiceStore`, `PgCreditLedger` and
 `PgInvoiceNumbers`, and `flush` then writes what those would have written: the same invoice rows
-(revision, created_at / updated_at = the run's clock), the same lines in the same positions, one
-history row per save with the same revision, change and document, the same ledger entries, and the
-same gapless numbers. The caller owns the transaction and holds the customers' locks
+(revision, created_at / updated_at = the run's clock), the same lines in the same positions (a draft's
+lines that are replaced are kept by the database, under the revision they belonged to), one history
+row per save with the same revision, change and document (the invoice without its lines), the same
+ledger entries, and the same gapless numbers. The caller owns the transaction and holds the customers' locks
 (`lock_customers`) before it loads them, so nothing else writes their invoices meanwhile.
 
 Numbers: the first number a batch takes locks the counter row of (prefix, year) (an upsert that
@@ -27,7 +28,7 @@ import psycopg
 
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import InvoiceImmutable
-from billing.invoice import Invoice, InvoiceLine, InvoiceStatus, StatusChange
+from billing.invoice import Invoice, InvoiceStatus, StatusChange
 from billing.numbering import format_number
 from billing_service.store import (
     _INVOICE_COLS,
@@ -37,7 +38,6 @@ from billing_service.store import (
     StoredInvoice,
     UnknownInvoice,
     invoice_document_head,
-    lines_to_json,
 )
 
 _INVOICE_FIELDS = [c.strip() for c in _INVOICE_COLS.split(",")]
@@ -73,7 +73,6 @@ class BatchInvoiceStore:
         self._created_at: dict[str, datetime] = {}
         self._written: dict[str, tuple[Invoice, str | None, int, datetime]] = {}  # id -> last save
         self._history: list[tuple[str, int, datetime, str, str, str]] = []
-        self._lines_json: dict[int, tuple[tuple[InvoiceLine, ...], str]] = {}  # by id() of the lines tuple
 
     def get(self, invoice_id: str) -> StoredInvoice:
         found = self._current.get(invoice_id)
@@ -105,21 +104,18 @@ class BatchInvoiceStore:
             history = before.invoice.history
             if before.invoice.status is not invoice.status:
                 history = (*history, StatusChange(before.invoice.status, invoice.status, now))
+        earlier = self._written.get(invoice.id)
+        if earlier is not None and earlier[0].lines != invoice.lines:
+            # the history keeps a revision's lines in the lines table, or in the replaced lines when they
+            # are replaced in the database: lines that changed twice before `flush` would lose the first
+            raise BillingServiceError(f"invoice {invoice.id}: its lines changed twice in one billing batch")
         self._written[invoice.id] = (invoice, book_sha256, revision, now)
-        self._history.append((invoice.id, revision, now, change, str(invoice.status), self._document(invoice, book_sha256)))
+        document = json.dumps(invoice_document_head(invoice, book_sha256))
+        self._history.append((invoice.id, revision, now, change, str(invoice.status), document))
         # what PgInvoiceStore.get would load now: the status history comes from the history rows
         loaded = invoice if invoice.history == history else replace(invoice, history=history)
         self._current[invoice.id] = StoredInvoice(loaded, book_sha256, revision)
         return True
-
-    def _document(self, invoice: Invoice, book_sha256: str | None) -> str:
-        """`store.invoice_document` as JSON text; the lines part is made once per lines tuple (a draft
-        and its finalization share it)."""
-        cached = self._lines_json.get(id(invoice.lines))
-        if cached is None or cached[0] is not invoice.lines:
-            text = json.dumps(lines_to_json(invoice.lines, invoice.currency))
-            cached = self._lines_json[id(invoice.lines)] = (invoice.lines, text)
-        return json.dumps(invoice_document_head(invoice, book_sha256))[:-1] + ', "lines": ' + cached[1] + "}"
 
     def flush(self) -> int:
         """Write every save since the start: new invoices (inserted as drafts, as `PgInvoiceStore`
@@ -185,7 +181,6 @@ class BatchInvoiceStore:
         self._written.clear()
         self._history.clear()
         self._created_at.clear()
-        self._lines_json.clear()
         return written
 
 

@@ -35,6 +35,8 @@ T0 = datetime(2026, 1, 20, tzinfo=UTC)
 TABLES = {
     "billing_invoices": "SELECT * FROM billing_invoices ORDER BY id",
     "billing_invoice_lines": "SELECT * FROM billing_invoice_lines ORDER BY invoice_id, position",
+    "billing_invoice_lines_replaced": "SELECT * FROM billing_invoice_lines_replaced ORDER BY invoice_id, revision, "
+                                      "position",
     "billing_invoice_history": "SELECT invoice_id, revision, recorded_at, change, status, document "
                                "FROM billing_invoice_history ORDER BY invoice_id, revision",
     "billing_credit_ledger": "SELECT * FROM billing_credit_ledger ORDER BY id",
