@@ -221,3 +221,4 @@ def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates
         assert [r[2] for r in rows] == [f"INV-2026-{n:06d}" for n in range(1, len(customers) + 1)]
         assert conn.execute("SELECT last_seq FROM billing_number_counters").fetchall() == [(len(customers),)]
         assert conn.execute("SELECT count(*) FROM billing_invoice_history").fetchone() == (2 * len(customers),)
+
