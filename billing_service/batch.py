@@ -28,7 +28,7 @@ import psycopg
 
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import InvoiceImmutable
-from billing.invoice import Invoice, InvoiceStatus, StatusChange
+from billing.invoice import FirstInvoice, Invoice, InvoiceStatus, StatusChange
 from billing.numbering import format_number
 from billing_service.store import (
     _INVOICE_COLS,
@@ -73,6 +73,7 @@ class BatchInvoiceStore:
         self._created_at: dict[str, datetime] = {}
         self._written: dict[str, tuple[Invoice, str | None, int, datetime]] = {}  # id -> last save
         self._history: list[tuple[str, int, datetime, str, str, str]] = []
+        self._first: list[tuple[FirstInvoice, str, datetime]] = []  # `add_first`, not in _current
 
     def get(self, invoice_id: str) -> StoredInvoice:
         found = self._current.get(invoice_id)
@@ -117,19 +118,42 @@ class BatchInvoiceStore:
         self._current[invoice.id] = StoredInvoice(loaded, book_sha256, revision)
         return True
 
+    def add_first(self, invoice: FirstInvoice, *, book_sha256: str, now: datetime) -> None:
+        """Write a customer's first invoice of a period as `save` writes it when `_run_customer` creates
+        it (and finalizes it: `invoice` open, made by `finalize_first` from the draft): the row, the
+        rating's lines, history revision 1 (created, the draft) and 2 (finalized). The caller checked
+        that the customer has no invoice, so nothing in this batch reads it back."""
+        if invoice.id in self._current or invoice.id in self._written:
+            raise BillingServiceError(f"invoice {invoice.id} exists already")
+        draft = invoice if invoice.status is InvoiceStatus.DRAFT else replace(
+            invoice, status=InvoiceStatus.DRAFT, number=None, issued_at=None, finalized_at=None)
+        self._history.append((invoice.id, 1, now, "created", "draft",
+                              json.dumps(invoice_document_head(draft, book_sha256))))  # type: ignore[arg-type]
+        if invoice.status is not InvoiceStatus.DRAFT:
+            self._history.append((invoice.id, 2, now, "finalized", str(invoice.status),
+                                  json.dumps(invoice_document_head(invoice, book_sha256))))  # type: ignore[arg-type]
+        self._first.append((invoice, book_sha256, now))
+
     def flush(self) -> int:
         """Write every save since the start: new invoices (inserted as drafts, as `PgInvoiceStore`
         does), their changed lines, then each row's final state, then the history rows. Returns the
         number of invoices written."""
-        if not self._written:
+        if not self._written and not self._first:
             return 0
         conn = self.conn
         new = [i for i in self._written if i not in self._in_db]
         try:
             with conn.cursor() as cur:
-                if new:
+                if new or self._first:
                     with cur.copy(f"COPY billing_invoices ({_INVOICE_COLS}, revision, created_at, updated_at) "
                                   "FROM STDIN") as copy:
+                        for first, sha, now in self._first:
+                            copy.write_row((
+                                first.id, first.customer_id, first.currency, first.period, first.period_start,
+                                first.period_end, first.sequence, "draft", first.subtotal, first.credits_applied,
+                                first.total, first.price_book_version, None, None, None, first.reissue_of, sha, 1,
+                                now, now,
+                            ))
                         for i in new:
                             inv, sha, revision, now = self._written[i]
                             draft = inv.status is InvoiceStatus.DRAFT
@@ -144,6 +168,12 @@ class BatchInvoiceStore:
                 if changed:
                     cur.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)", (changed,))
                 with cur.copy(f"COPY billing_invoice_lines (invoice_id, position, {_LINE_COLS}) FROM STDIN") as copy:
+                    for first, _, _ in self._first:
+                        i, label, start, end = first.id, first.period, first.period_start, first.period_end
+                        for position, (line_id, kind, _, charge_key, meter, group, quantity, unit_price,
+                                       precise_amount, amount) in enumerate(first.rated):
+                            copy.write_row((i, position, line_id, line_id, kind, charge_key, meter, group, quantity,
+                                            unit_price, precise_amount, amount, label, start, end))
                     for i in (*new, *changed):
                         inv = self._written[i][0]
                         for position, line in enumerate(inv.lines):
@@ -154,11 +184,18 @@ class BatchInvoiceStore:
                             ))
                 # the final state of every row that is not already as inserted
                 final = [i for i in self._written if i in self._in_db or self._written[i][0].status is not InvoiceStatus.DRAFT]
-                if final:
+                opened = [(f, sha, now) for f, sha, now in self._first if f.status is not InvoiceStatus.DRAFT]
+                if final or opened:
                     cur.execute("DROP TABLE IF EXISTS pg_temp.billing_batch_invoices")
                     cur.execute("CREATE TEMP TABLE billing_batch_invoices ON COMMIT DROP AS "
                                 f"SELECT {_INVOICE_COLS}, revision, updated_at FROM billing_invoices WITH NO DATA")
                     with cur.copy(f"COPY billing_batch_invoices ({_INVOICE_COLS}, revision, updated_at) FROM STDIN") as copy:
+                        for f, sha, now in opened:
+                            copy.write_row((
+                                f.id, f.customer_id, f.currency, f.period, f.period_start, f.period_end, f.sequence,
+                                str(f.status), f.subtotal, f.credits_applied, f.total, f.price_book_version, f.number,
+                                f.issued_at, f.finalized_at, f.reissue_of, sha, 2, now,
+                            ))
                         for i in final:
                             inv, sha, revision, now = self._written[i]
                             copy.write_row((
@@ -176,9 +213,10 @@ class BatchInvoiceStore:
                         copy.write_row(row)
         except psycopg.errors.CheckViolation as exc:
             raise InvoiceImmutable(str(exc.diag.message_primary or exc)) from None
-        written = len(self._written)
+        written = len(self._written) + len(self._first)
         self._in_db.update({i: self._current[i] for i in self._written})
         self._written.clear()
+        self._first.clear()
         self._history.clear()
         self._created_at.clear()
         return written
