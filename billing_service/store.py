@@ -284,7 +284,9 @@ def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
 def revision_lines(conn: psycopg.Connection, revisions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], list[InvoiceLine]]:
     """The lines of each (invoice id, revision): those replaced under the smallest revision >= it
     (billing_invoice_lines_replaced keeps a draft's lines when they are replaced), else the invoice's
-    current lines. In two queries, whatever the number of invoices."""
+    current lines. In two queries, whatever the number of invoices: the current lines first, so that a
+    refresh committed between the two (on an autocommit connection) is still read right, its replaced
+    lines being the ones read as current."""
     ids = sorted({i for i, _ in revisions})
     current: dict[str, list[InvoiceLine]] = {i: [] for i in ids}
     for r in conn.execute(f"SELECT invoice_id, {_LINE_COLS} FROM billing_invoice_lines WHERE invoice_id = ANY(%s) "
