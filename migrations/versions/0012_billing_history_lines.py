@@ -20,7 +20,7 @@ measured in docs/benchmarks.md, "Billing a month"):
 
 2. The foreign key billing_invoice_lines.invoice_id -> billing_invoices.id ran its referential check
    once per inserted line (a lookup and a row lock in billing_invoices): for the 150,000 lines of a
-   run of 10,000 customers, most of the server's time for them after migration 0011. The same
+   run of 10,000 customers, about half of the server's time for them after migration 0011. The same
    guarantees now come from checks that run once per statement or only when the rare thing happens:
    an inserted line whose invoice does not exist is refused by migration 0011's statement check (a
    missing invoice is not a draft); an invoice that still has lines is never deleted and an invoice's
