@@ -5,9 +5,10 @@ statements (COPY and one UPDATE ... FROM) instead of ~15 round trips per custome
 The billing run's logic (`billing_service.run._run_customer`) does not change: it saves, reloads
 and finalizes through these objects exactly as through `PgInvoiceStore`, `PgCreditLedger` and
 `PgInvoiceNumbers`, and `flush` then writes what those would have written: the same invoice rows
-(revision, created_at / updated_at = the run's clock), the same lines in the same positions, one
-history row per save with the same revision, change and document, the same ledger entries, and the
-same gapless numbers. The caller owns the transaction and holds the customers' locks
+(revision, created_at / updated_at = the run's clock), the same lines in the same positions (a draft's
+lines that are replaced are kept by the database, under the revision they belonged to), one history
+row per save with the same revision, change and document (the invoice without its lines), the same
+ledger entries, and the same gapless numbers. The caller owns the transaction and holds the customers' locks
 (`lock_customers`) before it loads them, so nothing else writes their invoices meanwhile.
 
 Numbers: the first number a batch takes locks the counter row of (prefix, year) (an upsert that
@@ -27,7 +28,7 @@ import psycopg
 
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import InvoiceImmutable
-from billing.invoice import Invoice, InvoiceLine, InvoiceStatus, StatusChange
+from billing.invoice import FirstInvoice, Invoice, InvoiceStatus, StatusChange
 from billing.numbering import format_number
 from billing_service.store import (
     _INVOICE_COLS,
@@ -37,10 +38,12 @@ from billing_service.store import (
     StoredInvoice,
     UnknownInvoice,
     invoice_document_head,
-    lines_to_json,
 )
 
 _INVOICE_FIELDS = [c.strip() for c in _INVOICE_COLS.split(",")]
+# billing_invoice_lines' (invoice_id, position, _LINE_COLS) as PostgreSQL types, for binary COPY
+_LINE_TYPES = ["text", "int4", "text", "text", "text", "text", "text", "text", "numeric", "numeric", "numeric",
+               "numeric", "text", "timestamptz", "timestamptz"]
 
 
 def lock_customers(conn: psycopg.Connection, customer_ids: Sequence[str]) -> None:
@@ -73,7 +76,7 @@ class BatchInvoiceStore:
         self._created_at: dict[str, datetime] = {}
         self._written: dict[str, tuple[Invoice, str | None, int, datetime]] = {}  # id -> last save
         self._history: list[tuple[str, int, datetime, str, str, str]] = []
-        self._lines_json: dict[int, tuple[tuple[InvoiceLine, ...], str]] = {}  # by id() of the lines tuple
+        self._first: list[tuple[FirstInvoice, str, datetime]] = []  # `add_first`, not in _current
 
     def get(self, invoice_id: str) -> StoredInvoice:
         found = self._current.get(invoice_id)
@@ -105,35 +108,55 @@ class BatchInvoiceStore:
             history = before.invoice.history
             if before.invoice.status is not invoice.status:
                 history = (*history, StatusChange(before.invoice.status, invoice.status, now))
+        earlier = self._written.get(invoice.id)
+        if earlier is not None and earlier[0].lines != invoice.lines:
+            # the history keeps a revision's lines in the lines table, or in the replaced lines when they
+            # are replaced in the database: lines that changed twice before `flush` would lose the first
+            raise BillingServiceError(f"invoice {invoice.id}: its lines changed twice in one billing batch")
         self._written[invoice.id] = (invoice, book_sha256, revision, now)
-        self._history.append((invoice.id, revision, now, change, str(invoice.status), self._document(invoice, book_sha256)))
+        document = json.dumps(invoice_document_head(invoice, book_sha256))
+        self._history.append((invoice.id, revision, now, change, str(invoice.status), document))
         # what PgInvoiceStore.get would load now: the status history comes from the history rows
         loaded = invoice if invoice.history == history else replace(invoice, history=history)
         self._current[invoice.id] = StoredInvoice(loaded, book_sha256, revision)
         return True
 
-    def _document(self, invoice: Invoice, book_sha256: str | None) -> str:
-        """`store.invoice_document` as JSON text; the lines part is made once per lines tuple (a draft
-        and its finalization share it)."""
-        cached = self._lines_json.get(id(invoice.lines))
-        if cached is None or cached[0] is not invoice.lines:
-            text = json.dumps(lines_to_json(invoice.lines, invoice.currency))
-            cached = self._lines_json[id(invoice.lines)] = (invoice.lines, text)
-        return json.dumps(invoice_document_head(invoice, book_sha256))[:-1] + ', "lines": ' + cached[1] + "}"
+    def add_first(self, invoice: FirstInvoice, *, book_sha256: str, now: datetime) -> None:
+        """Write a customer's first invoice of a period as `save` writes it when `_run_customer` creates
+        it (and finalizes it: `invoice` open, made by `finalize_first` from the draft): the row, the
+        rating's lines, history revision 1 (created, the draft) and 2 (finalized). The caller checked
+        that the customer has no invoice, so nothing in this batch reads it back."""
+        if invoice.id in self._current or invoice.id in self._written:
+            raise BillingServiceError(f"invoice {invoice.id} exists already")
+        draft = invoice if invoice.status is InvoiceStatus.DRAFT else replace(
+            invoice, status=InvoiceStatus.DRAFT, number=None, issued_at=None, finalized_at=None)
+        self._history.append((invoice.id, 1, now, "created", "draft",
+                              json.dumps(invoice_document_head(draft, book_sha256))))  # type: ignore[arg-type]
+        if invoice.status is not InvoiceStatus.DRAFT:
+            self._history.append((invoice.id, 2, now, "finalized", str(invoice.status),
+                                  json.dumps(invoice_document_head(invoice, book_sha256))))  # type: ignore[arg-type]
+        self._first.append((invoice, book_sha256, now))
 
     def flush(self) -> int:
         """Write every save since the start: new invoices (inserted as drafts, as `PgInvoiceStore`
         does), their changed lines, then each row's final state, then the history rows. Returns the
         number of invoices written."""
-        if not self._written:
+        if not self._written and not self._first:
             return 0
         conn = self.conn
         new = [i for i in self._written if i not in self._in_db]
         try:
             with conn.cursor() as cur:
-                if new:
+                if new or self._first:
                     with cur.copy(f"COPY billing_invoices ({_INVOICE_COLS}, revision, created_at, updated_at) "
                                   "FROM STDIN") as copy:
+                        for first, sha, now in self._first:
+                            copy.write_row((
+                                first.id, first.customer_id, first.currency, first.period, first.period_start,
+                                first.period_end, first.sequence, "draft", first.subtotal, first.credits_applied,
+                                first.total, first.price_book_version, None, None, None, first.reissue_of, sha, 1,
+                                now, now,
+                            ))
                         for i in new:
                             inv, sha, revision, now = self._written[i]
                             draft = inv.status is InvoiceStatus.DRAFT
@@ -147,7 +170,16 @@ class BatchInvoiceStore:
                            and self._in_db[i].invoice.lines != self._written[i][0].lines]
                 if changed:
                     cur.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)", (changed,))
-                with cur.copy(f"COPY billing_invoice_lines (invoice_id, position, {_LINE_COLS}) FROM STDIN") as copy:
+                # binary: ~15% less CPU than text for 150,000 lines, in this process and in the server
+                with cur.copy(f"COPY billing_invoice_lines (invoice_id, position, {_LINE_COLS}) FROM STDIN "
+                              "(FORMAT BINARY)") as copy:
+                    copy.set_types(_LINE_TYPES)
+                    for first, _, _ in self._first:
+                        i, label, start, end = first.id, first.period, first.period_start, first.period_end
+                        for position, (line_id, kind, _, charge_key, meter, group, quantity, unit_price,
+                                       precise_amount, amount) in enumerate(first.rated):
+                            copy.write_row((i, position, line_id, line_id, kind, charge_key, meter, group, quantity,
+                                            unit_price, precise_amount, amount, label, start, end))
                     for i in (*new, *changed):
                         inv = self._written[i][0]
                         for position, line in enumerate(inv.lines):
@@ -158,11 +190,18 @@ class BatchInvoiceStore:
                             ))
                 # the final state of every row that is not already as inserted
                 final = [i for i in self._written if i in self._in_db or self._written[i][0].status is not InvoiceStatus.DRAFT]
-                if final:
+                opened = [(f, sha, now) for f, sha, now in self._first if f.status is not InvoiceStatus.DRAFT]
+                if final or opened:
                     cur.execute("DROP TABLE IF EXISTS pg_temp.billing_batch_invoices")
                     cur.execute("CREATE TEMP TABLE billing_batch_invoices ON COMMIT DROP AS "
                                 f"SELECT {_INVOICE_COLS}, revision, updated_at FROM billing_invoices WITH NO DATA")
                     with cur.copy(f"COPY billing_batch_invoices ({_INVOICE_COLS}, revision, updated_at) FROM STDIN") as copy:
+                        for f, sha, now in opened:
+                            copy.write_row((
+                                f.id, f.customer_id, f.currency, f.period, f.period_start, f.period_end, f.sequence,
+                                str(f.status), f.subtotal, f.credits_applied, f.total, f.price_book_version, f.number,
+                                f.issued_at, f.finalized_at, f.reissue_of, sha, 2, now,
+                            ))
                         for i in final:
                             inv, sha, revision, now = self._written[i]
                             copy.write_row((
@@ -180,12 +219,12 @@ class BatchInvoiceStore:
                         copy.write_row(row)
         except psycopg.errors.CheckViolation as exc:
             raise InvoiceImmutable(str(exc.diag.message_primary or exc)) from None
-        written = len(self._written)
+        written = len(self._written) + len(self._first)
         self._in_db.update({i: self._current[i] for i in self._written})
         self._written.clear()
+        self._first.clear()
         self._history.clear()
         self._created_at.clear()
-        self._lines_json.clear()
         return written
 
 

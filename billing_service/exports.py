@@ -3,7 +3,8 @@ reproducible byte for byte as of any past moment.
 
 `export(conn, kind, period, fmt, as_of=None) -> bytes`. What was known at `as_of`:
 - invoices and their lines: each invoice's last history row (`billing_invoice_history`) recorded at or
-  before `as_of` (the whole invoice as it was then); credit notes issued at or before it;
+  before `as_of` (the whole invoice as it was then, its lines those of that revision: `store.with_lines`);
+  credit notes issued at or before it;
 - usage: metering's raw events received at or before it (`metering.queries.usage_as_of`), each billed
   customer (a customer record created by then) over its own period P, other customers over the UTC
   period P.
@@ -30,7 +31,7 @@ import psycopg
 from billing.invoice import CHARGING
 from billing.periods import billing_period, parse_label
 from billing_service.run import UTC_SCHEDULE
-from billing_service.store import BillingServiceError
+from billing_service.store import BillingServiceError, with_lines
 from infermeter.db import QUANTITY_SCALE
 from infermeter.times import utc_text
 from metering.queries import usage_as_of
@@ -183,6 +184,8 @@ def _invoices_as_of(conn: psycopg.Connection, as_of: datetime | None, where: str
         known = out.get(invoice_id)
         since = known.status_since if known is not None and known.document["status"] == status else recorded_at
         out[invoice_id] = _Known(document, revision, recorded_at, since)
+    for k, document in zip(out.values(), with_lines(conn, [(k.document, k.revision) for k in out.values()]), strict=True):
+        k.document = document
     return sorted(out.values(), key=lambda k: (k.document["customer_id"], _ts(k.document["period_start"]),
                                                k.document["sequence"], k.document["id"]))
 

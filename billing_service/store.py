@@ -3,7 +3,8 @@ implementations (invoice store, credit ledger, gapless invoice numbers).
 
 Nothing here decides anything: the billing run (`billing_service.run`) owns the transactions and
 the clock; these functions read and write rows. Every write of an invoice appends a history row
-(the whole invoice as JSON) so what was known at any moment can be reproduced (`invoice_as_of`).
+(the invoice without its lines, as JSON; the database keeps a draft's lines when they are replaced) so
+what was known at any moment can be reproduced (`invoice_as_of`, `with_lines`).
 """
 
 from __future__ import annotations
@@ -276,12 +277,43 @@ def lines_to_json(lines: Sequence[InvoiceLine], currency: str) -> list[dict]:
 
 
 def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
-    """The whole invoice as JSON (what the history keeps)."""
+    """The whole invoice as JSON (`invoice_document_head` with its "lines")."""
     return {**invoice_document_head(invoice, book_sha256), "lines": lines_to_json(invoice.lines, invoice.currency)}
 
 
+def revision_lines(conn: psycopg.Connection, revisions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], list[InvoiceLine]]:
+    """The lines of each (invoice id, revision): those replaced under the smallest revision >= it
+    (billing_invoice_lines_replaced keeps a draft's lines when they are replaced), else the invoice's
+    current lines. In two queries, whatever the number of invoices: the current lines first, so that a
+    refresh committed between the two (on an autocommit connection) is still read right, its replaced
+    lines being the ones read as current."""
+    ids = sorted({i for i, _ in revisions})
+    current: dict[str, list[InvoiceLine]] = {i: [] for i in ids}
+    for r in conn.execute(f"SELECT invoice_id, {_LINE_COLS} FROM billing_invoice_lines WHERE invoice_id = ANY(%s) "
+                          "ORDER BY invoice_id, position", (ids,)):
+        current[r[0]].append(InvoiceLine(*r[1:]))
+    replaced: dict[str, dict[int, list[InvoiceLine]]] = {}
+    for r in conn.execute(f"SELECT invoice_id, revision, {_LINE_COLS} FROM billing_invoice_lines_replaced "
+                          "WHERE invoice_id = ANY(%s) ORDER BY invoice_id, revision, position", (ids,)):
+        replaced.setdefault(r[0], {}).setdefault(r[1], []).append(InvoiceLine(*r[2:]))
+    out = {}
+    for invoice_id, revision in revisions:
+        later = [rev for rev in replaced.get(invoice_id, {}) if rev >= revision]
+        out[(invoice_id, revision)] = replaced[invoice_id][min(later)] if later else current[invoice_id]
+    return out
+
+
+def with_lines(conn: psycopg.Connection, documents: Sequence[tuple[dict, int]]) -> list[dict]:
+    """History documents (with their revision) with their "lines": a document written since migration
+    0012 has none, its lines are `revision_lines`'."""
+    missing = [(d["id"], revision) for d, revision in documents if "lines" not in d]
+    found = revision_lines(conn, missing) if missing else {}
+    return [d if "lines" in d else {**d, "lines": lines_to_json(found[(d["id"], revision)], d["currency"])}
+            for d, revision in documents]
+
+
 def invoice_document_head(invoice: Invoice, book_sha256: str | None) -> dict:
-    """`invoice_document` without its "lines"."""
+    """The invoice without its lines: what a history row keeps (`with_lines` adds them back)."""
     return {
         "id": invoice.id, "customer_id": invoice.customer_id, "currency": invoice.currency, "period": invoice.period,
         "period_start": utc_text(invoice.period_start), "period_end": utc_text(invoice.period_end),
@@ -380,7 +412,7 @@ class PgInvoiceStore:
         self.conn.execute(
             "INSERT INTO billing_invoice_history (invoice_id, revision, recorded_at, change, status, document) "
             "VALUES (%s,%s,%s,%s,%s,%s)",
-            (invoice.id, revision, now, change, str(invoice.status), Jsonb(invoice_document(invoice, book_sha256))),
+            (invoice.id, revision, now, change, str(invoice.status), Jsonb(invoice_document_head(invoice, book_sha256))),
         )
         return True
 
@@ -449,13 +481,14 @@ class PgInvoiceStore:
 
 
 def invoice_as_of(conn: psycopg.Connection, invoice_id: str, at: datetime) -> dict | None:
-    """The invoice document as it was known at `at` (the last history row recorded at or before it)."""
+    """The invoice document as it was known at `at` (the last history row recorded at or before it),
+    with its lines."""
     row = conn.execute(
-        "SELECT document FROM billing_invoice_history WHERE invoice_id = %s AND recorded_at <= %s "
+        "SELECT document, revision FROM billing_invoice_history WHERE invoice_id = %s AND recorded_at <= %s "
         "ORDER BY revision DESC LIMIT 1",
         (invoice_id, at),
     ).fetchone()
-    return None if row is None else row[0]
+    return None if row is None else with_lines(conn, [(row[0], row[1])])[0]
 
 
 def history(conn: psycopg.Connection, invoice_id: str) -> list[dict]:

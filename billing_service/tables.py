@@ -100,7 +100,8 @@ Index("billing_invoices_period", billing_invoices.c.period, billing_invoices.c.s
 billing_invoice_lines = Table(
     "billing_invoice_lines",
     metadata,
-    Column("invoice_id", Key, ForeignKey("billing_invoices.id"), nullable=False),
+    # no foreign key: migration 0012 checks each statement's lines against their invoices instead
+    Column("invoice_id", Key, nullable=False),
     Column("id", Key, nullable=False),
     Column("position", Integer, nullable=False),
     Column("rated_line_id", Key, nullable=False),
@@ -118,8 +119,34 @@ billing_invoice_lines = Table(
     PrimaryKeyConstraint("invoice_id", "id", name="billing_invoice_lines_pkey"),
 )
 
-# Append-only: one row per change of an invoice, with the whole invoice (lines included) as it was
-# after the change. `what was known at T` = the last row per invoice with recorded_at <= T.
+# Append-only: a draft's lines as they were before they were replaced, under the last invoice revision
+# they belonged to (copied by a trigger on every DELETE from billing_invoice_lines, migration 0012).
+billing_invoice_lines_replaced = Table(
+    "billing_invoice_lines_replaced",
+    metadata,
+    Column("invoice_id", Key, nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("id", Key, nullable=False),
+    Column("rated_line_id", Key, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("charge_key", Text, nullable=False),
+    Column("meter", Text, nullable=False),
+    Column("grp", Text, nullable=False),
+    Column("quantity", Quantity, nullable=False),
+    Column("unit_price", Quantity),
+    Column("precise_amount", Quantity, nullable=False),
+    Column("amount", Quantity, nullable=False),
+    Column("period", Text, nullable=False),
+    timestamp_column("service_period_start", nullable=False),
+    timestamp_column("service_period_end", nullable=False),
+    PrimaryKeyConstraint("invoice_id", "revision", "id", name="billing_invoice_lines_replaced_pkey"),
+)
+
+# Append-only: one row per change of an invoice, with the invoice as it was after the change, without
+# its lines (rows written before migration 0012 have them too): the lines of revision r are those
+# replaced under the smallest revision >= r, else the invoice's current lines (`store.revision_lines`).
+# `what was known at T` = the last row per invoice with recorded_at <= T.
 billing_invoice_history = Table(
     "billing_invoice_history",
     metadata,
@@ -197,6 +224,6 @@ billing_credit_notes = Table(
 
 BILLING_TABLES = (
     billing_customers, billing_price_books, billing_plans, billing_invoices, billing_invoice_lines,
-    billing_invoice_history, billing_number_counters, billing_credit_grants, billing_credit_ledger,
+    billing_invoice_lines_replaced, billing_invoice_history, billing_number_counters, billing_credit_grants, billing_credit_ledger,
     billing_credit_notes,
 )

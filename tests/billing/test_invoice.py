@@ -16,7 +16,11 @@ from billing.invoice import (
     credit_note,
     draft_from_rating,
     finalize,
+    finalize_first,
+    first_invoice,
     invoice_id,
+    line_from_rated,
+    lines_from_rating,
     mark_paid,
     mark_payment_failed,
     reissue,
@@ -28,7 +32,7 @@ from billing.invoice import (
 )
 from billing.numbering import format_number
 from billing.periods import billing_period
-from pricing.book import price_book_from_data
+from pricing.book import price_book_from_data, price_book_to_data
 from tests.billing.helpers import BOOK, NEXT, PERIOD, ROWS, T_FINAL, rating
 
 S = InvoiceStatus
@@ -309,3 +313,49 @@ def test_lines_from_rating_equal_the_checked_copies_and_bad_lines_are_still_refu
     nan = dataclasses.replace(rated, lines=(rated.lines[0]._replace(amount=Decimal("NaN")), *rated.lines[1:]))
     with pytest.raises(InvoiceError, match="finite Decimal"):
         lines_from_rating(nan, PERIOD)
+
+
+def _fields(invoice) -> dict:
+    names = ("id", "customer_id", "currency", "period", "period_start", "period_end", "sequence", "status",
+             "subtotal", "credits_applied", "total", "price_book_version", "number", "issued_at", "finalized_at",
+             "reissue_of")
+    return {name: getattr(invoice, name) for name in names}
+
+
+def test_first_invoice_is_what_draft_from_rating_and_finalize_make():
+    """The bulk run's quick path (`first_invoice`, `finalize_first`) and the domain's `Invoice` give the same
+    invoice: id, amounts, status, number, times, and lines (the rating's, copied as `lines_from_rating`)."""
+    utc_period = billing_period("2026-02", "UTC", 1)
+    minimum_book = price_book_from_data({**price_book_to_data(BOOK), "minimum": "25.00"})
+    cases = [(rating(ROWS), PERIOD), (rating(ROWS, period=utc_period), utc_period), (rating([]), PERIOD),
+             (rating([], book=minimum_book), PERIOD), (rating(ROWS[:1], book=minimum_book), PERIOD)]
+    for rated, period in cases:
+        quick = first_invoice(rated, period, currency="USD", price_book_version="v1")
+        assert quick is not None
+        domain = draft_from_rating(rated, period, price_book_version="v1")
+        assert _fields(quick) == _fields(domain)
+        assert tuple(line_from_rated(line, period) for line in quick.rated) == domain.lines == lines_from_rating(rated, period)
+        assert quick.as_invoice(period) == domain
+        final = finalize_first(quick, number="INV-2026-000007", at=T_FINAL)
+        domain_final = finalize(domain, number="INV-2026-000007", at=T_FINAL)
+        assert _fields(final) == _fields(domain_final)
+        assert final.as_invoice(period) == domain_final
+
+
+def test_first_invoice_leaves_what_it_does_not_check_to_the_domain():
+    rated = rating(ROWS)
+    assert first_invoice(rated, NEXT, currency="USD", price_book_version="v1") is None  # another window
+    assert first_invoice(rated, PERIOD, currency="EUR", price_book_version="v1") is None  # another currency
+    odd = dataclasses.replace(rated, lines=(rated.lines[0]._replace(amount=Decimal("0.001")), *rated.lines[1:]))
+    assert first_invoice(odd, PERIOD, currency="USD", price_book_version="v1") is None  # not at minor units
+    with pytest.raises(InvoiceError):
+        draft_from_rating(odd, PERIOD, price_book_version="v1")
+    twice = dataclasses.replace(rated, lines=(rated.lines[0], rated.lines[0]))
+    assert first_invoice(twice, PERIOD, currency="USD", price_book_version="v1") is None  # a line id twice
+    negative = dataclasses.replace(rated, lines=(rated.lines[0]._replace(amount=Decimal("-1.00")),))
+    quick = first_invoice(negative, PERIOD, currency="USD", price_book_version="v1")
+    with pytest.raises(InvoiceStateError, match="cannot be negative"):
+        finalize_first(quick, number="INV-2026-000001", at=T_FINAL)
+    with pytest.raises(InvoiceStateError):
+        finalize_first(finalize_first(first_invoice(rated, PERIOD, currency="USD", price_book_version="v1"),
+                                      number="INV-2026-000001", at=T_FINAL), number="INV-2026-000002", at=T_FINAL)

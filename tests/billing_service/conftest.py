@@ -265,7 +265,7 @@ def table_counts(conn) -> dict[str, object]:
     """Every billing table's rows, for 'nothing was written' checks."""
     out = {}
     for table in ("billing_customers", "billing_price_books", "billing_plans", "billing_invoices",
-                  "billing_invoice_lines", "billing_invoice_history", "billing_number_counters",
-                  "billing_credit_grants", "billing_credit_ledger", "billing_credit_notes"):
+                  "billing_invoice_lines", "billing_invoice_lines_replaced", "billing_invoice_history",
+                  "billing_number_counters", "billing_credit_grants", "billing_credit_ledger", "billing_credit_notes"):
         out[table] = sorted(conn.execute(f"SELECT * FROM {table}").fetchall(), key=repr)
     return out

@@ -35,6 +35,8 @@ T0 = datetime(2026, 1, 20, tzinfo=UTC)
 TABLES = {
     "billing_invoices": "SELECT * FROM billing_invoices ORDER BY id",
     "billing_invoice_lines": "SELECT * FROM billing_invoice_lines ORDER BY invoice_id, position",
+    "billing_invoice_lines_replaced": "SELECT * FROM billing_invoice_lines_replaced ORDER BY invoice_id, revision, "
+                                      "position",
     "billing_invoice_history": "SELECT invoice_id, revision, recorded_at, change, status, document "
                                "FROM billing_invoice_history ORDER BY invoice_id, revision",
     "billing_credit_ledger": "SELECT * FROM billing_credit_ledger ORDER BY id",
@@ -180,6 +182,55 @@ def test_bulk_and_per_customer_runs_write_the_same_invoices(twins):
     assert t.tables(1) == before
 
 
+def test_first_invoices_made_straight_from_the_rating_equal_the_domains(twins, monkeypatch):
+    """Customers billed for the first time after the grace window: the bulk run makes most invoices by
+    its quick path (`_first_invoice_outcome`: `first_invoice` + `finalize_first`, rows straight from the
+    rating) and the rest through `_run_customer`; the per-customer path builds every one through the
+    domain's `Invoice`. The tables and results are the same; then a refresh and next month through both."""
+    t = twins
+    quick: list[str] = []
+    original = run_module._first_invoice_outcome
+
+    def counted(conn, customer, *args, **kw):
+        outcome = original(conn, customer, *args, **kw)
+        if outcome is not None:
+            quick.append(customer.customer_id)
+        return outcome
+
+    monkeypatch.setattr(run_module, "_first_invoice_outcome", counted)
+    for cid, kw in [("a-utc", {}), ("b-ny", {"timezone": "America/New_York", "anchor_day": 7}),
+                    ("c-kolkata", {"timezone": "Asia/Kolkata"}), ("d-credit", {}), ("e-min", {}), ("f-idle", {}),
+                    ("h-jan", {})]:
+        t.both(set_customer, cid, now=T0, **kw)
+    for cid, book, day in [("a-utc", BOOK_YAML, "2026-02-01"), ("b-ny", BOOK_YAML, "2026-02-01"),
+                           ("c-kolkata", BOOK_YAML, "2026-02-01"), ("d-credit", BOOK_YAML, "2026-02-01"),
+                           ("e-min", MIN_BOOK_YAML, "2026-02-01"), ("f-idle", BOOK_YAML, "2026-02-01"),
+                           ("h-jan", BOOK_YAML, "2026-01-01")]:
+        t.both(assign_plan, cid, book, f"{cid}.yaml", day, now=T0)
+    t.grant("d-credit", "0.50", T0)
+    for cid in ("a-utc", "b-ny", "c-kolkata", "d-credit", "h-jan"):
+        t.event("request", cid, at(2026, 2, 3, 10, 15), input_tokens=1_234_567, cached=200_000, output=54_321)
+        t.event("request", cid, at(2026, 2, 14, 23, 59, 59), model="big", input_tokens=10_000, output=77_777)
+    final = t.run("2026-02", at(2026, 3, 9))
+    assert sorted(quick) == ["a-utc", "b-ny", "e-min", "f-idle"]  # kolkata: rated alone; credit; two periods
+    assert [i["action"] for i in final["invoices"]] == ["finalized"] * 8
+    assert [i["number"] for i in final["invoices"]] == [f"INV-2026-{n:06d}" for n in range(1, 9)]
+    assert Decimal(next(i for i in final["invoices"] if i["customer_id"] == "e-min")["total"]) == Decimal("25.00")
+    quick.clear()
+    assert t.run("2026-02", at(2026, 3, 10))["invoices"] == [] and quick == []
+
+    # drafts made by the quick path, refreshed by the usual one; late usage of February as adjustments
+    t.event("request", "a-utc", at(2026, 3, 2), input_tokens=5_000, output=50)
+    t.event("request", "a-utc", at(2026, 2, 20), input_tokens=7_000, output=70)
+    first = t.run("2026-03", at(2026, 3, 5))
+    assert {i["action"] for i in first["invoices"]} == {"created"}
+    assert "a-utc" not in quick  # it has invoices: adjustments of February go on its March draft
+    t.event("request", "e-min", at(2026, 3, 3), input_tokens=9_000, output=90)
+    refreshed = t.run("2026-03", at(2026, 3, 6))
+    assert [i["customer_id"] for i in refreshed["invoices"] if i["action"] == "refreshed"] == ["e-min"]
+    t.run("2026-03", at(2026, 4, 9))
+
+
 def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates(db_url, metering, monkeypatch):
     """Two bulk runs (small batches, so they interleave) and a per-customer run of the same month at once:
     every customer's invoice is finalized exactly once, the numbers are 1..N without a gap or a duplicate."""
@@ -219,3 +270,4 @@ def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates
         assert [r[2] for r in rows] == [f"INV-2026-{n:06d}" for n in range(1, len(customers) + 1)]
         assert conn.execute("SELECT last_seq FROM billing_number_counters").fetchall() == [(len(customers),)]
         assert conn.execute("SELECT count(*) FROM billing_invoice_history").fetchone() == (2 * len(customers),)
+

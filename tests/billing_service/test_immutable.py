@@ -129,3 +129,48 @@ def test_one_statement_touching_a_finalized_invoices_lines_writes_no_line(conn, 
     conn.execute(copy_to, ([march.invoice_id], march.invoice_id))  # a draft's lines may change
     conn.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = %s AND position >= 100", (march.invoice_id,))
     assert conn.execute("SELECT count(*) FROM billing_invoice_lines").fetchone() == before
+
+
+def test_a_drafts_replaced_lines_stay_in_its_history(conn, metering, february):
+    """History rows keep the invoice without its lines; when a draft's lines are replaced (late usage
+    inside the period) the database keeps the old ones, so the invoice as of before the refresh is
+    still the one that was known then, lines included."""
+    from billing_service.store import invoice_as_of, revision_lines
+
+    mid, later = datetime(2026, 3, 10, tzinfo=UTC), datetime(2026, 3, 11, tzinfo=UTC)
+    metering.request("acme", datetime(2026, 3, 3, tzinfo=UTC), input_tokens=1_000, output=10)
+    [draft] = billing_run(conn, "2026-03", now=mid, cost_model=cost_model()).invoices
+    then = invoice_as_of(conn, draft.invoice_id, mid)
+    assert [line["amount"] for line in then["lines"]] == [line["amount"] for line in show_invoice(conn, draft.invoice_id)["lines"]]
+    [document] = conn.execute("SELECT document FROM billing_invoice_history WHERE invoice_id = %s",
+                              (draft.invoice_id,)).fetchone()
+    assert "lines" not in document and document["total"] == then["total"]
+    metering.request("acme", datetime(2026, 3, 4, tzinfo=UTC), input_tokens=500_000, output=10)
+    [refreshed] = billing_run(conn, "2026-03", now=later, cost_model=cost_model()).invoices
+    assert (refreshed.invoice_id, refreshed.action) == (draft.invoice_id, "refreshed")
+    assert invoice_as_of(conn, draft.invoice_id, mid) == then
+    now_known = invoice_as_of(conn, draft.invoice_id, later)
+    assert now_known["lines"] != then["lines"] and now_known["total"] == money_total(refreshed.total)
+    assert conn.execute("SELECT DISTINCT revision FROM billing_invoice_lines_replaced WHERE invoice_id = %s",
+                        (draft.invoice_id,)).fetchall() == [(1,)]
+    assert len(revision_lines(conn, [(draft.invoice_id, 1)])[(draft.invoice_id, 1)]) == len(then["lines"])
+
+    # lines are replaced, never updated; an invoice with lines is never deleted nor renamed; a line needs
+    # an invoice (no foreign key: checked once per statement); what was replaced is append-only
+    for sql, error in (
+        ("UPDATE billing_invoice_lines SET amount = amount WHERE invoice_id = %s", psycopg.errors.CheckViolation),
+        ("DELETE FROM billing_invoices WHERE id = %s", psycopg.errors.ForeignKeyViolation),
+        ("UPDATE billing_invoices SET id = id || 'x' WHERE id = %s", psycopg.errors.CheckViolation),
+        ("INSERT INTO billing_invoice_lines SELECT %s || 'x', id, position, rated_line_id, kind, charge_key, meter, "
+         "grp, quantity, unit_price, precise_amount, amount, period, service_period_start, service_period_end "
+         "FROM billing_invoice_lines LIMIT 1", psycopg.errors.CheckViolation),
+        ("DELETE FROM billing_invoice_lines_replaced WHERE invoice_id = %s", psycopg.errors.CheckViolation),
+        ("UPDATE billing_invoice_lines_replaced SET amount = 0 WHERE invoice_id = %s", psycopg.errors.CheckViolation),
+    ):
+        with pytest.raises(error):
+            conn.execute(sql, (draft.invoice_id,))
+    assert invoice_as_of(conn, draft.invoice_id, later) == now_known
+
+
+def money_total(value: Decimal) -> str:
+    return format(value.quantize(Decimal("0.01")), "f")
