@@ -96,21 +96,43 @@ TOKEN_KEYS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input
 
 def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, model: str | None) -> dict[str, Any]:
     """Tokens, requests and cache-hit rate per hour (day for windows over 3 days), and totals, from
-    `metering.queries.usage` (what GET /v1/usage answers)."""
+    `metering.queries.customer_usage_series`: `metering.queries.usage` (what GET /v1/usage answers)
+    by model and bucket, summed per bucket by PostgreSQL."""
     bucket = bucket_for(window)
-    return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket]), bucket, model)
+    if not window.on_hours:  # pages' windows are whole hours; anything else reads raw events at its edges
+        return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket]), bucket,
+                          model)
+    series, models = queries.customer_usage_series(conn, window, customer_id, bucket=bucket, model=model)
+    return series_view(series, models, bucket)
 
 
 async def customer_usage_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str,
                                model: str | None) -> dict[str, Any]:
-    """`customer_usage` on an async connection (`metering.queries.usage_async`: the same statement)."""
+    """`customer_usage` on an async connection (`metering.queries.customer_usage_series_async`: the
+    same statement)."""
     bucket = bucket_for(window)
-    rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket])
-    return usage_view(rows, bucket, model)
+    if not window.on_hours:
+        rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket])
+        return usage_view(rows, bucket, model)
+    series, models = await queries.customer_usage_series_async(conn, window, customer_id, bucket=bucket, model=model)
+    return series_view(series, models, bucket)
+
+
+def series_view(series: list[dict], models: list[str], bucket: str) -> dict[str, Any]:
+    """`customer_usage` from `metering.queries.customer_usage_series`: each bucket's cache-hit rate
+    added, and the totals (the buckets' sums)."""
+    totals: dict[str, Any] = dict.fromkeys(TOKEN_KEYS, 0)
+    for row in series:
+        for key in TOKEN_KEYS:
+            totals[key] += row[key]
+        row["cache_hit_rate"] = _rate(row["cached_input_tokens"], row["input_tokens"])
+    totals["cache_hit_rate"] = _rate(totals["cached_input_tokens"], totals["input_tokens"])
+    return {"bucket": bucket, "models": models, "series": series, "totals": totals}
 
 
 def usage_view(rows: list[dict], bucket: str, model: str | None) -> dict[str, Any]:
-    """`customer_usage` from the rows of `metering.queries.usage` by model and `bucket`."""
+    """`customer_usage` from the rows of `metering.queries.usage` by model and `bucket` (a window not
+    on whole hours)."""
     models = sorted({r["model"] for r in rows})
     if model:
         rows = [r for r in rows if r["model"] == model]

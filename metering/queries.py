@@ -200,6 +200,73 @@ def _usage_items(rows: list[tuple], names: list[str]) -> list[dict]:
     return out
 
 
+
+# --- the customer dashboard's usage charts: per-bucket sums and the customer's models, one statement ---
+
+CUSTOMER_USAGE_SERIES_SQL = """
+SELECT grouping(model) AS per_bucket, {bucket} AS bucket, model,
+       (sum(requests){only})::bigint, (sum(input_tokens){only})::bigint,
+       (sum(cached_input_tokens){only})::bigint, (sum(output_tokens){only})::bigint
+FROM request_rollup_hourly
+WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s
+GROUP BY GROUPING SETS (({bucket}), (model))
+{having}ORDER BY 1, 2, 3
+"""
+_SERIES_BUCKETS = {"hour": "hour", "day": "date_trunc('day', hour)"}
+
+
+def customer_usage_series(conn: psycopg.Connection, window: Window, customer_id: str, *, bucket: str,
+                          model: str | None = None) -> tuple[list[dict], list[str]]:
+    """A customer's request usage per `bucket` (hour or day) summed over its models (only `model`'s
+    when given), sorted, and every model it used in the window (whatever `model`), from one statement:
+    what `usage(..., group_by=["model", bucket])` summed per bucket gives, the sums done by PostgreSQL
+    (the customer dashboard's charts; bench.dashboards). Rows: {bucket: UTC text, requests,
+    input_tokens, cached_input_tokens, uncached_input_tokens, output_tokens}. Whole hours only
+    (QueryError otherwise: `usage` reads the edges of other windows from raw events)."""
+    sql, params = _customer_usage_series_statement(window, customer_id, bucket, model)
+    with conn.cursor(binary=True) as cur:
+        utc_session(cur)
+        cur.execute(sql, params)
+        return _customer_usage_series_items(cur.fetchall(), bucket)
+
+
+async def customer_usage_series_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str, *,
+                                      bucket: str, model: str | None = None) -> tuple[list[dict], list[str]]:
+    """`customer_usage_series` on an async connection: the same statement and rows."""
+    sql, params = _customer_usage_series_statement(window, customer_id, bucket, model)
+    async with conn.cursor(binary=True) as cur:
+        await utc_session_async(cur)
+        await cur.execute(sql, params)
+        return _customer_usage_series_items(await cur.fetchall(), bucket)
+
+
+def _customer_usage_series_statement(window: Window, customer_id: str, bucket: str,
+                                     model: str | None) -> tuple[str, dict]:
+    if bucket not in _SERIES_BUCKETS:
+        raise QueryError(f"bucket: choose hour or day, not {bucket!r}")
+    if not window.on_hours:
+        raise QueryError("customer_usage_series reads hourly rollups: the window must start and end on whole hours")
+    # with a model, the buckets sum that model's rows only and keep only the buckets it has rows in;
+    # the per-model rows (the model list) stay unfiltered
+    only = " FILTER (WHERE model = %(model)s)" if model else ""
+    having = "HAVING grouping(model) = 0 OR count(*) FILTER (WHERE model = %(model)s) > 0\n" if model else ""
+    sql = CUSTOMER_USAGE_SERIES_SQL.format(bucket=_SERIES_BUCKETS[bucket], only=only, having=having)
+    return sql, {"customer": customer_id, "start": window.start, "end": window.end, "model": model}
+
+
+def _customer_usage_series_items(rows: list[tuple], bucket: str) -> tuple[list[dict], list[str]]:
+    series: list[dict] = []
+    models: list[str] = []
+    for per_bucket, moment, model, requests, input_tokens, cached, output in rows:
+        if per_bucket:
+            series.append({bucket: utc_text(moment), "requests": requests, "input_tokens": input_tokens,
+                           "cached_input_tokens": cached, "uncached_input_tokens": input_tokens - cached,
+                           "output_tokens": output})
+        else:
+            models.append(model)
+    return series, sorted(models)
+
+
 TASKS_SQL = """
 WITH attempts AS (
     SELECT customer_id, task_id, count(*) AS attempts, max(attempt) AS last_attempt,

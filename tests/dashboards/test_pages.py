@@ -368,3 +368,36 @@ def test_billing_sections_show_only_when_billing_is_registered(site, web):
     p.goto("/admin/finance")
     assert p.page.query_selector("[data-testid=finance-placeholder]") is None
     assert p.problems == []
+
+
+@pytest.mark.parametrize("window_text", [WINDOW, {"from": "2026-10-28T00:00:00Z", "to": "2026-11-28T00:00:00Z"}],
+                         ids=["hourly", "daily"])
+def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucket(site, window_text):
+    """The usage charts' series (queries.customer_usage_series: PostgreSQL sums per bucket) equal
+    metering.queries.usage by model and bucket summed per bucket, sync and async, with and without a
+    model filter (an unknown model: no buckets, the customer's models still listed)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dashboards import views
+
+    w = Window(parse_time(window_text["from"], "from"), parse_time(window_text["to"], "to"))
+    bucket = views.bucket_for(w)
+    url = to_libpq_url(site.settings.database_url)
+
+    async def read_async(customer: str, model: str | None) -> dict:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await views.customer_usage_async(conn, w, customer, model)
+
+    def read_in_a_loop(customer: str, model: str | None) -> dict:  # Playwright's loop runs in this thread
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, read_async(customer, model)).result()
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for customer, model in [("cust-a", None), ("cust-a", "m1"), ("cust-a", "m2"), ("cust-a", "nope"),
+                                ("cust-b", None), ("cust-nobody", None)]:
+            expected = views.usage_view(queries.usage(conn, w, customer_id=customer, group_by=["model", bucket]),
+                                        bucket, model)
+            assert views.customer_usage(conn, w, customer, model) == expected
+            assert read_in_a_loop(customer, model) == expected
+    assert expected["series"] == [] and expected["models"] == []  # cust-nobody
