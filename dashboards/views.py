@@ -249,13 +249,22 @@ def customer_spend(conn: psycopg.Connection, window: Window, customer_id: str, b
                    succeeded: int) -> dict[str, Any]:
     """What the customer's usage of the window comes to at its own prices (`book`), rated as
     invoices rate it, and that divided by its successful tasks. Only the customer's price: no cost."""
+    return spend_view(book, rated_spend(conn, window, customer_id, book, cost_model), succeeded)
+
+
+def rated_spend(conn: psycopg.Connection, window: Window, customer_id: str, book: PriceBook, cost_model) -> Decimal:
+    """The customer's usage of the window rated under `book` as invoices rate it (`customer_spend`)."""
     from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
 
     usages = load_period_usages(conn, window.start, window.end, cost_model, by_deployment=needs_deployment(book),
                                 meters=priced_meters(book), customer_id=customer_id,
                                 task_outcomes=book.task_outcomes)
     usage = usages.get(customer_id) or Usage(customer_id, window.start, window.end, {})
-    spend = rate(book, usage).usage_total
+    return rate(book, usage).usage_total
+
+
+def spend_view(book: PriceBook, spend: Decimal, succeeded: int) -> dict[str, Any]:
+    """`customer_spend` from the rated spend and the successful tasks."""
     per_task = (spend / succeeded).quantize(Decimal("0.0001")) if succeeded else None
     return {"book_id": book.id, "currency": book.currency, "spend": str(spend),
             "successful_tasks": succeeded, "spend_per_successful_task": None if per_task is None else str(per_task)}

@@ -42,6 +42,7 @@ import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -468,11 +469,8 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
                   "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
         if spend:
-            provided = extensions.PROVIDERS.customer_price_book
-            book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
-            with _reads(conn):
-                result["spend"] = views.customer_spend(conn, window, customer, book, views.cost_model(settings),
-                                                       tasks["totals"]["succeeded"])
+            book, rated = _rated_spend(conn, settings, window, customer)
+            result["spend"] = views.spend_view(book, rated, tasks["totals"]["succeeded"])
         if billing and extensions.PROVIDERS.invoices:  # the page's billing sections (their endpoints: below)
             result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
         if billing and extensions.PROVIDERS.current_period_spend:
@@ -481,7 +479,20 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
     return result
 
 
-async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str]) -> dict:
+def _rated_spend(conn, settings, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+    """The customer's book (its plan's, else the baseline) and its spend over the window under it."""
+    provided = extensions.PROVIDERS.customer_price_book
+    book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
+    with _reads(conn):
+        return book, views.rated_spend(conn, window, customer, book, views.cost_model(settings))
+
+
+def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+    with request.app.state.pool.connection() as conn:
+        return _rated_spend(conn, request.app.state.settings, window, customer)
+
+
+async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str] | frozenset[str]) -> dict:
     """What `_customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
     loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
     a worker thread (bench.dashboards)."""
@@ -491,6 +502,21 @@ async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts
         gpu = await views.customer_gpu_async(conn, window, customer) if "gpu" in parts else None
         tasks = await views.customer_tasks_async(conn, window, customer) if "tasks" in parts else None
     return {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu, "tasks": tasks}
+
+
+async def _summary_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None]) -> dict:
+    """What `_customer_view` gives the summary (spend, no billing), in two halves at once: the spend
+    (the book lookup and pricing's synchronous rating) in a worker thread on the sync pool while the
+    three data sets are read in the event loop from the async read pool (bench.dashboards)."""
+    window, customer, _ = _view_target(viewer, params)  # TimeInputError before anything runs
+    halves = await asyncio.gather(run_in_threadpool(_pooled_rated_spend, request, window, customer),
+                                  _chart_view(pool, viewer, params, ALL_PARTS), return_exceptions=True)
+    for half in halves:
+        if isinstance(half, BaseException):
+            raise half
+    (book, rated), view = halves
+    view["spend"] = views.spend_view(book, rated, view["tasks"]["totals"]["succeeded"])
+    return view
 
 
 # --- the async read pool of the chart data endpoints ------------------------------------------------
@@ -586,9 +612,11 @@ async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUST
         return _not_found(request, viewer, data=True)
     if viewer.is_admin and not params.get("customer_id"):
         return _bad_input(request, viewer, True, "customer_id is required for admin credentials")
-    pool = _read_pool(request) if chart != "summary" else None  # the summary rates spend (sync pricing code)
+    pool = _read_pool(request)
     try:
-        if pool is not None:
+        if pool is not None and chart == "summary":
+            view = await _summary_view(request, pool, viewer, params)
+        elif pool is not None:
             view = await _chart_view(pool, viewer, params, CHART_PARTS[chart])
         else:
             view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",

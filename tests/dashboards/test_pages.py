@@ -401,3 +401,24 @@ def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucke
             assert views.customer_usage(conn, w, customer, model) == expected
             assert read_in_a_loop(customer, model) == expected
     assert expected["series"] == [] and expected["models"] == []  # cust-nobody
+
+
+def test_data_endpoints_answer_the_same_from_the_event_loop_and_from_a_worker_thread(site):
+    """The running server reads the chart endpoints in its event loop (async read pool) and the summary
+    in two halves at once (spend in a worker thread, the data sets in the loop); the same app called
+    from another event loop (Starlette's TestClient, no lifespan) reads all of them in a worker thread
+    from the sync pool, as the page does. Both answer the same JSON, with and without a model filter."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    headers = {"Authorization": f"Bearer {site.keys['a']}"}
+    assert site.app.state.dashboards_read_pool is not None
+    threaded = TestClient(site.app)
+    for chart in ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary"):
+        for query in (Q, f"{Q}&model=m2", "from=2026-10-28T00:00:00Z&to=2026-11-28T00:00:00Z"):
+            path = f"/dashboard/data/{chart}.json?{query}"
+            in_loop = httpx.get(f"{site.url}{path}", headers=headers)
+            in_thread = threaded.get(path, headers=headers)
+            assert in_loop.status_code == in_thread.status_code == 200
+            assert in_loop.json() == in_thread.json(), path
+    assert in_loop.json()["spend"]["spend_per_successful_task"] is not None
