@@ -678,6 +678,16 @@ async def _billing_viewer(request: Request, data: bool) -> tuple[Viewer, str] | 
     return viewer, customer
 
 
+async def _customer_invoices(request: Request, customer: str) -> list[dict]:
+    """The customer's invoices with their lines, from billing's registered provider."""
+
+    def load() -> list[dict]:
+        with request.app.state.pool.connection() as conn:
+            return extensions.PROVIDERS.invoices(conn, customer)
+
+    return await run_in_threadpool(load)
+
+
 @router.get("/dashboard/invoices.{fmt}")
 async def customer_invoices_data(request: Request, fmt: str) -> Response:
     """The customer's invoices (JSON: with their lines; CSV: one row per invoice; lines.csv below)."""
@@ -688,11 +698,7 @@ async def customer_invoices_data(request: Request, fmt: str) -> Response:
         return found
     _, customer = found
 
-    def load() -> list[dict]:
-        with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.invoices(conn, customer)
-
-    invoices = await run_in_threadpool(load)
+    invoices = await _customer_invoices(request, customer)
     if fmt == "json":
         return _json({"customer_id": customer, "invoices": invoices})
     return _csv([{k: i.get(k) for k in INVOICE_COLUMNS} for i in invoices], "invoices")
@@ -706,11 +712,7 @@ async def customer_invoice_lines_csv(request: Request) -> Response:
         return found
     _, customer = found
 
-    def load() -> list[dict]:
-        with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.invoices(conn, customer)
-
-    lines = _invoice_lines(await run_in_threadpool(load))
+    lines = _invoice_lines(await _customer_invoices(request, customer))
     return _csv([{k: r.get(k) for k in LINE_COLUMNS} for r in lines], "invoice-lines")
 
 

@@ -237,7 +237,14 @@ FAKE_VLLM = """#!{python}
 import http.server, os, signal, subprocess, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
 engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+stopping = []
 def stop(*_):
+    # SIGTERM can come more than once: a parent-death signal is sent again each time the process it
+    # was re-parented to (another thread of the killed parent) dies. A second call inside the first's
+    # engine.wait() would deadlock on Popen's wait lock: only the first call stops.
+    if stopping:
+        return
+    stopping.append(True)
     engine.terminate()
     engine.wait()
     os._exit(0)
