@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -455,7 +456,7 @@ def _view_target(viewer: Viewer, params: dict[str, str | None]) -> tuple[Window,
 
 
 def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
-                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False) -> dict:
+                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False, models: bool = True) -> dict:
     window, customer, model = _view_target(viewer, params)
     settings = request.app.state.settings
     with request.app.state.pool.connection() as conn:
@@ -463,7 +464,7 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
             return {"window": window, "customer_id": None, "customers": customers}
         with _reads(conn):
-            usage = views.customer_usage(conn, window, customer, model) if "usage" in parts else None
+            usage = views.customer_usage(conn, window, customer, model, models=models) if "usage" in parts else None
             gpu = views.customer_gpu(conn, window, customer) if "gpu" in parts else None
             tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
@@ -495,13 +496,24 @@ def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tupl
 async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str] | frozenset[str]) -> dict:
     """What `_customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
     loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
-    a worker thread (bench.dashboards)."""
+    a worker thread (bench.dashboards). No model list: no data endpoint answers it."""
     window, customer, model = _view_target(viewer, params)
+    reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
+                              models=False),
+             "gpu": partial(views.customer_gpu_async, window=window, customer_id=customer),
+             "tasks": partial(views.customer_tasks_async, window=window, customer_id=customer)}
+    wanted = [part for part in ("usage", "gpu", "tasks") if part in parts]
+    if len(wanted) == 1:
+        found = {wanted[0]: await _pooled_read(pool, reads[wanted[0]])}
+    else:  # the summary: each data set on its own pooled connection, at once
+        found = dict(zip(wanted, await asyncio.gather(*(_pooled_read(pool, reads[p]) for p in wanted)), strict=True))
+    return {"window": window, "customer_id": customer, "model": model, "usage": found.get("usage"),
+            "gpu": found.get("gpu"), "tasks": found.get("tasks")}
+
+
+async def _pooled_read(pool, read):
     async with pool.connection() as conn:
-        usage = await views.customer_usage_async(conn, window, customer, model) if "usage" in parts else None
-        gpu = await views.customer_gpu_async(conn, window, customer) if "gpu" in parts else None
-        tasks = await views.customer_tasks_async(conn, window, customer) if "tasks" in parts else None
-    return {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu, "tasks": tasks}
+        return await read(conn)
 
 
 async def _summary_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None]) -> dict:
@@ -612,15 +624,8 @@ async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUST
         return _not_found(request, viewer, data=True)
     if viewer.is_admin and not params.get("customer_id"):
         return _bad_input(request, viewer, True, "customer_id is required for admin credentials")
-    pool = _read_pool(request)
     try:
-        if pool is not None and chart == "summary":
-            view = await _summary_view(request, pool, viewer, params)
-        elif pool is not None:
-            view = await _chart_view(pool, viewer, params, CHART_PARTS[chart])
-        else:
-            view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
-                                           parts=CHART_PARTS[chart])
+        view = await _data_view(request, _read_pool(request), viewer, params, chart)
     except TimeInputError as exc:
         return _bad_input(request, viewer, True, str(exc))
     if chart == "summary":
@@ -632,13 +637,86 @@ async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUST
                 **{f"tasks_{k}": v for k, v in summary["tasks"].items()},
                 **{f"spend_{k}": v for k, v in (summary["spend"] or {}).items()}}
         return _csv([flat], "summary")
-    built = (views.usage_charts(view["usage"]) if view["usage"] is not None else []) + \
-        ([views.gpu_chart(view["gpu"])] if view["gpu"] is not None else []) + \
-        ([views.tasks_chart(view["tasks"])] if view["tasks"] is not None else [])
-    found = {c.id: c for c in built}[chart]
+    found = _chart(view, chart)
+    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+
+
+async def _data_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None], chart: str) -> dict:
+    """What a data endpoint shows: in the event loop from the async read pool when it is open in this
+    loop, else in a worker thread from the sync pool (TimeInputError for bad times)."""
+    if pool is not None and chart == "summary":
+        return await _summary_view(request, pool, viewer, params)
+    if pool is not None:
+        return await _chart_view(pool, viewer, params, CHART_PARTS[chart])
+    return await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
+                                   parts=CHART_PARTS[chart], models=False)
+
+
+def _chart(view: dict, chart: str) -> views.Chart:
+    """One chart of a data endpoint's view (not the summary)."""
+    if chart in ("tokens", "requests", "cache_hit"):
+        found = {c.id: c for c in views.usage_charts(view["usage"])}[chart]
+    else:
+        found = views.gpu_chart(view["gpu"]) if chart == "gpu" else views.tasks_chart(view["tasks"])
     found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
                    "model": view["model"]}
-    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+    return found
+
+
+# --- the chart data endpoints' fast path ---------------------------------------------------------------
+# GET /dashboard/data/{chart}.json with a customer's bearer API key is what a dashboard polls and what
+# bench.dashboards times against the bare SQL: answered by an ASGI middleware before FastAPI's routing
+# (matching the path against every route of the API app, the endpoint's parameter handling) with the
+# same functions the route calls. Anything else, and any request it cannot answer as the route would
+# (no bearer key, an admin or producer token, a bad key, another customer's id, bad times, a database
+# error, no read pool in this event loop), goes on to the route unchanged: only reads have happened.
+
+_FAST_PATHS = {f"/dashboard/data/{chart}.json": chart for chart in CUSTOMER_CHARTS}
+
+
+class DataFastPath:
+    """ASGI middleware: the customer chart data endpoints' fast path (above). Add it to an app that
+    mounts `router` (app.add_middleware(DataFastPath))."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and not scope.get("root_path"):
+            chart = _FAST_PATHS.get(scope["path"])
+            if chart is not None:
+                body = await _fast_data(scope, receive, chart)
+                if body is not None:
+                    # the headers `_json`'s Response sends, in its order
+                    await send({"type": "http.response.start", "status": 200, "headers": [
+                        (b"cache-control", b"no-store"), (b"content-length", str(len(body)).encode("latin-1")),
+                        (b"content-type", b"application/json")]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+        await self.app(scope, receive, send)
+
+
+async def _fast_data(scope, receive, chart: str) -> bytes | None:
+    """`dashboard_data`'s JSON body for a customer's bearer key, or None: the route answers. Reads the
+    headers and the query as Starlette's Request does (the first Authorization header; the last value
+    of a repeated query parameter)."""
+    authorization = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+    request = Request(scope, receive)
+    pool = _read_pool(request)
+    if not authorization or pool is None:
+        return None
+    try:
+        principal = await request.app.state.keys.authenticate(bearer_token(authorization.decode("latin-1")))
+    except AuthError:
+        return None
+    params = dict(urllib.parse.parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+    if principal.kind != "customer" or params.get("customer_id") not in (None, principal.customer_id):
+        return None
+    try:
+        view = await _data_view(request, pool, Viewer(principal, None), params, chart)
+    except Exception:  # noqa: BLE001 - bad times, a database error: the route answers it (only reads ran)
+        return None
+    return orjson.dumps(_summary(view) if chart == "summary" else _chart(view, chart).to_json())
 
 
 # --- the customer dashboard: billing (registered by the roof through dashboards.extensions) ------------
@@ -1097,6 +1175,7 @@ def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
     app.state.keys = keys
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
+    app.add_middleware(DataFastPath)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

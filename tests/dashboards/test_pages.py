@@ -385,13 +385,13 @@ def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucke
     bucket = views.bucket_for(w)
     url = to_libpq_url(site.settings.database_url)
 
-    async def read_async(customer: str, model: str | None) -> dict:
+    async def read_async(customer: str, model: str | None, models: bool = True) -> dict:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            return await views.customer_usage_async(conn, w, customer, model)
+            return await views.customer_usage_async(conn, w, customer, model, models=models)
 
-    def read_in_a_loop(customer: str, model: str | None) -> dict:  # Playwright's loop runs in this thread
+    def read_in_a_loop(customer: str, model: str | None, models: bool = True) -> dict:  # Playwright's loop runs here
         with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, read_async(customer, model)).result()
+            return pool.submit(asyncio.run, read_async(customer, model, models)).result()
 
     with psycopg.connect(url, autocommit=True) as conn:
         for customer, model in [("cust-a", None), ("cust-a", "m1"), ("cust-a", "m2"), ("cust-a", "nope"),
@@ -400,6 +400,10 @@ def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucke
                                         bucket, model)
             assert views.customer_usage(conn, w, customer, model) == expected
             assert read_in_a_loop(customer, model) == expected
+            # the charts' JSON endpoints: the buckets alone (one GROUP BY), no model list
+            without_models = {**expected, "models": None}
+            assert views.customer_usage(conn, w, customer, model, models=False) == without_models
+            assert read_in_a_loop(customer, model, models=False) == without_models
     assert expected["series"] == [] and expected["models"] == []  # cust-nobody
 
 
@@ -422,3 +426,51 @@ def test_data_endpoints_answer_the_same_from_the_event_loop_and_from_a_worker_th
             assert in_loop.status_code == in_thread.status_code == 200
             assert in_loop.json() == in_thread.json(), path
     assert in_loop.json()["spend"]["spend_per_successful_task"] is not None
+
+
+def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
+    """GET /dashboard/data/{chart}.json with a customer's bearer key is answered by dashboards.web's
+    DataFastPath (before FastAPI's routing) in the server: the same status, body bytes and headers as
+    the route (Starlette's TestClient calls the app from another event loop, where the fast path steps
+    aside). Everything it does not answer (other credentials, another customer, bad times, CSV, no
+    bearer key) reaches the route and answers as before."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from dashboards import web
+
+    answered: list[str] = []
+    real = web._fast_data
+
+    async def counted(scope, receive, chart):
+        body = await real(scope, receive, chart)
+        if body is not None:
+            answered.append(chart)
+        return body
+
+    monkeypatch.setattr(web, "_fast_data", counted)
+    threaded = TestClient(site.app)
+    a = {"Authorization": f"Bearer {site.keys['a']}"}
+    cases = [(f"/dashboard/data/{chart}.json?{query}", a, 200)
+             for chart in ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+             for query in (Q, f"{Q}&model=m2", f"{Q}&customer_id=cust-a", f"{Q}&to=2026-11-04T00:00:00Z&to={WINDOW['to']}")]
+    fast = len(cases)
+    admin = {"Authorization": f"Bearer {site.keys['admin']}"}
+    cases += [
+        (f"/dashboard/data/tokens.json?{Q}&customer_id=cust-b", a, 404),  # another customer
+        ("/dashboard/data/tokens.json?from=yesterday", a, 400),  # bad times
+        (f"/dashboard/data/tokens.csv?{Q}", a, 200),  # CSV: the route
+        (f"/dashboard/data/nope.json?{Q}", a, 404),  # no such chart
+        (f"/dashboard/data/tokens.json?{Q}", {"Authorization": f"Bearer {site.keys['revoked']}"}, 401),
+        (f"/dashboard/data/tokens.json?{Q}", {"Authorization": "Basic abc"}, 401),
+        (f"/dashboard/data/tokens.json?{Q}", {}, 401),  # not signed in
+        (f"/dashboard/data/tokens.json?{Q}&customer_id=cust-b", admin, 200),  # admins: the route
+        (f"/dashboard/data/tokens.json?{Q}", admin, 400),  # an admin without customer_id
+    ]
+    for path, headers, status in cases:
+        served = httpx.get(f"{site.url}{path}", headers=headers)
+        routed = threaded.get(path, headers=headers)
+        assert (served.status_code, served.content) == (status, routed.content), path
+        assert routed.status_code == status, path
+        assert [(k, v) for k, v in served.headers.raw if k not in (b"date", b"server")] == routed.headers.raw, path
+    assert len(answered) == fast  # the server's fast path answered every customer JSON request, nothing else
