@@ -1,8 +1,8 @@
 """The dashboards' web pages, their JSON and CSV endpoints, sign-in and the static assets.
 
-Mount `router` on an app whose state has `settings`, `pool` (psycopg ConnectionPool) and `keys`
-(a key store: `async authenticate(token) -> Principal`, `get(key_id) -> ApiKey | None`), as
-app.api.create_app does; or run `create_dashboard_app` (`infermeter serve dashboards`).
+Mount `router` on an app whose state has `settings`, `pool` (psycopg ConnectionPool) and `keys` (a
+key store: `async authenticate(token) -> Principal`, `async session_principal(key_id) -> Principal |
+None`), as app.api.create_app does; or run `create_dashboard_app` (`infermeter serve dashboards`).
 
     GET  /signin, POST /signin                customer sign-in with an API key
     GET  /admin/signin, POST /admin/signin    admin sign-in with INFERMETER_ADMIN_TOKEN
@@ -209,11 +209,11 @@ async def _viewer(request: Request, *, admin: bool) -> Viewer:
         if not hmac.compare_digest(session.admin_fingerprint or "", _signer(request).admin_fingerprint(settings.admin_token)):
             raise SignInNeeded("The admin token changed; sign in again.", True)
         return Viewer(Principal(kind="admin"), session)
-    key = await run_in_threadpool(keys.get, session.key_id) if session.key_id else None
-    if key is None or not key.active or key.customer_id != session.customer_id:
+    # the session's key, from the key store's verified-key cache as a bearer call's (revocation: the same)
+    principal = await keys.session_principal(session.key_id) if session.key_id else None
+    if principal is None or principal.customer_id != session.customer_id:
         raise SignInNeeded("The API key of this session has been revoked; sign in with a valid key.", admin)
-    return Viewer(Principal(kind="customer", customer_id=key.customer_id, api_key_id=key.key_id,
-                            project_id=key.project_id), session)
+    return Viewer(principal, session)
 
 
 def _sign_in_response(request: Request, exc: SignInNeeded, data: bool) -> Response:

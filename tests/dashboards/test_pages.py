@@ -474,3 +474,29 @@ def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
         assert routed.status_code == status, path
         assert [(k, v) for k, v in served.headers.raw if k not in (b"date", b"server")] == routed.headers.raw, path
     assert len(answered) == fast  # the server's fast path answered every customer JSON request, nothing else
+
+
+def test_a_signed_in_session_reads_its_key_from_the_key_cache_and_ends_when_the_key_is_revoked(site, monkeypatch):
+    """A request signed in by session cookie takes its key from the key store's verified-key cache
+    (no database read while the entry lives, as for a bearer key); revoking the key ends the session."""
+    import httpx
+    from sqlalchemy import create_engine
+
+    from serving.keys import KeyStore
+
+    store = KeyStore(create_engine(site.settings.database_url), settings=site.settings, cache_ttl_s=60)
+    monkeypatch.setattr(site.app.state, "keys", store)
+    key_id, _ = store.create("cust-a")
+    lookups: list[tuple] = []
+    real = store._lookup
+    monkeypatch.setattr(store, "_lookup", lambda *a: lookups.append(a) or real(*a))
+    cookie = Signer(site.settings.session_secret).sign(Session("customer", time.time() + 60, "cust-a", key_id).to_payload())
+    for path in (f"/dashboard/data/tokens.json?{Q}", f"/dashboard/data/summary.json?{Q}", f"/dashboard?{Q}"):
+        answer = httpx.get(f"{site.url}{path}", cookies={SESSION_COOKIE: cookie})
+        assert answer.status_code == 200, (path, answer.text)
+    assert len(lookups) == 1  # the first request read the key; the others used the cache
+    assert store.revoke(key_id)
+    answer = httpx.get(f"{site.url}/dashboard/data/tokens.json?{Q}", cookies={SESSION_COOKIE: cookie})
+    assert answer.status_code == 401 and "revoked" in answer.json()["error"]["message"]
+    answer = httpx.get(f"{site.url}/dashboard?{Q}", cookies={SESSION_COOKIE: cookie}, follow_redirects=False)
+    assert answer.status_code == 303 and "/signin" in answer.headers["location"]
