@@ -456,7 +456,8 @@ def _view_target(viewer: Viewer, params: dict[str, str | None]) -> tuple[Window,
 
 
 def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
-                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False, models: bool = True) -> dict:
+                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False, models: bool = True,
+                   totals_only: bool = False) -> dict:
     window, customer, model = _view_target(viewer, params)
     settings = request.app.state.settings
     with request.app.state.pool.connection() as conn:
@@ -464,8 +465,9 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
             return {"window": window, "customer_id": None, "customers": customers}
         with _reads(conn):
-            usage = views.customer_usage(conn, window, customer, model, models=models) if "usage" in parts else None
-            gpu = views.customer_gpu(conn, window, customer) if "gpu" in parts else None
+            usage = views.customer_usage(conn, window, customer, model, models=models, totals_only=totals_only) \
+                if "usage" in parts else None
+            gpu = views.customer_gpu(conn, window, customer, totals_only=totals_only) if "gpu" in parts else None
             tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
                   "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
@@ -493,14 +495,16 @@ def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tupl
         return _rated_spend(conn, request.app.state.settings, window, customer)
 
 
-async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str] | frozenset[str]) -> dict:
+async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str] | frozenset[str], *,
+                      totals_only: bool = False) -> dict:
     """What `_customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
     loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
-    a worker thread (bench.dashboards). No model list: no data endpoint answers it."""
+    a worker thread (bench.dashboards). No model list: no data endpoint answers it. `totals_only` (the
+    summary): usage and GPU totals from per-model and per-deployment sums, no series."""
     window, customer, model = _view_target(viewer, params)
     reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
-                              models=False),
-             "gpu": partial(views.customer_gpu_async, window=window, customer_id=customer),
+                              models=False, totals_only=totals_only),
+             "gpu": partial(views.customer_gpu_async, window=window, customer_id=customer, totals_only=totals_only),
              "tasks": partial(views.customer_tasks_async, window=window, customer_id=customer)}
     wanted = [part for part in ("usage", "gpu", "tasks") if part in parts]
     if len(wanted) == 1:
@@ -522,7 +526,8 @@ async def _summary_view(request: Request, pool, viewer: Viewer, params: dict[str
     three data sets are read in the event loop from the async read pool (bench.dashboards)."""
     window, customer, _ = _view_target(viewer, params)  # TimeInputError before anything runs
     halves = await asyncio.gather(run_in_threadpool(_pooled_rated_spend, request, window, customer),
-                                  _chart_view(pool, viewer, params, ALL_PARTS), return_exceptions=True)
+                                  _chart_view(pool, viewer, params, ALL_PARTS, totals_only=True),
+                                  return_exceptions=True)
     for half in halves:
         if isinstance(half, BaseException):
             raise half
@@ -649,7 +654,7 @@ async def _data_view(request: Request, pool, viewer: Viewer, params: dict[str, s
     if pool is not None:
         return await _chart_view(pool, viewer, params, CHART_PARTS[chart])
     return await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
-                                   parts=CHART_PARTS[chart], models=False)
+                                   parts=CHART_PARTS[chart], models=False, totals_only=chart == "summary")
 
 
 def _chart(view: dict, chart: str) -> views.Chart:

@@ -385,13 +385,14 @@ def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucke
     bucket = views.bucket_for(w)
     url = to_libpq_url(site.settings.database_url)
 
-    async def read_async(customer: str, model: str | None, models: bool = True) -> dict:
+    async def read_async(customer: str, model: str | None, models: bool = True, totals_only: bool = False) -> dict:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            return await views.customer_usage_async(conn, w, customer, model, models=models)
+            return await views.customer_usage_async(conn, w, customer, model, models=models, totals_only=totals_only)
 
-    def read_in_a_loop(customer: str, model: str | None, models: bool = True) -> dict:  # Playwright's loop runs here
+    def read_in_a_loop(customer: str, model: str | None, models: bool = True,
+                       totals_only: bool = False) -> dict:  # Playwright's loop runs in this thread
         with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, read_async(customer, model, models)).result()
+            return pool.submit(asyncio.run, read_async(customer, model, models, totals_only)).result()
 
     with psycopg.connect(url, autocommit=True) as conn:
         for customer, model in [("cust-a", None), ("cust-a", "m1"), ("cust-a", "m2"), ("cust-a", "nope"),
@@ -404,6 +405,16 @@ def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucke
             without_models = {**expected, "models": None}
             assert views.customer_usage(conn, w, customer, model, models=False) == without_models
             assert read_in_a_loop(customer, model, models=False) == without_models
+            # the summary: the totals and the models from the sums per model
+            for totals in (views.customer_usage(conn, w, customer, model, totals_only=True),
+                           read_in_a_loop(customer, model, totals_only=True)):
+                assert (totals["totals"], totals["models"], totals["bucket"]) == (expected["totals"], expected["models"], None)
+                assert len(totals["series"]) == (1 if expected["series"] else 0)
+            gpu = views.customer_gpu(conn, w, customer)
+            gpu_totals = views.customer_gpu(conn, w, customer, totals_only=True)
+            assert (gpu_totals["deployments"], gpu_totals["total_gpu_hours"], gpu_totals["series"]) == (
+                gpu["deployments"], gpu["total_gpu_hours"], [])
+    assert gpu_totals["total_gpu_hours"] == "0.0000"  # cust-nobody; cust-a's and cust-b's were compared above
     assert expected["series"] == [] and expected["models"] == []  # cust-nobody
 
 
