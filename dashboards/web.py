@@ -104,6 +104,14 @@ def now() -> datetime:
     return views.now_utc()
 
 
+def billing_now(request: Request) -> datetime:
+    """The instant the customer's billing figures (the current period's preview, the prepaid credit
+    balance) are shown as of: `app.state.billing_clock()` when the app has one (the demo: the instant
+    its billing run is made as of, so the page agrees with the demo's invoices), else now."""
+    clock = getattr(request.app.state, "billing_clock", None)
+    return clock() if clock is not None else now()
+
+
 def plotly_js_path() -> Path:
     import plotly
 
@@ -478,7 +486,7 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
             result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
         if billing and extensions.PROVIDERS.current_period_spend:
             result["current_period"] = extensions.PROVIDERS.current_period_spend(
-                conn, customer, now(), period=params.get("period") or None)
+                conn, customer, billing_now(request), period=params.get("period") or None)
     return result
 
 
@@ -845,7 +853,7 @@ async def current_period_data(request: Request, fmt: str) -> Response:
 
     def load() -> dict:
         with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.current_period_spend(conn, customer, now(),
+            return extensions.PROVIDERS.current_period_spend(conn, customer, billing_now(request),
                                                               period=request.query_params.get("period") or None)
 
     try:
