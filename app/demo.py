@@ -359,8 +359,10 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
             from metering.outbox import ack_mode
 
             run_settings = run_settings.model_copy(update={"ack": ack_mode(settings)})
-            serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap), host=bind,
-                       port=port or settings.api_port, log_level="warning")
+            app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)
+            if pricing:  # the month was billed as of BILLING_AS_OF: the pages show billing figures as of then
+                app.state.billing_clock = demo_billing_clock
+            serve_http(app, host=bind, port=port or settings.api_port, log_level="warning")
         return summary
 
 
@@ -524,6 +526,14 @@ BILLING_AS_OF = datetime(2026, 12, 3, tzinfo=UTC)
 BILLING_SETUP_AT = datetime(2026, 10, 25, tzinfo=UTC)
 NON_UTC_CUSTOMER = ("cust-002", "Asia/Kolkata")  # its November is [Oct 31 18:30Z, Nov 30 18:30Z)
 PREPAID_CUSTOMER = ("cust-003", "10.00")  # USD of prepaid credit, granted before the month
+
+
+def demo_billing_clock() -> datetime:
+    """The instant the served dashboards show billing figures (current-period preview, credit balance)
+    as of: BILLING_AS_OF while the clock is earlier, else now. The month is billed as of BILLING_AS_OF,
+    so with a clock before it the pages would show cust-003's prepaid credit as not yet used while the
+    demo's own invoice table shows it applied."""
+    return max(datetime.now(UTC), BILLING_AS_OF)
 
 
 def _billing(database_url: str, start: datetime, out_dir: Path, console: Console) -> dict:

@@ -94,23 +94,52 @@ def _rate(part: int, whole: int) -> float | None:
 TOKEN_KEYS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
 
 
-def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, model: str | None) -> dict[str, Any]:
+def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, model: str | None, *,
+                   models: bool = True, totals_only: bool = False) -> dict[str, Any]:
     """Tokens, requests and cache-hit rate per hour (day for windows over 3 days), and totals, from
-    `metering.queries.usage` (what GET /v1/usage answers)."""
+    `metering.queries.customer_usage_series`: `metering.queries.usage` (what GET /v1/usage answers)
+    by model and bucket, summed per bucket by PostgreSQL. `models=False`: without the customer's model
+    list (None; the page's filter needs it, the charts' JSON does not), one statement cheaper.
+    `totals_only`: the totals (and models) alone, from the customer's sums per model (the summary;
+    no series: bucket None)."""
     bucket = bucket_for(window)
-    return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket]), bucket, model)
+    if not window.on_hours:  # pages' windows are whole hours; anything else reads raw events at its edges
+        return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket]), bucket,
+                          model)
+    bucket = None if totals_only else bucket
+    series, names = queries.customer_usage_series(conn, window, customer_id, bucket=bucket, model=model, models=models)
+    return series_view(series, names, bucket)
 
 
 async def customer_usage_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str,
-                               model: str | None) -> dict[str, Any]:
-    """`customer_usage` on an async connection (`metering.queries.usage_async`: the same statement)."""
+                               model: str | None, *, models: bool = True, totals_only: bool = False) -> dict[str, Any]:
+    """`customer_usage` on an async connection (`metering.queries.customer_usage_series_async`: the
+    same statement)."""
     bucket = bucket_for(window)
-    rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket])
-    return usage_view(rows, bucket, model)
+    if not window.on_hours:
+        rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket])
+        return usage_view(rows, bucket, model)
+    bucket = None if totals_only else bucket
+    series, names = await queries.customer_usage_series_async(conn, window, customer_id, bucket=bucket, model=model,
+                                                              models=models)
+    return series_view(series, names, bucket)
+
+
+def series_view(series: list[dict], models: list[str] | None, bucket: str | None) -> dict[str, Any]:
+    """`customer_usage` from `metering.queries.customer_usage_series`: each bucket's cache-hit rate
+    added, and the totals (the buckets' sums)."""
+    totals: dict[str, Any] = dict.fromkeys(TOKEN_KEYS, 0)
+    for row in series:
+        for key in TOKEN_KEYS:
+            totals[key] += row[key]
+        row["cache_hit_rate"] = _rate(row["cached_input_tokens"], row["input_tokens"])
+    totals["cache_hit_rate"] = _rate(totals["cached_input_tokens"], totals["input_tokens"])
+    return {"bucket": bucket, "models": models, "series": series, "totals": totals}
 
 
 def usage_view(rows: list[dict], bucket: str, model: str | None) -> dict[str, Any]:
-    """`customer_usage` from the rows of `metering.queries.usage` by model and `bucket`."""
+    """`customer_usage` from the rows of `metering.queries.usage` by model and `bucket` (a window not
+    on whole hours)."""
     models = sorted({r["model"] for r in rows})
     if model:
         rows = [r for r in rows if r["model"] == model]
@@ -132,25 +161,29 @@ def usage_view(rows: list[dict], bucket: str, model: str | None) -> dict[str, An
     return {"bucket": bucket, "models": models, "series": series, "totals": totals}
 
 
-def customer_gpu(conn: psycopg.Connection, window: Window, customer_id: str) -> dict[str, Any]:
-    """GPU-hours of the customer's dedicated deployments (the GPU ledger rows it owns)."""
-    bucket = bucket_for(window)
+def customer_gpu(conn: psycopg.Connection, window: Window, customer_id: str, *,
+                 totals_only: bool = False) -> dict[str, Any]:
+    """GPU-hours of the customer's dedicated deployments (the GPU ledger rows it owns); `totals_only`:
+    per deployment and in all, no series (the summary: bucket None)."""
+    bucket = None if totals_only else bucket_for(window)
     return gpu_view(queries.dedicated_gpu_ms(conn, window, customer_id, bucket=bucket), bucket)
 
 
-async def customer_gpu_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str) -> dict[str, Any]:
+async def customer_gpu_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str, *,
+                             totals_only: bool = False) -> dict[str, Any]:
     """`customer_gpu` on an async connection (`metering.queries.dedicated_gpu_ms_async`: the same statement)."""
-    bucket = bucket_for(window)
+    bucket = None if totals_only else bucket_for(window)
     return gpu_view(await queries.dedicated_gpu_ms_async(conn, window, customer_id, bucket=bucket), bucket)
 
 
-def gpu_view(rows: list[dict], bucket: str) -> dict[str, Any]:
-    """`customer_gpu` from the rows of `metering.queries.dedicated_gpu_ms` per `bucket`."""
+def gpu_view(rows: list[dict], bucket: str | None) -> dict[str, Any]:
+    """`customer_gpu` from the rows of `metering.queries.dedicated_gpu_ms` per `bucket` (None: no series)."""
     deployments: dict[str, int] = defaultdict(int)
     per_bucket: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in rows:
         deployments[r["deployment_id"]] += r["gpu_ms"]
-        per_bucket[r[bucket]][r["deployment_id"]] += r["gpu_ms"]
+        if bucket is not None:
+            per_bucket[r[bucket]][r["deployment_id"]] += r["gpu_ms"]
     names = sorted(deployments)
     series = [{bucket: t, **{d: _gpu_hours(v.get(d, 0)) for d in names}} for t, v in sorted(per_bucket.items())]
     return {"bucket": bucket, "deployments": [{"deployment_id": d, "gpu_hours": _gpu_hours(ms)} for d, ms in sorted(deployments.items())],
@@ -227,13 +260,22 @@ def customer_spend(conn: psycopg.Connection, window: Window, customer_id: str, b
                    succeeded: int) -> dict[str, Any]:
     """What the customer's usage of the window comes to at its own prices (`book`), rated as
     invoices rate it, and that divided by its successful tasks. Only the customer's price: no cost."""
+    return spend_view(book, rated_spend(conn, window, customer_id, book, cost_model), succeeded)
+
+
+def rated_spend(conn: psycopg.Connection, window: Window, customer_id: str, book: PriceBook, cost_model) -> Decimal:
+    """The customer's usage of the window rated under `book` as invoices rate it (`customer_spend`)."""
     from pricing_service.rate_period import load_period_usages, needs_deployment, priced_meters
 
     usages = load_period_usages(conn, window.start, window.end, cost_model, by_deployment=needs_deployment(book),
                                 meters=priced_meters(book), customer_id=customer_id,
                                 task_outcomes=book.task_outcomes)
     usage = usages.get(customer_id) or Usage(customer_id, window.start, window.end, {})
-    spend = rate(book, usage).usage_total
+    return rate(book, usage).usage_total
+
+
+def spend_view(book: PriceBook, spend: Decimal, succeeded: int) -> dict[str, Any]:
+    """`customer_spend` from the rated spend and the successful tasks."""
     per_task = (spend / succeeded).quantize(Decimal("0.0001")) if succeeded else None
     return {"book_id": book.id, "currency": book.currency, "spend": str(spend),
             "successful_tasks": succeeded, "spend_per_successful_task": None if per_task is None else str(per_task)}

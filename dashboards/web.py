@@ -1,8 +1,8 @@
 """The dashboards' web pages, their JSON and CSV endpoints, sign-in and the static assets.
 
-Mount `router` on an app whose state has `settings`, `pool` (psycopg ConnectionPool) and `keys`
-(a key store: `async authenticate(token) -> Principal`, `get(key_id) -> ApiKey | None`), as
-app.api.create_app does; or run `create_dashboard_app` (`infermeter serve dashboards`).
+Mount `router` on an app whose state has `settings`, `pool` (psycopg ConnectionPool) and `keys` (a
+key store: `async authenticate(token) -> Principal`, `async session_principal(key_id) -> Principal |
+None`), as app.api.create_app does; or run `create_dashboard_app` (`infermeter serve dashboards`).
 
     GET  /signin, POST /signin                customer sign-in with an API key
     GET  /admin/signin, POST /admin/signin    admin sign-in with INFERMETER_ADMIN_TOKEN
@@ -42,6 +42,8 @@ import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,6 +102,14 @@ SECURITY_HEADERS = {
 def now() -> datetime:
     """The current time (tests override the module attribute)."""
     return views.now_utc()
+
+
+def billing_now(request: Request) -> datetime:
+    """The instant the customer's billing figures (the current period's preview, the prepaid credit
+    balance) are shown as of: `app.state.billing_clock()` when the app has one (the demo: the instant
+    its billing run is made as of, so the page agrees with the demo's invoices), else now."""
+    clock = getattr(request.app.state, "billing_clock", None)
+    return clock() if clock is not None else now()
 
 
 def plotly_js_path() -> Path:
@@ -207,11 +217,11 @@ async def _viewer(request: Request, *, admin: bool) -> Viewer:
         if not hmac.compare_digest(session.admin_fingerprint or "", _signer(request).admin_fingerprint(settings.admin_token)):
             raise SignInNeeded("The admin token changed; sign in again.", True)
         return Viewer(Principal(kind="admin"), session)
-    key = await run_in_threadpool(keys.get, session.key_id) if session.key_id else None
-    if key is None or not key.active or key.customer_id != session.customer_id:
+    # the session's key, from the key store's verified-key cache as a bearer call's (revocation: the same)
+    principal = await keys.session_principal(session.key_id) if session.key_id else None
+    if principal is None or principal.customer_id != session.customer_id:
         raise SignInNeeded("The API key of this session has been revoked; sign in with a valid key.", admin)
-    return Viewer(Principal(kind="customer", customer_id=key.customer_id, api_key_id=key.key_id,
-                            project_id=key.project_id), session)
+    return Viewer(principal, session)
 
 
 def _sign_in_response(request: Request, exc: SignInNeeded, data: bool) -> Response:
@@ -454,7 +464,8 @@ def _view_target(viewer: Viewer, params: dict[str, str | None]) -> tuple[Window,
 
 
 def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
-                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False) -> dict:
+                   parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False, models: bool = True,
+                   totals_only: bool = False) -> dict:
     window, customer, model = _view_target(viewer, params)
     settings = request.app.state.settings
     with request.app.state.pool.connection() as conn:
@@ -462,35 +473,75 @@ def _customer_view(request: Request, viewer: Viewer, params: dict[str, str | Non
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
             return {"window": window, "customer_id": None, "customers": customers}
         with _reads(conn):
-            usage = views.customer_usage(conn, window, customer, model) if "usage" in parts else None
-            gpu = views.customer_gpu(conn, window, customer) if "gpu" in parts else None
+            usage = views.customer_usage(conn, window, customer, model, models=models, totals_only=totals_only) \
+                if "usage" in parts else None
+            gpu = views.customer_gpu(conn, window, customer, totals_only=totals_only) if "gpu" in parts else None
             tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
                   "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
         if spend:
-            provided = extensions.PROVIDERS.customer_price_book
-            book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
-            with _reads(conn):
-                result["spend"] = views.customer_spend(conn, window, customer, book, views.cost_model(settings),
-                                                       tasks["totals"]["succeeded"])
+            book, rated = _rated_spend(conn, settings, window, customer)
+            result["spend"] = views.spend_view(book, rated, tasks["totals"]["succeeded"])
         if billing and extensions.PROVIDERS.invoices:  # the page's billing sections (their endpoints: below)
             result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
         if billing and extensions.PROVIDERS.current_period_spend:
             result["current_period"] = extensions.PROVIDERS.current_period_spend(
-                conn, customer, now(), period=params.get("period") or None)
+                conn, customer, billing_now(request), period=params.get("period") or None)
     return result
 
 
-async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str]) -> dict:
+def _rated_spend(conn, settings, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+    """The customer's book (its plan's, else the baseline) and its spend over the window under it."""
+    provided = extensions.PROVIDERS.customer_price_book
+    book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
+    with _reads(conn):
+        return book, views.rated_spend(conn, window, customer, book, views.cost_model(settings))
+
+
+def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+    with request.app.state.pool.connection() as conn:
+        return _rated_spend(conn, request.app.state.settings, window, customer)
+
+
+async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str] | frozenset[str], *,
+                      totals_only: bool = False) -> dict:
     """What `_customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
     loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
-    a worker thread (bench.dashboards)."""
+    a worker thread (bench.dashboards). No model list: no data endpoint answers it. `totals_only` (the
+    summary): usage and GPU totals from per-model and per-deployment sums, no series."""
     window, customer, model = _view_target(viewer, params)
+    reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
+                              models=False, totals_only=totals_only),
+             "gpu": partial(views.customer_gpu_async, window=window, customer_id=customer, totals_only=totals_only),
+             "tasks": partial(views.customer_tasks_async, window=window, customer_id=customer)}
+    wanted = [part for part in ("usage", "gpu", "tasks") if part in parts]
+    if len(wanted) == 1:
+        found = {wanted[0]: await _pooled_read(pool, reads[wanted[0]])}
+    else:  # the summary: each data set on its own pooled connection, at once
+        found = dict(zip(wanted, await asyncio.gather(*(_pooled_read(pool, reads[p]) for p in wanted)), strict=True))
+    return {"window": window, "customer_id": customer, "model": model, "usage": found.get("usage"),
+            "gpu": found.get("gpu"), "tasks": found.get("tasks")}
+
+
+async def _pooled_read(pool, read):
     async with pool.connection() as conn:
-        usage = await views.customer_usage_async(conn, window, customer, model) if "usage" in parts else None
-        gpu = await views.customer_gpu_async(conn, window, customer) if "gpu" in parts else None
-        tasks = await views.customer_tasks_async(conn, window, customer) if "tasks" in parts else None
-    return {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu, "tasks": tasks}
+        return await read(conn)
+
+
+async def _summary_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None]) -> dict:
+    """What `_customer_view` gives the summary (spend, no billing), in two halves at once: the spend
+    (the book lookup and pricing's synchronous rating) in a worker thread on the sync pool while the
+    three data sets are read in the event loop from the async read pool (bench.dashboards)."""
+    window, customer, _ = _view_target(viewer, params)  # TimeInputError before anything runs
+    halves = await asyncio.gather(run_in_threadpool(_pooled_rated_spend, request, window, customer),
+                                  _chart_view(pool, viewer, params, ALL_PARTS, totals_only=True),
+                                  return_exceptions=True)
+    for half in halves:
+        if isinstance(half, BaseException):
+            raise half
+    (book, rated), view = halves
+    view["spend"] = views.spend_view(book, rated, view["tasks"]["totals"]["succeeded"])
+    return view
 
 
 # --- the async read pool of the chart data endpoints ------------------------------------------------
@@ -586,13 +637,8 @@ async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUST
         return _not_found(request, viewer, data=True)
     if viewer.is_admin and not params.get("customer_id"):
         return _bad_input(request, viewer, True, "customer_id is required for admin credentials")
-    pool = _read_pool(request) if chart != "summary" else None  # the summary rates spend (sync pricing code)
     try:
-        if pool is not None:
-            view = await _chart_view(pool, viewer, params, CHART_PARTS[chart])
-        else:
-            view = await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
-                                           parts=CHART_PARTS[chart])
+        view = await _data_view(request, _read_pool(request), viewer, params, chart)
     except TimeInputError as exc:
         return _bad_input(request, viewer, True, str(exc))
     if chart == "summary":
@@ -604,13 +650,86 @@ async def dashboard_data(request: Request, name: Annotated[str, _name_param(CUST
                 **{f"tasks_{k}": v for k, v in summary["tasks"].items()},
                 **{f"spend_{k}": v for k, v in (summary["spend"] or {}).items()}}
         return _csv([flat], "summary")
-    built = (views.usage_charts(view["usage"]) if view["usage"] is not None else []) + \
-        ([views.gpu_chart(view["gpu"])] if view["gpu"] is not None else []) + \
-        ([views.tasks_chart(view["tasks"])] if view["tasks"] is not None else [])
-    found = {c.id: c for c in built}[chart]
+    found = _chart(view, chart)
+    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+
+
+async def _data_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None], chart: str) -> dict:
+    """What a data endpoint shows: in the event loop from the async read pool when it is open in this
+    loop, else in a worker thread from the sync pool (TimeInputError for bad times)."""
+    if pool is not None and chart == "summary":
+        return await _summary_view(request, pool, viewer, params)
+    if pool is not None:
+        return await _chart_view(pool, viewer, params, CHART_PARTS[chart])
+    return await run_in_threadpool(_customer_view, request, viewer, params, spend=chart == "summary",
+                                   parts=CHART_PARTS[chart], models=False, totals_only=chart == "summary")
+
+
+def _chart(view: dict, chart: str) -> views.Chart:
+    """One chart of a data endpoint's view (not the summary)."""
+    if chart in ("tokens", "requests", "cache_hit"):
+        found = {c.id: c for c in views.usage_charts(view["usage"])}[chart]
+    else:
+        found = views.gpu_chart(view["gpu"]) if chart == "gpu" else views.tasks_chart(view["tasks"])
     found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
                    "model": view["model"]}
-    return _json(found.to_json()) if fmt == "json" else _csv(found.rows, chart)
+    return found
+
+
+# --- the chart data endpoints' fast path ---------------------------------------------------------------
+# GET /dashboard/data/{chart}.json with a customer's bearer API key is what a dashboard polls and what
+# bench.dashboards times against the bare SQL: answered by an ASGI middleware before FastAPI's routing
+# (matching the path against every route of the API app, the endpoint's parameter handling) with the
+# same functions the route calls. Anything else, and any request it cannot answer as the route would
+# (no bearer key, an admin or producer token, a bad key, another customer's id, bad times, a database
+# error, no read pool in this event loop), goes on to the route unchanged: only reads have happened.
+
+_FAST_PATHS = {f"/dashboard/data/{chart}.json": chart for chart in CUSTOMER_CHARTS}
+
+
+class DataFastPath:
+    """ASGI middleware: the customer chart data endpoints' fast path (above). Add it to an app that
+    mounts `router` (app.add_middleware(DataFastPath))."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and not scope.get("root_path"):
+            chart = _FAST_PATHS.get(scope["path"])
+            if chart is not None:
+                body = await _fast_data(scope, receive, chart)
+                if body is not None:
+                    # the headers `_json`'s Response sends, in its order
+                    await send({"type": "http.response.start", "status": 200, "headers": [
+                        (b"cache-control", b"no-store"), (b"content-length", str(len(body)).encode("latin-1")),
+                        (b"content-type", b"application/json")]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+        await self.app(scope, receive, send)
+
+
+async def _fast_data(scope, receive, chart: str) -> bytes | None:
+    """`dashboard_data`'s JSON body for a customer's bearer key, or None: the route answers. Reads the
+    headers and the query as Starlette's Request does (the first Authorization header; the last value
+    of a repeated query parameter)."""
+    authorization = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+    request = Request(scope, receive)
+    pool = _read_pool(request)
+    if not authorization or pool is None:
+        return None
+    try:
+        principal = await request.app.state.keys.authenticate(bearer_token(authorization.decode("latin-1")))
+    except AuthError:
+        return None
+    params = dict(urllib.parse.parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+    if principal.kind != "customer" or params.get("customer_id") not in (None, principal.customer_id):
+        return None
+    try:
+        view = await _data_view(request, pool, Viewer(principal, None), params, chart)
+    except Exception:  # noqa: BLE001 - bad times, a database error: the route answers it (only reads ran)
+        return None
+    return orjson.dumps(_summary(view) if chart == "summary" else _chart(view, chart).to_json())
 
 
 # --- the customer dashboard: billing (registered by the roof through dashboards.extensions) ------------
@@ -734,7 +853,7 @@ async def current_period_data(request: Request, fmt: str) -> Response:
 
     def load() -> dict:
         with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.current_period_spend(conn, customer, now(),
+            return extensions.PROVIDERS.current_period_spend(conn, customer, billing_now(request),
                                                               period=request.query_params.get("period") or None)
 
     try:
@@ -1069,6 +1188,7 @@ def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
     app.state.keys = keys
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
+    app.add_middleware(DataFastPath)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -214,7 +214,23 @@ class KeyStore:
             raise AuthError("invalid API key")
         return entry.principal
 
-    def _lookup(self, key_id: str, secret: str) -> Principal:
+    async def session_principal(self, key_id: str) -> Principal | None:
+        """The principal of the key a signed-in session was opened with (the session's signed cookie
+        names the key; no secret): from the verified-key cache while its entry lives, as a bearer call
+        with the key would be, else read (and cached) in a worker thread; None for an unknown or
+        revoked key (revoked here: at once; in another process: within the cache TTL, as for bearer
+        keys)."""
+        refused = self._unknown.get(key_id)
+        if refused is not None and refused[0] > self._clock():
+            return None
+        entry = self._cache.get(key_id)
+        if entry is not None and entry.expires_at > self._clock():
+            return entry.principal
+        return await asyncio.to_thread(self._lookup, key_id, None)
+
+    def _lookup(self, key_id: str, secret: str | None) -> Principal | None:
+        """The principal of key `key_id` with `secret` (AuthError otherwise), cached; with `secret` None
+        (a session's key, `session_principal`) the secret is not checked and None means refused."""
         query = select(
             api_keys.c.customer_id,
             api_keys.c.project_id,
@@ -228,13 +244,17 @@ class KeyStore:
             row = conn.execute(query.where(api_keys.c.key_id == key_id)).first()
         if row is None:
             self._refuse(key_id, "invalid API key")
+            if secret is None:
+                return None
             raise AuthError("invalid API key")
-        if not hmac.compare_digest(bytes(row.secret_sha256), _hash(secret)):
+        if secret is not None and not hmac.compare_digest(bytes(row.secret_sha256), _hash(secret)):
             raise AuthError("invalid API key")  # not remembered: the key id itself is valid
         if row.revoked_at is not None:
             with self._lock:
                 self._cache.pop(key_id, None)
             self._refuse(key_id, "API key has been revoked")
+            if secret is None:
+                return None
             raise AuthError("API key has been revoked")
         principal = Principal(kind="customer", customer_id=row.customer_id, api_key_id=key_id, project_id=row.project_id)
         if self.cache_ttl_s > 0:

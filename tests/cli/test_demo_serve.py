@@ -67,6 +67,11 @@ def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
             [invoice] = customer.get(f"{base}/dashboard/invoices.json").json()["invoices"]
             assert (invoice["number"], invoice["total"], invoice["credits_applied"]) == (
                 exported["cust-003"]["number"], exported["cust-003"]["total"], exported["cust-003"]["credits_applied"])
+            # its prepaid credit as the demo billed it (as of the billing run, whatever the clock): 10.00 less
+            # what the invoice used
+            current = customer.get(f"{base}/dashboard/current-period.json?period=2026-11").json()
+            assert Decimal(exported["cust-003"]["credits_applied"]) > 0
+            assert Decimal(current["credit_balance"]) == Decimal("10.00") - Decimal(exported["cust-003"]["credits_applied"])
         with httpx.Client(base_url=base, timeout=30) as admin:
             finance = _sign_in(admin, "/admin/signin", "admin_token", admin_token)
             assert finance.status_code == 200

@@ -245,3 +245,29 @@ def test_bad_periods_and_exports_get_a_clear_error(web, site, billed):
     empty = req.get(f"{site.url}/admin/finance/data/invoice_status.json?period=2025-01").json()
     assert {r["status"]: r["invoices"] for r in empty["rows"]} == {"draft": 0, "final": 0, "paid": 0, "failed": 0,
                                                                     "void": 0}
+
+
+def test_billing_figures_are_shown_as_of_the_apps_billing_clock(site, billed, monkeypatch):
+    """The current period's preview and the credit balance are as of `app.state.billing_clock()` when
+    the app has one (the demo serves its pages as of the instant its billing run is made as of): before
+    the billing run cust-b's prepaid credit is whole, after it the invoice has used it, as
+    `billing_service.run.credits_view` says for the same instant."""
+    from datetime import timedelta
+
+    import httpx
+
+    from app.demo import BILLING_AS_OF, demo_billing_clock
+    from billing_service.run import credits_view
+
+    headers = {"Authorization": f"Bearer {site.keys['b']}"}
+    shown = {}
+    clock = {}
+    monkeypatch.setattr(site.app.state, "billing_clock", lambda: clock["at"], raising=False)
+    for at in (SETUP_AT + timedelta(days=1), BILLED_AT + timedelta(hours=1)):
+        clock["at"] = at
+        answer = httpx.get(f"{site.url}/dashboard/current-period.json?period={PERIOD}", headers=headers).json()
+        with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
+            assert answer["credit_balance"] == credits_view(conn, "cust-b", now=at)["balance"]
+        shown[at] = Decimal(answer["credit_balance"])
+    assert list(shown.values()) == [Decimal("0.05"), Decimal("0.00")]
+    assert demo_billing_clock() >= BILLING_AS_OF

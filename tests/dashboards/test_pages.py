@@ -368,3 +368,146 @@ def test_billing_sections_show_only_when_billing_is_registered(site, web):
     p.goto("/admin/finance")
     assert p.page.query_selector("[data-testid=finance-placeholder]") is None
     assert p.problems == []
+
+
+@pytest.mark.parametrize("window_text", [WINDOW, {"from": "2026-10-28T00:00:00Z", "to": "2026-11-28T00:00:00Z"}],
+                         ids=["hourly", "daily"])
+def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucket(site, window_text):
+    """The usage charts' series (queries.customer_usage_series: PostgreSQL sums per bucket) equal
+    metering.queries.usage by model and bucket summed per bucket, sync and async, with and without a
+    model filter (an unknown model: no buckets, the customer's models still listed)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dashboards import views
+
+    w = Window(parse_time(window_text["from"], "from"), parse_time(window_text["to"], "to"))
+    bucket = views.bucket_for(w)
+    url = to_libpq_url(site.settings.database_url)
+
+    async def read_async(customer: str, model: str | None, models: bool = True, totals_only: bool = False) -> dict:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await views.customer_usage_async(conn, w, customer, model, models=models, totals_only=totals_only)
+
+    def read_in_a_loop(customer: str, model: str | None, models: bool = True,
+                       totals_only: bool = False) -> dict:  # Playwright's loop runs in this thread
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, read_async(customer, model, models, totals_only)).result()
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for customer, model in [("cust-a", None), ("cust-a", "m1"), ("cust-a", "m2"), ("cust-a", "nope"),
+                                ("cust-b", None), ("cust-nobody", None)]:
+            expected = views.usage_view(queries.usage(conn, w, customer_id=customer, group_by=["model", bucket]),
+                                        bucket, model)
+            assert views.customer_usage(conn, w, customer, model) == expected
+            assert read_in_a_loop(customer, model) == expected
+            # the charts' JSON endpoints: the buckets alone (one GROUP BY), no model list
+            without_models = {**expected, "models": None}
+            assert views.customer_usage(conn, w, customer, model, models=False) == without_models
+            assert read_in_a_loop(customer, model, models=False) == without_models
+            # the summary: the totals and the models from the sums per model
+            for totals in (views.customer_usage(conn, w, customer, model, totals_only=True),
+                           read_in_a_loop(customer, model, totals_only=True)):
+                assert (totals["totals"], totals["models"], totals["bucket"]) == (expected["totals"], expected["models"], None)
+                assert len(totals["series"]) == (1 if expected["series"] else 0)
+            gpu = views.customer_gpu(conn, w, customer)
+            gpu_totals = views.customer_gpu(conn, w, customer, totals_only=True)
+            assert (gpu_totals["deployments"], gpu_totals["total_gpu_hours"], gpu_totals["series"]) == (
+                gpu["deployments"], gpu["total_gpu_hours"], [])
+    assert gpu_totals["total_gpu_hours"] == "0.0000"  # cust-nobody; cust-a's and cust-b's were compared above
+    assert expected["series"] == [] and expected["models"] == []  # cust-nobody
+
+
+def test_data_endpoints_answer_the_same_from_the_event_loop_and_from_a_worker_thread(site):
+    """The running server reads the chart endpoints in its event loop (async read pool) and the summary
+    in two halves at once (spend in a worker thread, the data sets in the loop); the same app called
+    from another event loop (Starlette's TestClient, no lifespan) reads all of them in a worker thread
+    from the sync pool, as the page does. Both answer the same JSON, with and without a model filter."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    headers = {"Authorization": f"Bearer {site.keys['a']}"}
+    assert site.app.state.dashboards_read_pool is not None
+    threaded = TestClient(site.app)
+    for chart in ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary"):
+        for query in (Q, f"{Q}&model=m2", "from=2026-10-28T00:00:00Z&to=2026-11-28T00:00:00Z"):
+            path = f"/dashboard/data/{chart}.json?{query}"
+            in_loop = httpx.get(f"{site.url}{path}", headers=headers)
+            in_thread = threaded.get(path, headers=headers)
+            assert in_loop.status_code == in_thread.status_code == 200
+            assert in_loop.json() == in_thread.json(), path
+    assert in_loop.json()["spend"]["spend_per_successful_task"] is not None
+
+
+def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
+    """GET /dashboard/data/{chart}.json with a customer's bearer key is answered by dashboards.web's
+    DataFastPath (before FastAPI's routing) in the server: the same status, body bytes and headers as
+    the route (Starlette's TestClient calls the app from another event loop, where the fast path steps
+    aside). Everything it does not answer (other credentials, another customer, bad times, CSV, no
+    bearer key) reaches the route and answers as before."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from dashboards import web
+
+    answered: list[str] = []
+    real = web._fast_data
+
+    async def counted(scope, receive, chart):
+        body = await real(scope, receive, chart)
+        if body is not None:
+            answered.append(chart)
+        return body
+
+    monkeypatch.setattr(web, "_fast_data", counted)
+    threaded = TestClient(site.app)
+    a = {"Authorization": f"Bearer {site.keys['a']}"}
+    cases = [(f"/dashboard/data/{chart}.json?{query}", a, 200)
+             for chart in ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+             for query in (Q, f"{Q}&model=m2", f"{Q}&customer_id=cust-a", f"{Q}&to=2026-11-04T00:00:00Z&to={WINDOW['to']}")]
+    fast = len(cases)
+    admin = {"Authorization": f"Bearer {site.keys['admin']}"}
+    cases += [
+        (f"/dashboard/data/tokens.json?{Q}&customer_id=cust-b", a, 404),  # another customer
+        ("/dashboard/data/tokens.json?from=yesterday", a, 400),  # bad times
+        (f"/dashboard/data/tokens.csv?{Q}", a, 200),  # CSV: the route
+        (f"/dashboard/data/nope.json?{Q}", a, 404),  # no such chart
+        (f"/dashboard/data/tokens.json?{Q}", {"Authorization": f"Bearer {site.keys['revoked']}"}, 401),
+        (f"/dashboard/data/tokens.json?{Q}", {"Authorization": "Basic abc"}, 401),
+        (f"/dashboard/data/tokens.json?{Q}", {}, 401),  # not signed in
+        (f"/dashboard/data/tokens.json?{Q}&customer_id=cust-b", admin, 200),  # admins: the route
+        (f"/dashboard/data/tokens.json?{Q}", admin, 400),  # an admin without customer_id
+    ]
+    for path, headers, status in cases:
+        served = httpx.get(f"{site.url}{path}", headers=headers)
+        routed = threaded.get(path, headers=headers)
+        assert (served.status_code, served.content) == (status, routed.content), path
+        assert routed.status_code == status, path
+        assert [(k, v) for k, v in served.headers.raw if k not in (b"date", b"server")] == routed.headers.raw, path
+    assert len(answered) == fast  # the server's fast path answered every customer JSON request, nothing else
+
+
+def test_a_signed_in_session_reads_its_key_from_the_key_cache_and_ends_when_the_key_is_revoked(site, monkeypatch):
+    """A request signed in by session cookie takes its key from the key store's verified-key cache
+    (no database read while the entry lives, as for a bearer key); revoking the key ends the session."""
+    import httpx
+    from sqlalchemy import create_engine
+
+    from serving.keys import KeyStore
+
+    store = KeyStore(create_engine(site.settings.database_url), settings=site.settings, cache_ttl_s=60)
+    monkeypatch.setattr(site.app.state, "keys", store)
+    key_id, _ = store.create("cust-a")
+    lookups: list[tuple] = []
+    real = store._lookup
+    monkeypatch.setattr(store, "_lookup", lambda *a: lookups.append(a) or real(*a))
+    cookie = Signer(site.settings.session_secret).sign(Session("customer", time.time() + 60, "cust-a", key_id).to_payload())
+    for path in (f"/dashboard/data/tokens.json?{Q}", f"/dashboard/data/summary.json?{Q}", f"/dashboard?{Q}"):
+        answer = httpx.get(f"{site.url}{path}", cookies={SESSION_COOKIE: cookie})
+        assert answer.status_code == 200, (path, answer.text)
+    assert len(lookups) == 1  # the first request read the key; the others used the cache
+    assert store.revoke(key_id)
+    answer = httpx.get(f"{site.url}/dashboard/data/tokens.json?{Q}", cookies={SESSION_COOKIE: cookie})
+    assert answer.status_code == 401 and "revoked" in answer.json()["error"]["message"]
+    answer = httpx.get(f"{site.url}/dashboard?{Q}", cookies={SESSION_COOKIE: cookie}, follow_redirects=False)
+    assert answer.status_code == 303 and "/signin" in answer.headers["location"]

@@ -119,3 +119,32 @@ def test_refused_key_ids_are_remembered_but_a_wrong_secret_never_locks_out_the_r
     with pytest.raises(AuthError, match="invalid"):
         store.authenticate_sync(unknown)  # remembered: no database lookup
     assert lookups == []
+
+
+def test_a_sessions_key_comes_from_the_verified_key_cache_and_revocation_ends_it(engine, other_engine, settings):
+    """A dashboard session names its key (no secret): `session_principal` answers from the verified-key
+    cache as a bearer call does, reads the database only when the entry is missing or expired, and a
+    revoked key ends the session at once in the revoking process, within the TTL in another."""
+    web = KeyStore(engine, settings, cache_ttl_s=1.0)
+    admin = KeyStore(other_engine, settings, cache_ttl_s=1.0)
+    key_id, token = admin.create("cust-a", project_id="proj-1")
+    principal = asyncio.run(web.session_principal(key_id))
+    assert (principal.kind, principal.customer_id, principal.api_key_id, principal.project_id) == (
+        "customer", "cust-a", key_id, "proj-1")
+    assert asyncio.run(web.authenticate(token)) == principal  # what a bearer call with the key gets
+    lookups: list[tuple] = []
+    real = web._lookup
+    web._lookup = lambda *a: lookups.append(a) or real(*a)  # type: ignore[method-assign]
+    assert asyncio.run(web.session_principal(key_id)) == principal
+    assert lookups == []  # cached: no database read
+    assert admin.revoke(key_id)  # another process revokes it
+    revoked_at = time.monotonic()
+    while asyncio.run(web.session_principal(key_id)) is not None:
+        assert time.monotonic() - revoked_at < 1.5, "revocation not visible within the TTL"
+        time.sleep(0.05)
+    assert asyncio.run(web.session_principal(key_id)) is None  # and it stays revoked
+    other_id, _ = web.create("cust-a")
+    assert asyncio.run(web.session_principal(other_id)) is not None
+    assert web.revoke(other_id)
+    assert asyncio.run(web.session_principal(other_id)) is None  # the revoking process: at once
+    assert asyncio.run(web.session_principal("0" * 16)) is None  # no such key
