@@ -46,6 +46,18 @@ _LINE_TYPES = ["text", "int4", "text", "text", "text", "text", "text", "text", "
                "numeric", "text", "timestamptz", "timestamptz"]
 
 
+def _invoice_row(inv: Invoice | FirstInvoice, sha: str | None, *, as_draft: bool = False) -> tuple:
+    """`_INVOICE_COLS` of an invoice (`as_draft`: as `PgInvoiceStore` inserts it, a draft without its
+    number and times)."""
+    if as_draft:
+        status, number, issued_at, finalized_at = "draft", None, None, None
+    else:
+        status, number, issued_at, finalized_at = str(inv.status), inv.number, inv.issued_at, inv.finalized_at
+    return (inv.id, inv.customer_id, inv.currency, inv.period, inv.period_start, inv.period_end, inv.sequence, status,
+            inv.subtotal, inv.credits_applied, inv.total, inv.price_book_version, number, issued_at, finalized_at,
+            inv.reissue_of, sha)
+
+
 def lock_customers(conn: psycopg.Connection, customer_ids: Sequence[str]) -> None:
     """`store.lock_customer` for many customers at once, in customer order (two batches that share
     customers take their locks in the same order, so they never deadlock)."""
@@ -151,21 +163,12 @@ class BatchInvoiceStore:
                     with cur.copy(f"COPY billing_invoices ({_INVOICE_COLS}, revision, created_at, updated_at) "
                                   "FROM STDIN") as copy:
                         for first, sha, now in self._first:
-                            copy.write_row((
-                                first.id, first.customer_id, first.currency, first.period, first.period_start,
-                                first.period_end, first.sequence, "draft", first.subtotal, first.credits_applied,
-                                first.total, first.price_book_version, None, None, None, first.reissue_of, sha, 1,
-                                now, now,
-                            ))
+                            copy.write_row((*_invoice_row(first, sha, as_draft=True), 1, now, now))
                         for i in new:
                             inv, sha, revision, now = self._written[i]
                             draft = inv.status is InvoiceStatus.DRAFT
-                            copy.write_row((
-                                inv.id, inv.customer_id, inv.currency, inv.period, inv.period_start, inv.period_end,
-                                inv.sequence, "draft", inv.subtotal, inv.credits_applied, inv.total,
-                                inv.price_book_version, None, None, None, inv.reissue_of, sha,
-                                revision if draft else 1, self._created_at[i], now if draft else self._created_at[i],
-                            ))
+                            copy.write_row((*_invoice_row(inv, sha, as_draft=True), revision if draft else 1,
+                                            self._created_at[i], now if draft else self._created_at[i]))
                 changed = [i for i in self._written if i in self._in_db
                            and self._in_db[i].invoice.lines != self._written[i][0].lines]
                 if changed:
@@ -197,19 +200,10 @@ class BatchInvoiceStore:
                                 f"SELECT {_INVOICE_COLS}, revision, updated_at FROM billing_invoices WITH NO DATA")
                     with cur.copy(f"COPY billing_batch_invoices ({_INVOICE_COLS}, revision, updated_at) FROM STDIN") as copy:
                         for f, sha, now in opened:
-                            copy.write_row((
-                                f.id, f.customer_id, f.currency, f.period, f.period_start, f.period_end, f.sequence,
-                                str(f.status), f.subtotal, f.credits_applied, f.total, f.price_book_version, f.number,
-                                f.issued_at, f.finalized_at, f.reissue_of, sha, 2, now,
-                            ))
+                            copy.write_row((*_invoice_row(f, sha), 2, now))
                         for i in final:
                             inv, sha, revision, now = self._written[i]
-                            copy.write_row((
-                                inv.id, inv.customer_id, inv.currency, inv.period, inv.period_start, inv.period_end,
-                                inv.sequence, str(inv.status), inv.subtotal, inv.credits_applied, inv.total,
-                                inv.price_book_version, inv.number, inv.issued_at, inv.finalized_at, inv.reissue_of,
-                                sha, revision, now,
-                            ))
+                            copy.write_row((*_invoice_row(inv, sha), revision, now))
                     sets = ", ".join(f"{c} = b.{c}" for c in [*_INVOICE_FIELDS[1:], "revision", "updated_at"])
                     cur.execute(f"UPDATE billing_invoices i SET {sets} FROM billing_batch_invoices b WHERE i.id = b.id")
                     cur.execute("DROP TABLE pg_temp.billing_batch_invoices")

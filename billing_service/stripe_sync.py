@@ -427,10 +427,7 @@ class StripeSync:
             raise StripeSyncError(f"credit note {number} exists {len(found)} times in Stripe "
                                   f"({', '.join(c.id for c in found)}): void the extra ones, then rerun")
         if found:
-            if (_get(found[0], "amount"), _get(found[0], "currency")) != (amount, currency):
-                raise StripeSyncError(
-                    f"Stripe credit note {found[0].id} for {number} is {_get(found[0], 'amount')} "
-                    f"{_get(found[0], 'currency')}, expected {amount} {currency} (minor units)")
+            _check_credit_note(found[0], number, amount, currency)
             self.state.record("creditnote", note.id, found[0].id, key)
             return found[0].id
         current = self.v1.invoices.retrieve(stripe_invoice)
@@ -450,9 +447,7 @@ class StripeSync:
             params["refund_amount"] = post_payment
         created = self.v1.credit_notes.create(params=params, options={"idempotency_key": key})
         self.state.record("creditnote", note.id, created.id, key)
-        if (_get(created, "amount"), _get(created, "currency")) != (amount, currency):
-            raise StripeSyncError(f"Stripe credit note {created.id} for {number} is {_get(created, 'amount')} "
-                                  f"{_get(created, 'currency')}, expected {amount} {currency} (minor units)")
+        _check_credit_note(created, number, amount, currency)
         return created.id
 
     def _credit_note_lines(self, invoice: Invoice, note: CreditNote, stripe_invoice: str,
@@ -504,6 +499,13 @@ class StripeSync:
     @staticmethod
     def _all_of(list_method: Callable[..., Any], parent_id: str) -> Iterator[Any]:
         yield from list_method(parent_id, params={"limit": PAGE}).auto_paging_iter()
+
+
+def _check_credit_note(stripe_note: Any, number: str, amount: int, currency: str) -> None:
+    """A Stripe credit note of credit note `number` is for `amount` minor units of `currency`."""
+    if (_get(stripe_note, "amount"), _get(stripe_note, "currency")) != (amount, currency):
+        raise StripeSyncError(f"Stripe credit note {stripe_note.id} for {number} is {_get(stripe_note, 'amount')} "
+                              f"{_get(stripe_note, 'currency')}, expected {amount} {currency} (minor units)")
 
 
 def utc_date(note: CreditNote) -> str:

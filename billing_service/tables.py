@@ -97,6 +97,24 @@ billing_invoices = Table(
 )
 Index("billing_invoices_period", billing_invoices.c.period, billing_invoices.c.status)
 
+def _line_columns() -> list:
+    """An invoice line's columns after its id and position (fresh Column objects for each table)."""
+    return [
+        Column("rated_line_id", Key, nullable=False),
+        Column("kind", Text, nullable=False),
+        Column("charge_key", Text, nullable=False),
+        Column("meter", Text, nullable=False),
+        Column("grp", Text, nullable=False),
+        Column("quantity", Quantity, nullable=False),
+        Column("unit_price", Quantity),
+        Column("precise_amount", Quantity, nullable=False),
+        Column("amount", Quantity, nullable=False),
+        Column("period", Text, nullable=False),
+        timestamp_column("service_period_start", nullable=False),
+        timestamp_column("service_period_end", nullable=False),
+    ]
+
+
 billing_invoice_lines = Table(
     "billing_invoice_lines",
     metadata,
@@ -104,18 +122,7 @@ billing_invoice_lines = Table(
     Column("invoice_id", Key, nullable=False),
     Column("id", Key, nullable=False),
     Column("position", Integer, nullable=False),
-    Column("rated_line_id", Key, nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("charge_key", Text, nullable=False),
-    Column("meter", Text, nullable=False),
-    Column("grp", Text, nullable=False),
-    Column("quantity", Quantity, nullable=False),
-    Column("unit_price", Quantity),
-    Column("precise_amount", Quantity, nullable=False),
-    Column("amount", Quantity, nullable=False),
-    Column("period", Text, nullable=False),
-    timestamp_column("service_period_start", nullable=False),
-    timestamp_column("service_period_end", nullable=False),
+    *_line_columns(),
     PrimaryKeyConstraint("invoice_id", "id", name="billing_invoice_lines_pkey"),
 )
 
@@ -128,18 +135,7 @@ billing_invoice_lines_replaced = Table(
     Column("revision", Integer, nullable=False),
     Column("position", Integer, nullable=False),
     Column("id", Key, nullable=False),
-    Column("rated_line_id", Key, nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("charge_key", Text, nullable=False),
-    Column("meter", Text, nullable=False),
-    Column("grp", Text, nullable=False),
-    Column("quantity", Quantity, nullable=False),
-    Column("unit_price", Quantity),
-    Column("precise_amount", Quantity, nullable=False),
-    Column("amount", Quantity, nullable=False),
-    Column("period", Text, nullable=False),
-    timestamp_column("service_period_start", nullable=False),
-    timestamp_column("service_period_end", nullable=False),
+    *_line_columns(),
     PrimaryKeyConstraint("invoice_id", "revision", "id", name="billing_invoice_lines_replaced_pkey"),
 )
 

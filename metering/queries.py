@@ -293,19 +293,20 @@ def _customer_usage_series_items(rows: list[tuple], bucket: str | None, models: 
                    "uncached_input_tokens": sums[1] - sums[2], "output_tokens": sums[3]}] if chosen else []
         return series, [r[0] for r in rows] if models else None
     if not models:
-        return [{bucket: _bucket_text(moment), "requests": requests, "input_tokens": input_tokens,
-                 "cached_input_tokens": cached, "uncached_input_tokens": input_tokens - cached, "output_tokens": output}
-                for moment, requests, input_tokens, cached, output in rows], None
+        return [_bucket_row(bucket, *row) for row in rows], None
     series: list[dict] = []
     names: list[str] = []
-    for per_bucket, moment, model, requests, input_tokens, cached, output in rows:
+    for per_bucket, moment, model, *sums in rows:
         if per_bucket:
-            series.append({bucket: _bucket_text(moment), "requests": requests, "input_tokens": input_tokens,
-                           "cached_input_tokens": cached, "uncached_input_tokens": input_tokens - cached,
-                           "output_tokens": output})
+            series.append(_bucket_row(bucket, moment, *sums))
         else:
             names.append(model)
     return series, sorted(names)
+
+
+def _bucket_row(bucket: str, moment: datetime, requests: int, input_tokens: int, cached: int, output: int) -> dict:
+    return {bucket: _bucket_text(moment), "requests": requests, "input_tokens": input_tokens,
+            "cached_input_tokens": cached, "uncached_input_tokens": input_tokens - cached, "output_tokens": output}
 
 
 TASKS_SQL = """

@@ -123,6 +123,17 @@ def stripe_api_key() -> str:
     return "sk_test_" + uuid.uuid4().hex
 
 
+@pytest.fixture
+def stripe_env(monkeypatch, stripe_fake, stripe_api_key):
+    """The CLI's settings pointed at the strict fake (INFERMETER_STRIPE_API_KEY / _API_BASE)."""
+    from infermeter.settings import get_settings
+
+    monkeypatch.setenv("INFERMETER_STRIPE_API_KEY", stripe_api_key)
+    monkeypatch.setenv("INFERMETER_STRIPE_API_BASE", stripe_fake.url)
+    get_settings.cache_clear()
+    return stripe_api_key
+
+
 class Crash(BaseException):
     """The process 'died' right after a Stripe call (BaseException: no `except Exception` swallows it)."""
 

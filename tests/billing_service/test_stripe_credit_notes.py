@@ -40,16 +40,6 @@ charges:
 NOTE_AT = AFTER_GRACE + timedelta(days=1)
 
 
-@pytest.fixture
-def stripe_env(monkeypatch, stripe_fake, stripe_api_key):
-    from infermeter.settings import get_settings
-
-    monkeypatch.setenv("INFERMETER_STRIPE_API_KEY", stripe_api_key)
-    monkeypatch.setenv("INFERMETER_STRIPE_API_BASE", stripe_fake.url)
-    get_settings.cache_clear()
-    return stripe_api_key
-
-
 def yen_invoice(conn, metering, credits: str):
     """Customer tanaka (JPY) on bill-jpy with `credits` JPY of prepaid credits; February (2500 JPY of
     usage) finalized."""

@@ -40,16 +40,6 @@ def two_invoices(conn, metering, february, cli):
     return february, march
 
 
-@pytest.fixture
-def stripe_env(monkeypatch, stripe_fake, stripe_api_key):
-    from infermeter.settings import get_settings
-
-    monkeypatch.setenv("INFERMETER_STRIPE_API_KEY", stripe_api_key)
-    monkeypatch.setenv("INFERMETER_STRIPE_API_BASE", stripe_fake.url)
-    get_settings.cache_clear()
-    return stripe_api_key
-
-
 def stripe_objects(conn) -> list[tuple]:
     return conn.execute("SELECT kind, local_id, stripe_id FROM stripe_objects ORDER BY 1, 2").fetchall()
 

@@ -137,15 +137,17 @@ class Pipeline:
         time.sleep(seconds)
 
 
-@pytest.fixture(scope="session")
-def pipeline(pg_server_url: str, kafka_bootstrap: str, tmp_path_factory) -> Pipeline:
+@contextlib.contextmanager
+def metering_pipeline(pg_server_url: str, kafka_bootstrap: str, home: Path, name: str):
+    """Settings for a fresh database cloned from the migrated template and topics of their own
+    (prefix `name` + random), with a metering consumer running in a thread until the block ends."""
     from metering.consumer import MeteringConsumer, run_in_thread
     from metering.kafka import ensure_topics
 
-    prefix = f"serving{uuid.uuid4().hex[:8]}"
+    prefix = f"{name}{uuid.uuid4().hex[:8]}"
     database_url = new_database(pg_server_url)
     settings = Settings(
-        INFERMETER_HOME=tmp_path_factory.mktemp("home"),
+        INFERMETER_HOME=home,
         DATABASE_URL=database_url,
         KAFKA_BOOTSTRAP=kafka_bootstrap,
         INFERMETER_TOPIC_PREFIX=prefix,
@@ -156,9 +158,17 @@ def pipeline(pg_server_url: str, kafka_bootstrap: str, tmp_path_factory) -> Pipe
     ensure_topics(kafka_bootstrap, settings)
     consumer = MeteringConsumer(settings, database_url, kafka_bootstrap)
     thread = run_in_thread(consumer)
-    yield Pipeline(settings=settings, database_url=database_url)
-    consumer.stop()
-    thread.join(30)
+    try:
+        yield settings
+    finally:
+        consumer.stop()
+        thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def pipeline(pg_server_url: str, kafka_bootstrap: str, tmp_path_factory) -> Pipeline:
+    with metering_pipeline(pg_server_url, kafka_bootstrap, tmp_path_factory.mktemp("home"), "serving") as settings:
+        yield Pipeline(settings=settings, database_url=settings.database_url)
 
 
 def upstream_config(vllm_url: str):

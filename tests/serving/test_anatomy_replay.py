@@ -52,8 +52,7 @@ from pricing_service.books import EXAMPLE_BOOKS_DIR
 from serving.routing import prefix_key, rank_replicas
 from serving.tinymodel import SERVED_NAME
 from serving.upstreams import parse_upstreams
-from tests.conftest import new_database
-from tests.serving.conftest import _start, new_customer
+from tests.serving.conftest import _start, metering_pipeline, new_customer
 
 DEPLOYMENT = "anatomy-replay"
 SURVIVOR, VICTIM = "r-survivor", "r-victim"
@@ -93,26 +92,9 @@ def victim(tmp_path_factory, vllm_python, tiny_model, request):
 @pytest.fixture(scope="module")
 def own_pipeline(pg_server_url, kafka_bootstrap, tmp_path_factory):
     """A metering consumer into a fresh database, on topics of its own."""
-    from metering.consumer import MeteringConsumer, run_in_thread
-    from metering.kafka import ensure_topics
-
-    prefix = f"anatomy{uuid.uuid4().hex[:8]}"
-    database_url = new_database(pg_server_url)
-    settings = Settings(
-        INFERMETER_HOME=tmp_path_factory.mktemp("anatomy-home"),
-        DATABASE_URL=database_url,
-        KAFKA_BOOTSTRAP=kafka_bootstrap,
-        INFERMETER_TOPIC_PREFIX=prefix,
-        INFERMETER_CONSUMER_GROUP=f"{prefix}-group",
-        INFERMETER_BATCH_MAX_WAIT_MS=50,
-        INFERMETER_GATEWAY_ID=f"gw-{prefix}",
-    )
-    ensure_topics(kafka_bootstrap, settings)
-    consumer = MeteringConsumer(settings, database_url, kafka_bootstrap)
-    thread = run_in_thread(consumer)
-    yield settings
-    consumer.stop()
-    thread.join(30)
+    with metering_pipeline(pg_server_url, kafka_bootstrap, tmp_path_factory.mktemp("anatomy-home"),
+                           "anatomy") as settings:
+        yield settings
 
 
 class Agents:
