@@ -42,6 +42,8 @@ raw_events = Table(
 )
 # Identity lives in event_keys; raw rows only need cheap time-range scans within a partition.
 Index("raw_events_occurred_brin", raw_events.c.occurred_at, postgresql_using="brin")
+# The operations page reads recent arrivals (ingest rate, metering delay); rows arrive in received_at order.
+Index("raw_events_received_brin", raw_events.c.received_at, postgresql_using="brin")
 
 # The identity of every accepted event, CloudEvents (source, id): the deduplication key.
 event_keys = Table(
