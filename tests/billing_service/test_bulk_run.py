@@ -271,3 +271,23 @@ def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates
         assert conn.execute("SELECT last_seq FROM billing_number_counters").fetchall() == [(len(customers),)]
         assert conn.execute("SELECT count(*) FROM billing_invoice_history").fetchone() == (2 * len(customers),)
 
+
+
+def test_lines_with_tabs_backslashes_and_newlines_in_their_model_are_written_as_they_are(twins):
+    """The bulk run writes lines in COPY's text format by hand: a model name (any string up to 256
+    characters in the event contract) with the characters that format escapes comes back unchanged,
+    on a first invoice (the quick path) and on a refreshed draft with an adjustment (the general one)."""
+    odd = ["tab\there", "back\\slash\\N", "new\nline\r\n", "\\.", "émoji ✓"]
+    twins.both(set_customer, "odd", now=T0)
+    twins.both(assign_plan, "odd", BOOK_YAML, "bill-usd.yaml", "2026-02-01", now=T0)
+    for i, model in enumerate(odd):
+        twins.event("request", "odd", at(2026, 2, 3, 10 + i), model=model, input_tokens=1000 + i, output=10)
+    twins.run("2026-02", at(2026, 3, 2, 1))  # finalized straight away: the quick path
+    twins.event("request", "odd", at(2026, 2, 20), model=odd[0], input_tokens=5, output=5)  # late: an adjustment
+    twins.event("request", "odd", at(2026, 3, 4), model=odd[1], input_tokens=7, output=7)
+    twins.run("2026-03", at(2026, 3, 10))  # March's draft, with February's adjustment lines
+    for conn in twins.conns:
+        groups = {r[0] for r in conn.execute("SELECT grp FROM billing_invoice_lines WHERE grp <> ''")}
+        assert groups == set(odd)
+        assert conn.execute("SELECT count(DISTINCT period) FROM billing_invoice_lines WHERE invoice_id IN "
+                            "(SELECT id FROM billing_invoices WHERE period = '2026-03')").fetchone() == (2,)
