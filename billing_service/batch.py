@@ -63,31 +63,30 @@ class _LineRows:
     times as ISO 8601 with their offset, text fields escaped (`_copy_text`)."""
 
     def __init__(self) -> None:
-        self._text: dict[str, str] = {}  # kinds, meters, groups, charge keys repeat: escaped once
+        # (kind, charge key, meter, group) and (period, service period) repeat: escaped and joined once
+        self._middles: dict[tuple[str, str, str, str], str] = {}
         self._tails: dict[tuple[str, datetime, datetime], str] = {}
         self.parts: list[str] = []
-
-    def _t(self, value: str) -> str:
-        out = self._text.get(value)
-        if out is None:
-            out = self._text[value] = _copy_text(value)
-        return out
 
     def add(self, invoice_id: str, lines: Iterable[tuple]) -> None:
         """The lines of one invoice, in position order, each (id, rated_line_id, kind, charge_key, meter,
         group, quantity, unit_price, precise_amount, amount, period, service_period_start,
         service_period_end)."""
-        head, t, tails, parts = _copy_text(invoice_id), self._t, self._tails, self.parts
+        head, middles, tails, parts = _copy_text(invoice_id), self._middles, self._tails, self.parts
         for position, (line_id, rated_id, kind, charge_key, meter, group, quantity, unit_price, precise_amount,
                        amount, label, start, end) in enumerate(lines):
+            middle = middles.get((kind, charge_key, meter, group))
+            if middle is None:
+                middle = middles[(kind, charge_key, meter, group)] = "\t".join(
+                    _copy_text(v) for v in (kind, charge_key, meter, group))
             tail = tails.get((label, start, end))
             if tail is None:
                 tail = tails[(label, start, end)] = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
             line_id = _copy_text(line_id)
             rated_id = line_id if rated_id == line_id else _copy_text(rated_id)
             price = _NULL if unit_price is None else str(unit_price)
-            parts.append(f"{head}\t{position}\t{line_id}\t{rated_id}\t{t(kind)}\t{t(charge_key)}\t{t(meter)}\t"
-                         f"{t(group)}\t{str(quantity)}\t{price}\t{str(precise_amount)}\t{str(amount)}\t{tail}")
+            parts.append(f"{head}\t{position}\t{line_id}\t{rated_id}\t{middle}\t{str(quantity)}\t{price}\t"
+                         f"{str(precise_amount)}\t{str(amount)}\t{tail}")
 
 
 def _invoice_row(inv: Invoice | FirstInvoice, sha: str | None, *, as_draft: bool = False) -> tuple:
@@ -184,13 +183,13 @@ class BatchInvoiceStore:
         that the customer has no invoice, so nothing in this batch reads it back."""
         if invoice.id in self._current or invoice.id in self._written:
             raise BillingServiceError(f"invoice {invoice.id} exists already")
-        draft = invoice if invoice.status is InvoiceStatus.DRAFT else replace(
-            invoice, status=InvoiceStatus.DRAFT, number=None, issued_at=None, finalized_at=None)
-        self._history.append((invoice.id, 1, now, "created", "draft",
-                              json.dumps(invoice_document_head(draft, book_sha256))))  # type: ignore[arg-type]
-        if invoice.status is not InvoiceStatus.DRAFT:
-            self._history.append((invoice.id, 2, now, "finalized", str(invoice.status),
-                                  json.dumps(invoice_document_head(invoice, book_sha256))))  # type: ignore[arg-type]
+        head = invoice_document_head(invoice, book_sha256)  # type: ignore[arg-type]
+        finalized = None if invoice.status is InvoiceStatus.DRAFT else json.dumps(head)
+        # the draft it was: the same document but for these (finalize_first changes nothing else)
+        head.update(status="draft", number=None, issued_at=None, finalized_at=None)
+        self._history.append((invoice.id, 1, now, "created", "draft", json.dumps(head)))
+        if finalized is not None:
+            self._history.append((invoice.id, 2, now, "finalized", str(invoice.status), finalized))
         self._first.append((invoice, book_sha256, now))
 
     def flush(self) -> int:
@@ -323,9 +322,9 @@ class BatchInvoiceNumbers:
         self._stored: dict[tuple[str, int], int] = {}
 
     def next_number(self, issuer_prefix: str, year: int) -> str:
-        format_number(year, 1, issuer_prefix)  # validates prefix and year before touching the counter
         key = (issuer_prefix, year)
         if key not in self._last:
+            format_number(year, 1, issuer_prefix)  # validates prefix and year before touching the counter
             last = self.conn.execute(
                 "INSERT INTO billing_number_counters AS c (prefix, year, last_seq) VALUES (%s, %s, 0) "
                 "ON CONFLICT (prefix, year) DO UPDATE SET last_seq = c.last_seq RETURNING last_seq",
