@@ -68,6 +68,22 @@ class _LineRows:
         self._tails: dict[tuple[str, datetime, datetime], str] = {}
         self.parts: list[str] = []
 
+    def add_rated(self, invoice_id: str, label: str, start: datetime, end: datetime, rated: Iterable[tuple]) -> None:
+        """The lines of a first invoice (`FirstInvoice.rated`: the rating's lines, each its own rated
+        line, all of the invoice's period), without a tuple made per line for `add`."""
+        head, middles, parts = _copy_text(invoice_id), self._middles, self.parts
+        tail = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
+        for position, (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount,
+                       amount) in enumerate(rated):
+            middle = middles.get((kind, charge_key, meter, group))
+            if middle is None:
+                middle = middles[(kind, charge_key, meter, group)] = "\t".join(
+                    _copy_text(v) for v in (kind, charge_key, meter, group))
+            line_id = _copy_text(line_id)
+            price = _NULL if unit_price is None else str(unit_price)
+            parts.append(f"{head}\t{position}\t{line_id}\t{line_id}\t{middle}\t{str(quantity)}\t{price}\t"
+                         f"{str(precise_amount)}\t{str(amount)}\t{tail}")
+
     def add(self, invoice_id: str, lines: Iterable[tuple]) -> None:
         """The lines of one invoice, in position order, each (id, rated_line_id, kind, charge_key, meter,
         group, quantity, unit_price, precise_amount, amount, period, service_period_start,
@@ -218,11 +234,7 @@ class BatchInvoiceStore:
                     cur.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)", (changed,))
                 rows = _LineRows()
                 for first, _, _ in self._first:
-                    label, start, end = first.period, first.period_start, first.period_end
-                    rows.add(first.id, ((line_id, line_id, kind, charge_key, meter, group, quantity, unit_price,
-                                         precise_amount, amount, label, start, end)
-                                        for (line_id, kind, _, charge_key, meter, group, quantity, unit_price,
-                                             precise_amount, amount) in first.rated))
+                    rows.add_rated(first.id, first.period, first.period_start, first.period_end, first.rated)
                 for i in (*new, *changed):
                     rows.add(i, ((line.id, line.rated_line_id, line.kind, line.charge_key, line.meter, line.group,
                                   line.quantity, line.unit_price, line.precise_amount, line.amount, line.period,
