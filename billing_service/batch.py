@@ -105,6 +105,18 @@ class _LineRows:
                          f"{str(precise_amount)}\t{str(amount)}\t{tail}")
 
 
+def _first_invoice_copy_row(first: FirstInvoice, sha: str, now: datetime) -> str:
+    """`_invoice_row(first, sha, as_draft=True)` + (revision 1, created_at, updated_at = now) as a line
+    of COPY text (as `_LineRows` writes lines: ~5x less CPU than psycopg's row writer)."""
+    at = now.isoformat()
+    reissue_of = _NULL if first.reissue_of is None else _copy_text(first.reissue_of)
+    return (f"{_copy_text(first.id)}\t{_copy_text(first.customer_id)}\t{_copy_text(first.currency)}\t"
+            f"{_copy_text(first.period)}\t{first.period_start.isoformat()}\t{first.period_end.isoformat()}\t"
+            f"{first.sequence}\tdraft\t{str(first.subtotal)}\t{str(first.credits_applied)}\t{str(first.total)}\t"
+            f"{_copy_text(first.price_book_version)}\t{_NULL}\t{_NULL}\t{_NULL}\t{reissue_of}\t{_copy_text(sha)}\t1\t"
+            f"{at}\t{at}\n")
+
+
 def _invoice_row(inv: Invoice | FirstInvoice, sha: str | None, *, as_draft: bool = False) -> tuple:
     """`_INVOICE_COLS` of an invoice (`as_draft`: as `PgInvoiceStore` inserts it, a draft without its
     number and times)."""
@@ -221,8 +233,8 @@ class BatchInvoiceStore:
                 if new or self._first:
                     with cur.copy(f"COPY billing_invoices ({_INVOICE_COLS}, revision, created_at, updated_at) "
                                   "FROM STDIN") as copy:
-                        for first, sha, now in self._first:
-                            copy.write_row((*_invoice_row(first, sha, as_draft=True), 1, now, now))
+                        if self._first:
+                            copy.write("".join(_first_invoice_copy_row(first, sha, now) for first, sha, now in self._first))
                         for i in new:
                             inv, sha, revision, now = self._written[i]
                             draft = inv.status is InvoiceStatus.DRAFT
@@ -272,8 +284,10 @@ class BatchInvoiceStore:
                     )
                 with cur.copy("COPY billing_invoice_history (invoice_id, revision, recorded_at, change, status, document) "
                               "FROM STDIN") as copy:
-                    for row in self._history:
-                        copy.write_row(row)
+                    copy.write("".join(
+                        f"{_copy_text(invoice_id)}\t{revision}\t{at.isoformat()}\t{_copy_text(change)}\t"
+                        f"{_copy_text(status)}\t{_copy_text(document)}\n"
+                        for invoice_id, revision, at, change, status, document in self._history))
         except psycopg.errors.CheckViolation as exc:
             raise InvoiceImmutable(str(exc.diag.message_primary or exc)) from None
         written = len(self._written) + len(self._first)
