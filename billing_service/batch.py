@@ -1,6 +1,10 @@
 """The bulk billing run's adapters: the invoice store, credit ledger and invoice numbers of
 `billing_service.store`, kept in memory for a batch of customers and written at the end in a few
-statements (COPY and one UPDATE ... FROM) instead of ~15 round trips per customer.
+statements instead of ~15 round trips per customer: COPY of the new invoices (as drafts, as
+`PgInvoiceStore` inserts them), of their lines and of the history rows (the first invoices', the lines'
+and the history's COPY text written here by hand, escaped: psycopg's row writer costs several times
+more), then the rows' final state (first invoices: one UPDATE with their ids and numbers as arrays;
+the others: UPDATE ... FROM a temporary table).
 
 The billing run's logic (`billing_service.run._run_customer`) does not change: it saves, reloads
 and finalizes through these objects exactly as through `PgInvoiceStore`, `PgCreditLedger` and
