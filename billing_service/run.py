@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from uuid import uuid4
 
 import psycopg
@@ -452,14 +453,20 @@ def _periods_to_bill(ctx: _Ctx, target: Period) -> list[Period]:
 def _periods_from_first_plan(customer: Customer, assigned: list[Plan], target: Period) -> list[Period]:
     if not assigned:
         return []
-    first = billing_period(min(assigned, key=lambda p: p.effective_at).effective_period, customer.timezone,
-                           customer.anchor_day)
+    first = min(assigned, key=lambda p: p.effective_at).effective_period
+    return list(_periods_between(first, customer.timezone, customer.anchor_day, target))
+
+
+@lru_cache(maxsize=1024)
+def _periods_between(first_label: str, timezone: str, anchor_day: int, target: Period) -> tuple[Period, ...]:
+    """The periods of a schedule from the one labelled `first_label` through `target` (customers of a
+    bulk run mostly share them: computed once, not once or twice per customer)."""
     out = []
-    p = first
+    p = billing_period(first_label, timezone, anchor_day)
     while p.start <= target.start:
         out.append(p)
         p = next_period(p)
-    return out
+    return tuple(out)
 
 
 def _run_customer(ctx: _Ctx, target: Period, grace: timedelta, prefix: str) -> list[InvoiceOutcome]:
