@@ -442,7 +442,9 @@ def finalize_first(draft: FirstInvoice, *, number: str, at: datetime) -> FirstIn
         raise InvoiceStateError(f"invoice {draft.id} totals {draft.total} {draft.currency}: an invoice cannot be "
                                 "negative; issue a credit note against the invoice being corrected instead")
     when = aware_utc(at, "at", InvoiceStateError)
-    return replace(draft, status=S.OPEN, number=number, issued_at=when, finalized_at=when)
+    final = object.__new__(FirstInvoice)  # `replace` without its field-by-field rebuild (10^4 a run)
+    final.__dict__.update(draft.__dict__, status=S.OPEN, number=number, issued_at=when, finalized_at=when)
+    return final
 
 
 def empty_draft(

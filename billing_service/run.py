@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from uuid import uuid4
 
 import psycopg
@@ -452,14 +453,20 @@ def _periods_to_bill(ctx: _Ctx, target: Period) -> list[Period]:
 def _periods_from_first_plan(customer: Customer, assigned: list[Plan], target: Period) -> list[Period]:
     if not assigned:
         return []
-    first = billing_period(min(assigned, key=lambda p: p.effective_at).effective_period, customer.timezone,
-                           customer.anchor_day)
+    first = min(assigned, key=lambda p: p.effective_at).effective_period
+    return list(_periods_between(first, customer.timezone, customer.anchor_day, target))
+
+
+@lru_cache(maxsize=1024)
+def _periods_between(first_label: str, timezone: str, anchor_day: int, target: Period) -> tuple[Period, ...]:
+    """The periods of a schedule from the one labelled `first_label` through `target` (customers of a
+    bulk run mostly share them: computed once, not once or twice per customer)."""
     out = []
-    p = first
+    p = billing_period(first_label, timezone, anchor_day)
     while p.start <= target.start:
         out.append(p)
         p = next_period(p)
-    return out
+    return tuple(out)
 
 
 def _run_customer(ctx: _Ctx, target: Period, grace: timedelta, prefix: str) -> list[InvoiceOutcome]:
@@ -646,16 +653,23 @@ def unbilled_usage(
     utc = billing_period(period, *UTC_SCHEDULE)
     candidates = [only] if only is not None else sorted(set(customers_with_usage(conn, utc.window)) | set(known))
     assigned = plans_of(conn, [c for c in candidates if c in known])  # one query, not one per customer
+    found: list[tuple[str, Period, str, bool]] = []  # (customer, its window, reason, has a record)
     for cid in candidates:
         customer = known.get(cid) or (get_customer(conn, cid) if only is None else None)
         if customer is None:
-            window, reason = utc, "no customer record (`infermeter customers set`)"
-        else:
-            window = billing_period(period, customer.timezone, customer.anchor_day)
-            if plan_at(assigned[cid] if cid in assigned else plans(conn, cid), window.start) is not None:
-                continue
-            reason = "no plan for this period (`infermeter plans assign`)"
-        if customer is not None and cid not in customers_with_usage(conn, window.window):
+            found.append((cid, utc, "no customer record (`infermeter customers set`)", False))
+            continue
+        window = billing_period(period, customer.timezone, customer.anchor_day)
+        if plan_at(assigned[cid] if cid in assigned else plans(conn, cid), window.start) is None:
+            found.append((cid, window, "no plan for this period (`infermeter plans assign`)", True))
+    # customers with a record but no plan: usage in their own window? (one query per window, not per customer)
+    windows: dict[Period, list[str]] = {}
+    for cid, window, _, recorded in found:
+        if recorded:
+            windows.setdefault(window, []).append(cid)
+    with_usage = {(cid, w) for w, ids in windows.items() for cid in customers_with_usage(conn, w.window, among=ids)}
+    for cid, window, reason, recorded in found:
+        if recorded and (cid, window) not in with_usage:
             continue
         summary = unbilled_summary(conn, cid, window, cost_model)  # tasks: every source, labelled
         if summary:
