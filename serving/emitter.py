@@ -264,7 +264,7 @@ class Emitter:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop publishing (waiting up to `timeout_s` for the current batch); spooled events stay."""
         if not self._closed:
-            self.flush()
+            self._flush_gathered()
         self.outbox.close(timeout_s)
         if not self._closed:
             self._last_depth = self.spool.depth()
