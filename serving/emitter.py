@@ -103,7 +103,9 @@ class Emitter:
             ack = "metered" if from_stack else "broker"
         self.ack = ack or ack_mode(self.settings)
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
-        self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync)
+        # The appends run on the gateway's event loop: SQLite's checkpoints (1-9 ms each, with an
+        # fsync) are left to the publisher thread (metering/outbox.py, "Checkpoints").
+        self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync, checkpoints="publisher")
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
         self._producer_factory = producer_factory
         self._closed = False

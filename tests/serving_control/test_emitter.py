@@ -98,6 +98,22 @@ def test_close_spools_what_the_loop_gathered(settings, tmp_path):
     spool.close()
 
 
+def test_the_publisher_checkpoints_the_gateway_spool(settings, kafka_bootstrap, tmp_path):
+    """The emitter's appends leave SQLite's checkpoints to its publisher thread, which runs them."""
+    ensure_topics(kafka_bootstrap, settings)
+    emitter = Emitter(tmp_path / "spool", kafka_bootstrap, settings, name="ckpt")
+    for i in range(300):
+        emitter.emit(request_event(i))
+    database = tmp_path / "spool" / "ckpt.sqlite3"
+    appended = database.stat().st_size  # everything is still in the WAL
+    with emitter:
+        deadline = time.monotonic() + 10
+        while database.stat().st_size == appended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert database.stat().st_size > appended
+        assert emitter.wait_drained(30), emitter.last_error
+
+
 def orjson_subject(value: bytes) -> bytes:
     import orjson
 
