@@ -22,8 +22,8 @@ Semantics:
   last appends since the previous checkpoint. Set INFERMETER_SPOOL_SYNC=full to fsync every
   append (power-loss safe, ~ a disk flush per emit). `emit` is synchronous and takes tens of
   microseconds with `normal`, so calling it on the event loop is fine.
-- `emit_batched` (the gateway's request events, emitted once the client has its answer) gathers
-  the event instead; the first event of a batch schedules `flush` with `loop.call_soon`, which
+- `emit_batched` (the gateway's request events, emitted as or after the client gets its answer)
+  gathers the event instead; the first event of a batch schedules `flush` with `loop.call_soon`, which
   appends everything gathered in ONE transaction right after the callbacks already due (the rest
   of that event-loop iteration), before any callback scheduled after it: before the loop serves
   anything that arrives later. A `kill -9` can fall between `emit_batched` and that append only
