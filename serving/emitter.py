@@ -6,6 +6,8 @@ Public API (the gateway and the replica agent code against this):
     emitter.start()                 # replays whatever is spooled, then publishes in a thread
     emitter.emit(event_dict)        # CloudEvent dict (metering.contract.make_event); durable on return
     emitter.emit_many([...])        # several in one spool transaction
+    emitter.emit_batched(event_dict)  # on an event loop: with the rest of this iteration's events
+    emitter.flush()                 # append now what `emit_batched` has gathered
     emitter.depth() -> int          # events spooled and not yet forgotten (see `ack`)
     emitter.publish_lag_s() -> float  # age of the oldest spooled event (0.0 if none)
     emitter.wait_drained(timeout_s) -> bool
@@ -20,6 +22,13 @@ Semantics:
   last appends since the previous checkpoint. Set INFERMETER_SPOOL_SYNC=full to fsync every
   append (power-loss safe, ~ a disk flush per emit). `emit` is synchronous and takes tens of
   microseconds with `normal`, so calling it on the event loop is fine.
+- `emit_batched` (the gateway's request events, emitted as or after the client gets its answer)
+  gathers the event instead; the first event of a batch schedules `flush` with `loop.call_soon`, which
+  appends everything gathered in ONE transaction right after the callbacks already due (the rest
+  of that event-loop iteration), before any callback scheduled after it: before the loop serves
+  anything that arrives later. A `kill -9` can fall between `emit_batched` and that append only
+  inside that one iteration, as it always could between vLLM finishing and the append. Without
+  a running event loop it is `emit`. `close` appends whatever is still gathered.
 - A background thread (`metering.outbox.Outbox`) reads the spool oldest first in batches
   (INFERMETER_EMITTER_BATCH_MAX_EVENTS), produces each event to `settings.events_topic` with
   key = the event's `subject` (the customer id), acks=all, waits for every delivery report of
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -93,10 +103,16 @@ class Emitter:
             ack = "metered" if from_stack else "broker"
         self.ack = ack or ack_mode(self.settings)
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
-        self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync)
+        # The appends run on the gateway's event loop: SQLite's checkpoints (1-9 ms each, with an
+        # fsync) are left to the publisher thread (metering/outbox.py, "Checkpoints").
+        self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync, checkpoints="publisher")
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
         self._producer_factory = producer_factory
         self._closed = False
+        # Events of `emit_batched` not yet appended (see Semantics); emit_batched may run on
+        # several threads' loops, hence the lock.
+        self._gathered: list[tuple[bytes | None, bytes, tuple[str, str]]] = []
+        self._gather_lock = threading.Lock()
         # The gauges are read from the spool itself when /metrics is scraped: always exact.
         metrics.SPOOL_DEPTH.labels(spool=name).set_function(self._depth_for_metrics)
         metrics.PUBLISH_LAG.labels(spool=name).set_function(self._lag_for_metrics)
@@ -181,6 +197,38 @@ class Emitter:
         self.spool.append(key, value, identity)
         self._after_append(1)
 
+    def emit_batched(self, event: dict) -> None:
+        """Append one CloudEvent together with the others of this event-loop iteration (`flush`,
+        scheduled by the first of them); without a running loop, `emit`."""
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            self.emit(event)
+            return
+        item = self._encode(event)
+        with self._gather_lock:
+            self._gathered.append(item)
+            first = len(self._gathered) == 1
+        if first:
+            loop.call_soon(self._flush_gathered)
+
+    def flush(self) -> int:
+        """Append what `emit_batched` gathered, in one transaction; how many events."""
+        with self._gather_lock:
+            items, self._gathered = self._gathered, []
+        if len(items) == 1:  # the usual case at a low request rate: no transaction to open
+            self.spool.append(*items[0])
+        elif items:
+            self.spool.append_many(items)
+        if items:
+            self._after_append(len(items))
+        return len(items)
+
+    def _flush_gathered(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # the spool itself failed: say so loudly, as the request's `finish` did
+            log.exception("could not spool the usage events of this event-loop iteration")
+
     def emit_many(self, events: Iterable[dict]) -> None:
         items = [self._encode(e) for e in events]
         if items:
@@ -217,6 +265,8 @@ class Emitter:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop publishing (waiting up to `timeout_s` for the current batch); spooled events stay."""
+        if not self._closed:
+            self._flush_gathered()
         self.outbox.close(timeout_s)
         if not self._closed:
             self._last_depth = self.spool.depth()

@@ -50,8 +50,9 @@ no middleware stack, router scan or dependency solving); one keep-alive pool of 
 connections (serving/upstream_http.py: httptools parsing, ~0.3-0.4 ms a request cheaper here than
 aiohttp's client, docs/benchmarks.md; aiohttp's client itself measured ~7x cheaper than httpx
 here, a run not kept in the repository); raw bodies parsed with orjson; no Pydantic models. A
-non-streamed request's event is built and spooled right after its response is handed to the
-kernel, in the same event-loop step (`RequestContext.after_send`), not before. Numbers:
+non-streamed request's event is built right after its response is handed to the kernel, in the
+same event-loop step (`RequestContext.after_send`), not before; the emitter appends the events of
+one loop iteration in one spool transaction (`Emitter.emit_batched`). Numbers:
 docs/benchmarks.md, "Gateway overhead".
 """
 
@@ -129,9 +130,9 @@ class GatewayApp:
         try:
             await response(scope, receive, send)
         finally:
-            # The event of a non-streamed request is built and spooled here, in the same event-loop
-            # step that handed the response to the kernel (uvicorn's send does not yield): the
-            # client is not kept waiting for it, and nothing else runs in between.
+            # The event of a non-streamed request is built here, in the same event-loop step that
+            # handed the response to the kernel (uvicorn's send does not yield): the client is not
+            # kept waiting for it. The emitter spools it at the end of this loop iteration.
             if ctx is not None and ctx.after_send is not None:
                 await ctx.after_send()
 

@@ -55,6 +55,10 @@ class Rejected:
 
 
 class EventSink(Protocol):
+    """`emit` keeps the event before it returns. A sink may also have `emit_batched(event)`, which
+    may keep it with the rest of the event-loop iteration's events instead (the emitter's spool
+    transaction); the gateway uses it for request events, whose client already has its answer."""
+
     def emit(self, event: dict) -> None: ...
 
 

@@ -65,6 +65,27 @@ def test_a_spool_written_before_row_states_opens_with_every_row_pending(tmp_path
     assert (row.key, row.value, row.attempts) == (b"k", b"{}", 1)
 
 
+def test_a_spool_that_leaves_checkpoints_to_its_publisher_never_checkpoints_on_append(tmp_path):
+    """checkpoints="publisher" (the gateway's spool, appended on its event loop): past SQLite's
+    1,000-page automatic checkpoint the database file has still not grown; `checkpoint` (the
+    publisher thread's) copies the WAL in, at most once per interval; nothing is lost either way."""
+    sizes = {}
+    for mode in ("auto", "publisher"):
+        spool = Spool(tmp_path / f"{mode}.sqlite3", checkpoints=mode)
+        for i in range(1500):  # ~1 page each
+            spool.append(b"k", b"v" * 3000 + str(i).encode())
+        sizes[mode] = spool.path.stat().st_size
+        if mode == "publisher":
+            assert spool.checkpoint(every_s=0) is True
+            assert spool.path.stat().st_size > 4_000_000
+            assert spool.checkpoint() is False  # not due yet
+        else:
+            assert spool.checkpoint(every_s=0) is False  # SQLite's own
+        spool.close()
+        assert Spool(spool.path).depth() == 1500
+    assert sizes["auto"] > 1_000_000 and sizes["publisher"] < 100_000
+
+
 def test_event_identity():
     assert event_identity(b'{"source": "//s", "id": "e1", "data": {"x": [1, 2]}}') == ("//s", "e1")
     assert event_identity(b'{"source": "//s", "id": 7}') is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -46,6 +47,71 @@ def test_events_reach_the_topic_exactly_as_emitted(settings, kafka_bootstrap, tm
     records = read_events(kafka_bootstrap, settings.events_topic, len(events))
     assert sorted(v for _, v in records) == sorted(encode_event(e) for e in events)
     assert all(key == orjson_subject(value) for key, value in records)
+
+
+def test_events_emitted_in_one_loop_iteration_are_spooled_in_one_transaction(
+    settings, kafka_bootstrap, tmp_path, monkeypatch
+):
+    """The gateway's request events (`emit_batched` on its event loop): the events of one iteration
+    are appended together, in one transaction, before the loop runs anything scheduled after
+    them; the publisher sees each."""
+    ensure_topics(kafka_bootstrap, settings)
+    events = [request_event(i) for i in range(5)]
+    emitter = Emitter(tmp_path / "spool", kafka_bootstrap, settings, name="loop")
+    transactions: list[int] = []
+    append_many = emitter.spool.append_many
+    monkeypatch.setattr(emitter.spool, "append_many", lambda items: transactions.append(len(items)) or append_many(items))
+    watch = Spool(tmp_path / "spool" / "loop.sqlite3")  # another connection: what a restart would find
+
+    async def requests_finishing_in_one_iteration() -> tuple[int, int]:
+        for event in events:
+            emitter.emit_batched(event)
+        gathered = watch.depth()
+        await asyncio.sleep(0)  # anything scheduled from here on runs after the append
+        return gathered, watch.depth()
+
+    assert asyncio.run(requests_finishing_in_one_iteration()) == (0, 5)
+    assert transactions == [5]
+    with emitter:
+        assert emitter.wait_drained(30), emitter.last_error
+    records = read_events(kafka_bootstrap, settings.events_topic, len(events))
+    assert sorted(v for _, v in records) == sorted(encode_event(e) for e in events)
+    watch.close()
+
+
+def test_close_spools_what_the_loop_gathered(settings, tmp_path):
+    """An event gathered on a loop that stops before its append still reaches the spool on close."""
+    emitter = Emitter(tmp_path / "spool", "127.0.0.1:9", settings, name="gathered")
+    loop = asyncio.new_event_loop()
+
+    def emit_then_stop() -> None:
+        emitter.emit_batched(request_event(1))
+        loop.stop()  # this iteration is the loop's last: the append scheduled by emit never runs
+
+    loop.call_soon(emit_then_stop)
+    loop.run_forever()
+    loop.close()
+    assert emitter.depth() == 0
+    emitter.close()
+    spool = Spool(tmp_path / "spool" / "gathered.sqlite3")
+    assert [e.identity for e in spool.peek(10)] == [("//gateway/test-child", "req-1")]
+    spool.close()
+
+
+def test_the_publisher_checkpoints_the_gateway_spool(settings, kafka_bootstrap, tmp_path):
+    """The emitter's appends leave SQLite's checkpoints to its publisher thread, which runs them."""
+    ensure_topics(kafka_bootstrap, settings)
+    emitter = Emitter(tmp_path / "spool", kafka_bootstrap, settings, name="ckpt")
+    for i in range(300):
+        emitter.emit(request_event(i))
+    database = tmp_path / "spool" / "ckpt.sqlite3"
+    appended = database.stat().st_size  # everything is still in the WAL
+    with emitter:
+        deadline = time.monotonic() + 10
+        while database.stat().st_size == appended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert database.stat().st_size > appended
+        assert emitter.wait_drained(30), emitter.last_error
 
 
 def orjson_subject(value: bytes) -> bytes:
