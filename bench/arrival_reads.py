@@ -18,17 +18,15 @@ import json
 import os
 import statistics
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 from bench.ingest import generate, new_database
-from bench.write_path import BATCH
+from bench.write_path import alternating_write_rates
 from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
 from metering import queries
 from metering.kafka import Message
-from metering.writer import BatchWriter
 
 INDEX = "raw_events_received_brin"
 MONTH_START, MONTH_S = datetime(2026, 11, 1, tzinfo=UTC), 30 * 86_400
@@ -51,19 +49,7 @@ def _run(args: argparse.Namespace, server: str) -> dict:
     urls = {"without": new_database(server), "with": new_database(server)}
     with psycopg.connect(to_libpq_url(urls["without"]), autocommit=True) as conn:
         conn.execute(f"DROP INDEX {INDEX}")
-    writers = {name: BatchWriter(to_libpq_url(url), group_id=f"b{uuid.uuid4().hex[:6]}", max_bytes=65536,
-                                 future_tolerance_s=300) for name, url in urls.items()}
-    seconds: dict[str, list[float]] = {name: [] for name in urls}
-    for n, start in enumerate(range(0, len(messages), BATCH)):
-        for name in ("without", "with") if n % 2 == 0 else ("with", "without"):
-            ready = writers[name].prepare(messages[start:start + BATCH])
-            t = time.perf_counter()
-            writers[name].write(ready)
-            if n:  # the first batch warms partitions, temp tables and plans
-                seconds[name].append(time.perf_counter() - t)
-    for writer in writers.values():
-        writer.close()
-    rates = {name: BATCH / statistics.median(s) for name, s in seconds.items()}
+    rates = alternating_write_rates({name: (url, messages) for name, url in urls.items()}, flip=True)
 
     with psycopg.connect(to_libpq_url(urls["without"]), autocommit=True) as conn:
         conn.execute("TRUNCATE raw_events")

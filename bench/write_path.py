@@ -88,6 +88,29 @@ def _run(args: argparse.Namespace, server: str) -> dict:
     return report
 
 
+def alternating_write_rates(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False) -> dict[str, float]:
+    """Metering's BatchWriter rate (events/s, median over batches) for each name's (database URL,
+    messages), written batch by batch in turn so all see the same minutes of this shared machine
+    (`flip`: the order reverses every batch); the first batch of each warms partitions, temp tables
+    and plans and is not timed."""
+    writers = {name: BatchWriter(to_libpq_url(url), group_id=f"b{uuid.uuid4().hex[:6]}", max_bytes=65536,
+                                 future_tolerance_s=300) for name, (url, _) in targets.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in targets}
+    order = list(targets)
+    try:
+        for n, start in enumerate(range(0, len(next(iter(targets.values()))[1]), BATCH)):
+            for name in reversed(order) if flip and n % 2 else order:
+                ready = writers[name].prepare(targets[name][1][start:start + BATCH])
+                t = time.perf_counter()
+                writers[name].write(ready)
+                if n:
+                    seconds[name].append(time.perf_counter() - t)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return {name: BATCH / statistics.median(s) for name, s in seconds.items()}
+
+
 def _region_rates(server: str, messages: list[Message]) -> dict:
     """Plain events and the same events with a `region`, written alternately batch by batch (each into
     its own database), so both see the same minutes of this shared machine."""
@@ -99,20 +122,9 @@ def _region_rates(server: str, messages: list[Message]) -> dict:
         return Message(message.topic, message.partition, message.offset, message.key, orjson.dumps(event), {}, None)
 
     regional = [with_region(m, n) for n, m in enumerate(messages)]
-    writers, seconds = {}, {"plain": [], "region": []}
-    for name in seconds:
-        writers[name] = BatchWriter(to_libpq_url(new_database(server)), group_id=f"b{uuid.uuid4().hex[:6]}",
-                                    max_bytes=65536, future_tolerance_s=300)
-    for start in range(0, len(messages), BATCH):
-        for name, source in (("plain", messages), ("region", regional)):
-            ready = writers[name].prepare(source[start:start + BATCH])
-            t = time.perf_counter()
-            writers[name].write(ready)
-            if start:  # the first batch warms partitions, temp tables and plans
-                seconds[name].append(time.perf_counter() - t)
-    for writer in writers.values():
-        writer.close()
-    plain, region = (BATCH / statistics.median(seconds[name]) for name in ("plain", "region"))
+    rates = alternating_write_rates({"plain": (new_database(server), messages),
+                                     "region": (new_database(server), regional)})
+    plain, region = rates["plain"], rates["region"]
     return {"postgres_plain_events_per_s": round(plain), "postgres_region_events_per_s": round(region),
             "region_write_ratio": round(region / plain, 3)}
 
