@@ -98,7 +98,7 @@ def test_revocation_reaches_a_second_process_within_the_cache_ttl(engine, other_
             gateway_2.authenticate_sync(token)
         except AuthError:
             break
-        assert time.monotonic() - revoked_at < 1.5, "revocation not visible within the TTL"
+        assert time.monotonic() - revoked_at < 3.0, "revocation not visible soon after the 1 s TTL"
         time.sleep(0.05)
     # and it stays revoked
     with pytest.raises(AuthError, match="revoked"):
@@ -140,7 +140,7 @@ def test_a_sessions_key_comes_from_the_verified_key_cache_and_revocation_ends_it
     assert admin.revoke(key_id)  # another process revokes it
     revoked_at = time.monotonic()
     while asyncio.run(web.session_principal(key_id)) is not None:
-        assert time.monotonic() - revoked_at < 1.5, "revocation not visible within the TTL"
+        assert time.monotonic() - revoked_at < 3.0, "revocation not visible soon after the 1 s TTL"
         time.sleep(0.05)
     assert asyncio.run(web.session_principal(key_id)) is None  # and it stays revoked
     other_id, _ = web.create("cust-a")
