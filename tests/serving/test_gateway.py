@@ -136,7 +136,6 @@ def _auth(customer) -> dict[str, str]:
 
 
 def test_client_disconnect_mid_stream_meters_the_tokens_generated(gateway, customer, pipeline, vllm):
-    generated_before = vllm_counter(vllm, "vllm:generation_tokens_total")
     body = {
         "model": MODEL, "prompt": "Tell the long story of the harbor", "max_tokens": 1900, "stream": True,
         "temperature": 0, "ignore_eos": True,
@@ -157,22 +156,34 @@ def test_client_disconnect_mid_stream_meters_the_tokens_generated(gateway, custo
             # leaving the block closes the connection mid-stream
         return seen
 
-    seen = asyncio.run(read_some_then_leave())
-    [event] = pipeline.request_events(customer.customer_id, 1)
-    data = event["data"]
-    assert data["status"] == "cancelled"
-    assert data["tags"]["reason"] == "client_disconnected"
-    assert seen <= data["output_tokens"] < 1900
-    assert data["input_tokens"] > 0  # known from the first chunk's continuous usage
-    # vLLM aborted the request: nothing runs and its generation counter stopped far below max_tokens
-    _wait_for(lambda: vllm_counter(vllm, "vllm:num_requests_running") == 0)
-    generated = vllm_counter(vllm, "vllm:generation_tokens_total") - generated_before
-    # The event counts what vLLM had streamed to the gateway when the client left. The engine may
-    # run ahead of its own HTTP stream before it sees the abort (a few tokens when idle, hundreds
-    # on a loaded machine); those never reached anyone and are not billed.
-    assert data["output_tokens"] <= generated <= 1900
+    # On a starved machine vLLM can stream all 1,900 tokens to the gateway before the gateway's
+    # event loop runs again and sees the client gone: that request is then `ok`, whole, and billed
+    # whole (vLLM generated every token). The test asks for one cancelled request in 3 tries, and
+    # checks every try's one event against what vLLM generated.
+    cancelled = None
+    for attempt in range(1, 4):
+        generated_before = vllm_counter(vllm, "vllm:generation_tokens_total")
+        seen = asyncio.run(read_some_then_leave())
+        data = pipeline.request_events(customer.customer_id, attempt)[-1]["data"]
+        # vLLM aborted the request (or finished it): nothing runs
+        _wait_for(lambda: vllm_counter(vllm, "vllm:num_requests_running") == 0)
+        generated = vllm_counter(vllm, "vllm:generation_tokens_total") - generated_before
+        if data["status"] == "ok":
+            assert data["output_tokens"] == generated == 1900
+            continue
+        cancelled = data
+        assert data["status"] == "cancelled"
+        assert data["tags"]["reason"] == "client_disconnected"
+        assert seen <= data["output_tokens"] < 1900
+        assert data["input_tokens"] > 0  # known from the first chunk's continuous usage
+        # The event counts what vLLM had streamed to the gateway when the client left. The engine may
+        # run ahead of its own HTTP stream before it sees the abort (a few tokens when idle, hundreds
+        # on a loaded machine); those never reached anyone and are not billed.
+        assert data["output_tokens"] <= generated <= 1900
+        break
+    assert cancelled is not None, "in 3 tries vLLM always finished before the gateway saw the client leave"
     pipeline.settle()
-    assert len(pipeline.request_events(customer.customer_id, 1)) == 1  # exactly one event
+    assert len(pipeline.request_events(customer.customer_id, attempt)) == attempt  # one event per request
 
 
 def _wait_for(condition, timeout_s: float = 20.0) -> None:
