@@ -2,7 +2,7 @@
 through LiteLLM's proxy, in one run.
 
     python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm [--vllm-bench]]
-                            [--no-litellm] [--floor] [--stream] [--json FILE]
+                            [--no-litellm] [--floor [--asgi-floor]] [--stream] [--json FILE]
                             [--replicas 2] [--region R] [--gateway-env NAME=VALUE ...]
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
@@ -17,7 +17,9 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
   8 req/s, 200 random 64-token prompts, 16 output tokens, streamed), TTFT and end-to-end latency;
 - with `--floor`: the minimal pass-through (raw asyncio Protocols both ways, requests and replies
   parsed with httptools, bodies forwarded over pooled keep-alive connections, nothing else): the
-  least any Python proxy on this event loop adds here. The run ends with the targets against it.
+  least any Python proxy on this event loop adds here. The run ends with the targets against it;
+- with `--asgi-floor` too: the same pass-through written as a bare ASGI app (no framework) and
+  served by uvicorn as the gateway is: what uvicorn's request cycle adds to the floor on its own.
 
 The gateway runs as in production: an upstream file (`--replicas` entries, default 2, all pointing
 at the stub, so failover has somewhere to go and prefix routing picks among them), failover and
@@ -142,15 +144,11 @@ def run_stub(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def run_passthrough(port: int, upstream: str) -> None:
-    """The minimal pass-through (`--floor`): raw asyncio Protocols both ways, httptools parsing.
-
-    An asyncio server Protocol parses each request with httptools, sends its body over a pooled
-    keep-alive connection to the upstream (another Protocol, replies parsed with httptools) and
-    writes the upstream's status and body back. No framework, no auth, no body parsing, no
-    metering (non-streamed requests only): what any Python proxy on this event loop pays at least."""
+def _forwarder(upstream: str):
+    """`forward(path, body) -> (status, body)`: a request's body POSTed over a pooled keep-alive
+    connection to the upstream (a raw asyncio Protocol, replies parsed with httptools): the upstream
+    side of both minimal pass-throughs."""
     import httptools
-    import uvloop
 
     host, upstream_port = upstream.removeprefix("http://").rsplit(":", 1)
     head = (f"POST %s HTTP/1.1\r\nHost: {host}:{upstream_port}\r\nContent-Type: application/json\r\n"
@@ -185,7 +183,8 @@ def run_passthrough(port: int, upstream: str) -> None:
             if self.waiter is not None and not self.waiter.done():
                 self.waiter.set_exception(ConnectionError("upstream closed"))
 
-    async def forward(loop, path: bytes, body: bytes) -> tuple[int, bytes]:
+    async def forward(path: bytes, body: bytes) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
         connection = None
         while idle:
             candidate = idle.pop()
@@ -199,6 +198,21 @@ def run_passthrough(port: int, upstream: str) -> None:
         status, data = await connection.waiter
         idle.append(connection)
         return status, data
+
+    return forward
+
+
+def run_passthrough(port: int, upstream: str) -> None:
+    """The minimal pass-through (`--floor`): raw asyncio Protocols both ways, httptools parsing.
+
+    An asyncio server Protocol parses each request with httptools, sends its body over a pooled
+    keep-alive connection to the upstream (`_forwarder`) and writes the upstream's status and body
+    back. No framework, no auth, no body parsing, no metering (non-streamed requests only): what
+    any Python proxy on this event loop pays at least."""
+    import httptools
+    import uvloop
+
+    forward = _forwarder(upstream)
 
     class _Client(asyncio.Protocol):
         def __init__(self) -> None:
@@ -232,7 +246,7 @@ def run_passthrough(port: int, upstream: str) -> None:
                 status, data = 200, b"ok"
             else:
                 try:
-                    status, data = await forward(asyncio.get_running_loop(), url, body)
+                    status, data = await forward(url, body)
                 except OSError:
                     status, data = 502, b"{}"
             self.transport.write(
@@ -248,6 +262,39 @@ def run_passthrough(port: int, upstream: str) -> None:
             await server.serve_forever()
 
     uvloop.run(serve())
+
+
+def run_asgi_passthrough(port: int, upstream: str) -> None:
+    """The same pass-through as a bare ASGI app (no framework) served by uvicorn the way the gateway
+    is (uvloop, httptools) (`--asgi-floor`): the floor plus uvicorn's request cycle, nothing else."""
+    import uvicorn
+
+    forward = _forwarder(upstream)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["path"] == "/health":
+            status, data = 200, b"ok"
+        else:
+            chunks = []
+            while True:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+            try:
+                status, data = await forward(scope["raw_path"], b"".join(chunks))
+            except OSError:
+                status, data = 502, b"{}"
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools")
 
 
 # --- load generation ----------------------------------------------------------------------------
@@ -571,6 +618,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure the minimal asyncio + httptools pass-through, and check the targets against it",
     )
+    parser.add_argument(
+        "--asgi-floor",
+        action="store_true",
+        help="with --floor: also measure the same pass-through as a bare ASGI app under uvicorn (what "
+        "uvicorn's request cycle costs on its own)",
+    )
     parser.add_argument("--replicas", type=int, default=2, help="replica entries of the gateway's upstream file")
     parser.add_argument("--region", help="write `region: R` on every replica of the upstream file (residency)")
     parser.add_argument(
@@ -585,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
+    parser.add_argument("--asgi-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stub:
         run_stub(args.stub)
@@ -592,6 +646,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.passthrough:
         run_passthrough(int(args.passthrough[0]), args.passthrough[1])
         return 0
+    if args.asgi_passthrough:
+        run_asgi_passthrough(int(args.asgi_passthrough[0]), args.asgi_passthrough[1])
+        return 0
+    if args.asgi_floor and not args.floor:
+        parser.error("--asgi-floor goes with --floor")
     if args.floor and args.stream:
         parser.error("--floor measures non-streamed requests only")
     if any("=" not in item for item in args.gateway_env):
@@ -706,6 +765,20 @@ def main(argv: list[str] | None = None) -> int:
                     "direct",
                 )
                 report["targets"] = print_targets(by_ack, floor_results, args.rate)
+            if args.asgi_floor:
+                asgi_port = _free_port()
+                asgi_url = f"http://127.0.0.1:{asgi_port}"
+                with process(
+                    [python, "-m", "bench.gateway", "--asgi-passthrough", str(asgi_port), stub_url],
+                    log=work / "asgi-passthrough.log",
+                ) as asgi:
+                    _wait_http(asgi_url + "/health", process=asgi)
+                    asgi_results = phase(("asgi-passthrough", asgi_url + "/v1/chat/completions", {}), asgi.pid)
+                report["asgi_passthrough"] = print_table(
+                    "stub upstream: the same pass-through as a bare ASGI app under uvicorn (nothing else running)",
+                    asgi_results,
+                    "direct",
+                )
             if not args.no_litellm:
                 litellm_bin = REPO / ".venv-litellm/bin/litellm"
                 if not litellm_bin.exists():
