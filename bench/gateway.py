@@ -750,34 +750,24 @@ def main(argv: list[str] | None = None) -> int:
                     f"stub upstream: infermeter gateway, INFERMETER_ACK={ack} (LiteLLM not running)", results, "direct"
                 )
                 report["stub"] += [dict(row, ack=ack) for row in rows]
+            def pass_through(flag: str, name: str, title: str) -> list[Result]:
+                """One of the minimal pass-throughs in front of the stub, measured as `phase` does."""
+                port = _free_port()
+                url = f"http://127.0.0.1:{port}"
+                with process([python, "-m", "bench.gateway", flag, str(port), stub_url], log=work / f"{name}.log") as proxy:
+                    _wait_http(url + "/health", process=proxy)
+                    results = phase((name, url + "/v1/chat/completions", {}), proxy.pid)
+                report[name.replace("-", "_")] = print_table(f"stub upstream: {title} (nothing else running)", results, "direct")
+                return results
+
             if args.floor:
-                floor_port = _free_port()
-                floor_url = f"http://127.0.0.1:{floor_port}"
-                with process(
-                    [python, "-m", "bench.gateway", "--passthrough", str(floor_port), stub_url],
-                    log=work / "passthrough.log",
-                ) as floor:
-                    _wait_http(floor_url + "/health", process=floor)
-                    floor_results = phase(("passthrough", floor_url + "/v1/chat/completions", {}), floor.pid)
-                report["passthrough"] = print_table(
-                    "stub upstream: minimal asyncio + httptools pass-through (nothing else running)",
-                    floor_results,
-                    "direct",
+                floor_results = pass_through(
+                    "--passthrough", "passthrough", "minimal asyncio + httptools pass-through"
                 )
                 report["targets"] = print_targets(by_ack, floor_results, args.rate)
             if args.asgi_floor:
-                asgi_port = _free_port()
-                asgi_url = f"http://127.0.0.1:{asgi_port}"
-                with process(
-                    [python, "-m", "bench.gateway", "--asgi-passthrough", str(asgi_port), stub_url],
-                    log=work / "asgi-passthrough.log",
-                ) as asgi:
-                    _wait_http(asgi_url + "/health", process=asgi)
-                    asgi_results = phase(("asgi-passthrough", asgi_url + "/v1/chat/completions", {}), asgi.pid)
-                report["asgi_passthrough"] = print_table(
-                    "stub upstream: the same pass-through as a bare ASGI app under uvicorn (nothing else running)",
-                    asgi_results,
-                    "direct",
+                pass_through(
+                    "--asgi-passthrough", "asgi-passthrough", "the same pass-through as a bare ASGI app under uvicorn"
                 )
             if not args.no_litellm:
                 litellm_bin = REPO / ".venv-litellm/bin/litellm"
