@@ -750,6 +750,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"stub upstream: infermeter gateway, INFERMETER_ACK={ack} (LiteLLM not running)", results, "direct"
                 )
                 report["stub"] += [dict(row, ack=ack) for row in rows]
+
             def pass_through(flag: str, name: str, title: str) -> list[Result]:
                 """One of the minimal pass-throughs in front of the stub, measured as `phase` does."""
                 port = _free_port()

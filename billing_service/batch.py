@@ -72,6 +72,11 @@ class _LineRows:
         self._tails: dict[tuple[str, datetime, datetime], str] = {}
         self.parts: list[str] = []
 
+    def _middle(self, *fields: str) -> str:
+        """(kind, charge key, meter, group) escaped and joined, kept for the lines that repeat them."""
+        middle = self._middles[fields] = "\t".join(_copy_text(v) for v in fields)
+        return middle
+
     def add_rated(self, invoice_id: str, label: str, start: datetime, end: datetime, rated: Iterable[tuple]) -> None:
         """The lines of a first invoice (`FirstInvoice.rated`: the rating's lines, each its own rated
         line, all of the invoice's period), without a tuple made per line for `add`."""
@@ -79,10 +84,7 @@ class _LineRows:
         tail = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
         for position, (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount,
                        amount) in enumerate(rated):
-            middle = middles.get((kind, charge_key, meter, group))
-            if middle is None:
-                middle = middles[(kind, charge_key, meter, group)] = "\t".join(
-                    _copy_text(v) for v in (kind, charge_key, meter, group))
+            middle = middles.get((kind, charge_key, meter, group)) or self._middle(kind, charge_key, meter, group)
             line_id = _copy_text(line_id)
             price = _NULL if unit_price is None else str(unit_price)
             parts.append(f"{head}\t{position}\t{line_id}\t{line_id}\t{middle}\t{str(quantity)}\t{price}\t"
@@ -95,10 +97,7 @@ class _LineRows:
         head, middles, tails, parts = _copy_text(invoice_id), self._middles, self._tails, self.parts
         for position, (line_id, rated_id, kind, charge_key, meter, group, quantity, unit_price, precise_amount,
                        amount, label, start, end) in enumerate(lines):
-            middle = middles.get((kind, charge_key, meter, group))
-            if middle is None:
-                middle = middles[(kind, charge_key, meter, group)] = "\t".join(
-                    _copy_text(v) for v in (kind, charge_key, meter, group))
+            middle = middles.get((kind, charge_key, meter, group)) or self._middle(kind, charge_key, meter, group)
             tail = tails.get((label, start, end))
             if tail is None:
                 tail = tails[(label, start, end)] = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
