@@ -2,7 +2,7 @@
 through LiteLLM's proxy, in one run.
 
     python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm [--vllm-bench]]
-                            [--no-litellm] [--floor [--asgi-floor]] [--stream] [--json FILE]
+                            [--no-litellm] [--floor [--asgi-floor] [--metered-floor]] [--stream] [--json FILE]
                             [--replicas 2] [--region R] [--gateway-env NAME=VALUE ...]
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
@@ -19,7 +19,10 @@ Parts, each its own process on loopback (one uvicorn worker each, uvloop):
   parsed with httptools, bodies forwarded over pooled keep-alive connections, nothing else): the
   least any Python proxy on this event loop adds here. The run ends with the targets against it;
 - with `--asgi-floor` too: the same pass-through written as a bare ASGI app (no framework) and
-  served by uvicorn as the gateway is: what uvicorn's request cycle adds to the floor on its own.
+  served by uvicorn as the gateway is: what uvicorn's request cycle adds to the floor on its own;
+- with `--metered-floor` too: the floor that, after answering, keeps the request's usage event as
+  the gateway does (the gateway's event builder and emitter: spooled durably, then published to the
+  broker): the least a proxy that may not lose usage adds to the floor.
 
 The gateway runs as in production: an upstream file (`--replicas` entries, default 2, all pointing
 at the stub, so failover has somewhere to go and prefix routing picks among them), failover and
@@ -202,17 +205,57 @@ def _forwarder(upstream: str):
     return forward
 
 
-def run_passthrough(port: int, upstream: str) -> None:
+def _usage_recorder():
+    """`record(body, status, reply, started_at)`: the least a metering proxy adds to the
+    floor (`--metered-floor`): the request's model read from its body and the usage from the reply
+    (JSON both), its `request.v1` event built by the gateway's own builder
+    (`serving.usage.build_request_event`) and kept by the gateway's emitter exactly as the gateway
+    keeps it (`emit_batched`: one spool transaction per event-loop iteration, then the broker;
+    settings from the environment, as the gateway's)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from infermeter.settings import get_settings
+    from serving.emitter import Emitter, default_spool_dir
+    from serving.usage import RequestOutcome, build_request_event
+
+    settings = get_settings()
+    emitter = Emitter(default_spool_dir(settings), None, settings, name=settings.gateway_id).start()
+    source = f"bench/{settings.gateway_id}"
+
+    def record(body: bytes, status: int, reply: bytes, started_at: datetime) -> None:
+        try:
+            usage = json.loads(reply).get("usage") if status == 200 else None
+        except ValueError:
+            usage = None
+        outcome = RequestOutcome(
+            request_id=str(uuid.uuid4()), customer_id="bench-customer", api_key_id=None,
+            model=json.loads(body)["model"], deployment_id="bench", replica_id="stub",
+            status="ok" if status == 200 else "error", started_at=started_at, finished_at=datetime.now(UTC),
+            usage=usage, usage_final=usage is not None,
+        )  # fmt: skip
+        emitter.emit_batched(build_request_event(outcome, source=source))
+
+    return record
+
+
+def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
     """The minimal pass-through (`--floor`): raw asyncio Protocols both ways, httptools parsing.
 
     An asyncio server Protocol parses each request with httptools, sends its body over a pooled
     keep-alive connection to the upstream (`_forwarder`) and writes the upstream's status and body
     back. No framework, no auth, no body parsing, no metering (non-streamed requests only): what
-    any Python proxy on this event loop pays at least."""
+    any Python proxy on this event loop pays at least. With `metered` (`--metered-floor`), after
+    the answer is written, the request's usage event is kept as the gateway keeps it
+    (`_usage_recorder`): the floor of a proxy that meters and may not lose usage."""
     import httptools
     import uvloop
 
     forward = _forwarder(upstream)
+    record = _usage_recorder() if metered else None
+    recorded = [0]
+    if metered:
+        from datetime import UTC, datetime
 
     class _Client(asyncio.Protocol):
         def __init__(self) -> None:
@@ -244,7 +287,10 @@ def run_passthrough(port: int, upstream: str) -> None:
         async def answer(self, url: bytes, body: bytes, keep_alive: bool) -> None:
             if url == b"/health":
                 status, data = 200, b"ok"
+            elif url == b"/recorded":
+                status, data = 200, b"%d" % recorded[0]
             else:
+                started_at = datetime.now(UTC) if record else None
                 try:
                     status, data = await forward(url, body)
                 except OSError:
@@ -255,6 +301,9 @@ def run_passthrough(port: int, upstream: str) -> None:
             )
             if not keep_alive:
                 self.transport.close()
+            if record and url not in (b"/health", b"/recorded"):
+                record(body, status, data, started_at)
+                recorded[0] += 1
 
     async def serve() -> None:
         server = await asyncio.get_running_loop().create_server(_Client, "127.0.0.1", port)
@@ -624,6 +673,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --floor: also measure the same pass-through as a bare ASGI app under uvicorn (what "
         "uvicorn's request cycle costs on its own)",
     )
+    parser.add_argument(
+        "--metered-floor",
+        action="store_true",
+        help="with --floor: also measure the floor that keeps each request's usage event as the gateway does "
+        "(built by the gateway's builder, spooled and published by its emitter)",
+    )
     parser.add_argument("--replicas", type=int, default=2, help="replica entries of the gateway's upstream file")
     parser.add_argument("--region", help="write `region: R` on every replica of the upstream file (residency)")
     parser.add_argument(
@@ -638,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
+    parser.add_argument("--metered-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     parser.add_argument("--asgi-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stub:
@@ -646,11 +702,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.passthrough:
         run_passthrough(int(args.passthrough[0]), args.passthrough[1])
         return 0
+    if args.metered_passthrough:
+        run_passthrough(int(args.metered_passthrough[0]), args.metered_passthrough[1], metered=True)
+        return 0
     if args.asgi_passthrough:
         run_asgi_passthrough(int(args.asgi_passthrough[0]), args.asgi_passthrough[1])
         return 0
-    if args.asgi_floor and not args.floor:
-        parser.error("--asgi-floor goes with --floor")
+    if (args.asgi_floor or args.metered_floor) and not args.floor:
+        parser.error("--asgi-floor and --metered-floor go with --floor")
     if args.floor and args.stream:
         parser.error("--floor measures non-streamed requests only")
     if any("=" not in item for item in args.gateway_env):
@@ -751,13 +810,20 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 report["stub"] += [dict(row, ack=ack) for row in rows]
 
-            def pass_through(flag: str, name: str, title: str) -> list[Result]:
+            def pass_through(flag: str, name: str, title: str, env: dict | None = None) -> list[Result]:
                 """One of the minimal pass-throughs in front of the stub, measured as `phase` does."""
                 port = _free_port()
                 url = f"http://127.0.0.1:{port}"
-                with process([python, "-m", "bench.gateway", flag, str(port), stub_url], log=work / f"{name}.log") as proxy:
+                argv = [python, "-m", "bench.gateway", flag, str(port), stub_url]
+                with process(argv, env=env, log=work / f"{name}.log") as proxy:
                     _wait_http(url + "/health", process=proxy)
                     results = phase((name, url + "/v1/chat/completions", {}), proxy.pid)
+                    if env is not None:
+                        with urllib.request.urlopen(url + "/recorded", timeout=5) as response:
+                            report[f"{name.replace('-', '_')}_events"] = recorded = int(response.read())
+                        answered = sum(r.requests for r in results if r.target == name)
+                        print(f"{name}: {recorded:,} usage events kept for {answered:,} answered requests "
+                              "(warm-up requests included in the events)", file=sys.stderr)
                 report[name.replace("-", "_")] = print_table(f"stub upstream: {title} (nothing else running)", results, "direct")
                 return results
 
@@ -766,6 +832,12 @@ def main(argv: list[str] | None = None) -> int:
                     "--passthrough", "passthrough", "minimal asyncio + httptools pass-through"
                 )
                 report["targets"] = print_targets(by_ack, floor_results, args.rate)
+            if args.metered_floor:
+                pass_through(
+                    "--metered-passthrough", "metered-passthrough",
+                    "the same pass-through keeping each request's usage event as the gateway does",
+                    env={**env, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-metered-floor"},
+                )
             if args.asgi_floor:
                 pass_through(
                     "--asgi-passthrough", "asgi-passthrough", "the same pass-through as a bare ASGI app under uvicorn"
