@@ -822,8 +822,8 @@ def main(argv: list[str] | None = None) -> int:
                         with urllib.request.urlopen(url + "/recorded", timeout=5) as response:
                             report[f"{name.replace('-', '_')}_events"] = recorded = int(response.read())
                         answered = sum(r.requests for r in results if r.target == name)
-                        print(f"{name}: {recorded:,} usage events kept for {answered:,} answered requests "
-                              "(warm-up requests included in the events)", file=sys.stderr)
+                        print(f"{name}: {recorded:,} usage events kept; the load generator counted {answered:,} "
+                              "answered requests (not its warm-up requests)", file=sys.stderr)
                 report[name.replace("-", "_")] = print_table(f"stub upstream: {title} (nothing else running)", results, "direct")
                 return results
 
