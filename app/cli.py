@@ -34,6 +34,7 @@ from infermeter.stack import (
     serve_http,
     stop_on_signals,
     to_libpq_url,
+    wait_for_signal,
     write_stack_file,
 )
 
@@ -189,8 +190,7 @@ def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serv
                    host=settings.api_host, port=settings.api_port, log_level="warning")
     else:
         console.print("running; Ctrl-C stops")
-        while True:
-            signal.pause()
+        wait_for_signal()
 
 
 @app.command("settings")

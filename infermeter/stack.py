@@ -132,6 +132,20 @@ def stop_on_signals() -> Iterator[_SignalGuard]:
             signal.signal(sig, old)
 
 
+def wait_for_signal(poll_s: float = 1.0) -> None:
+    """Block the main thread until a signal handler raises (inside `stop_on_signals`: `Stopped`).
+
+    Not `signal.pause()`: Python runs a handler only between bytecodes, so a signal that arrives
+    after the interpreter's last check and before the pause(2) call (a window of milliseconds when
+    this thread is preempted there, e.g. by the thread that releasing the GIL woke) leaves pause()
+    waiting for a second signal. A harness with two busy Python threads and a SIGTERM sent 0-4 ms
+    after the child's "ready" lost it in 13 of 150 and 5 of 100 tries; `up --no-api` once ignored
+    its SIGTERM for over 60 s in CI. A timed sleep returns, and the pending handler runs, within
+    `poll_s` either way (tests/cli/test_signals.py)."""
+    while True:
+        time.sleep(poll_s)
+
+
 def serve_http(app: object, **config: object) -> None:
     """`uvicorn.run`, with SIGHUP shutting the server down gracefully like SIGINT and SIGTERM.
 
