@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +40,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -157,17 +159,39 @@ def _stream(url: str, token: str, prompt: str, engine_pgid: int, *, leave_after:
             "ignore_eos": True}
     args = {"url": url, "token": token, "body": body, "leave_after": leave_after, "kill_at": kill_at,
             "engine_pgid": engine_pgid}
-    try:
-        done = subprocess.run([sys.executable, "-m", "tests.serving.stream_child", json.dumps(args)],
-                              capture_output=True, text=True, timeout=180, check=False)
-    finally:  # never leave a replica's engine stopped, whatever happened to the child
-        from tests.serving.stream_child import engine_pids, resume
+    from tests.serving.stream_child import engine_pids, resume
 
+    child = subprocess.Popen([sys.executable, "-m", "tests.serving.stream_child", json.dumps(args)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = child.communicate(timeout=180)
+    except subprocess.TimeoutExpired:  # say where it hung: the child's stacks and the engine's state
+        states = _process_states([child.pid, *engine_pids(engine_pgid)])
+        child.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        child.kill()
+        stdout, stderr = child.communicate()
+        raise AssertionError(f"the streaming client hung for 180 s; its state, then the engine's: {states}; "
+                             f"its stderr:\n{stderr[-12000:]}") from None
+    finally:  # never leave a replica's engine stopped, whatever happened to the child
         resume(engine_pids(engine_pgid))
+    done = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     print("stream", {k: v for k, v in args.items() if k not in ("token", "body")}, out["chunks"], out["trace"], out["slices"])
     return out["chunks"], out["request_id"]
+
+
+def _process_states(pids: list[int]) -> dict[int, str]:
+    """pid -> its state letter (T: stopped) and CPU seconds so far, from /proc/<pid>/stat."""
+    states = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        states[pid] = f"{fields[0]} {(int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'):.2f} s"
+    return states
 
 
 class GatewayProcess:
