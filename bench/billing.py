@@ -39,7 +39,7 @@ from rich.console import Console
 from bench.rating import END, START, generate
 from billing_service.batch import _LineRows
 from billing_service.run import assign_plan, billing_run, set_customer
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack import process_cpu_s, remove_scratch, start_embedded_postgres, to_libpq_url
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
 from pricing_service.rate_period import rate_period
 
@@ -49,11 +49,7 @@ SETUP_AT = datetime(2026, 10, 20, tzinfo=UTC)
 def backend_cpu(conn: psycopg.Connection) -> float | None:
     """CPU seconds (user + system) used so far by the connection's PostgreSQL backend process, when the
     server runs on this machine (the embedded one does); None otherwise."""
-    try:
-        fields = Path(f"/proc/{conn.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    return process_cpu_s(conn.info.backend_pid)
 RUN_AT = datetime(2026, 12, 3, tzinfo=UTC)  # past the period end + the 24 h grace window
 
 

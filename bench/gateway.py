@@ -54,6 +54,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -213,7 +214,6 @@ def _usage_recorder():
     keeps it (`emit_batched`: one spool transaction per event-loop iteration, then the broker;
     settings from the environment, as the gateway's)."""
     import uuid
-    from datetime import UTC, datetime
 
     from infermeter.settings import get_settings
     from serving.emitter import Emitter, default_spool_dir
@@ -254,8 +254,6 @@ def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
     forward = _forwarder(upstream)
     record = _usage_recorder() if metered else None
     recorded = [0]
-    if metered:
-        from datetime import UTC, datetime
 
     class _Client(asyncio.Protocol):
         def __init__(self) -> None:
@@ -285,6 +283,7 @@ def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
             asyncio.get_running_loop().create_task(self.answer(url, body, self.parser.should_keep_alive()))
 
         async def answer(self, url: bytes, body: bytes, keep_alive: bool) -> None:
+            started_at = None  # set for a proxied request when its usage is kept
             if url == b"/health":
                 status, data = 200, b"ok"
             elif url == b"/recorded":
@@ -301,7 +300,7 @@ def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
             )
             if not keep_alive:
                 self.transport.close()
-            if record and url not in (b"/health", b"/recorded"):
+            if started_at is not None:
                 record(body, status, data, started_at)
                 recorded[0] += 1
 
@@ -363,16 +362,6 @@ class Result:
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a process has used so far (/proc/<pid>/stat).
-
-    CPU per request is what a shared machine does not distort: latency and req/s move with the
-    other work on the cores, the CPU a proxy spends on each request does not."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -719,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from infermeter.db import get_engine
     from infermeter.settings import Settings
-    from infermeter.stack import open_stack, remove_scratch
+    from infermeter.stack import open_stack, process_cpu_s, remove_scratch
     from serving.keys import KeyStore
 
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -810,15 +799,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 report["stub"] += [dict(row, ack=ack) for row in rows]
 
-            def pass_through(flag: str, name: str, title: str, env: dict | None = None) -> list[Result]:
-                """One of the minimal pass-throughs in front of the stub, measured as `phase` does."""
+            def pass_through(flag: str, name: str, title: str, env: dict | None = None, *,
+                             counts_events: bool = False) -> list[Result]:
+                """One of the minimal pass-throughs in front of the stub, measured as `phase` does
+                (`counts_events`: it answers `/recorded` with the usage events it kept)."""
                 port = _free_port()
                 url = f"http://127.0.0.1:{port}"
                 argv = [python, "-m", "bench.gateway", flag, str(port), stub_url]
                 with process(argv, env=env, log=work / f"{name}.log") as proxy:
                     _wait_http(url + "/health", process=proxy)
                     results = phase((name, url + "/v1/chat/completions", {}), proxy.pid)
-                    if env is not None:
+                    if counts_events:
                         with urllib.request.urlopen(url + "/recorded", timeout=5) as response:
                             report[f"{name.replace('-', '_')}_events"] = recorded = int(response.read())
                         answered = sum(r.requests for r in results if r.target == name)
@@ -836,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass_through(
                     "--metered-passthrough", "metered-passthrough",
                     "the same pass-through keeping each request's usage event as the gateway does",
-                    env={**env, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-metered-floor"},
+                    env={**env, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-metered-floor"}, counts_events=True,
                 )
             if args.asgi_floor:
                 pass_through(

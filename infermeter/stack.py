@@ -181,14 +181,26 @@ def process_cmdline(pid: int) -> list[str] | None:
     return raw.decode(errors="replace").split("\0")[:-1] or None
 
 
-def process_start(pid: int) -> int | None:
-    """Start time of a process in clock ticks after boot (with the pid, it names one process for good)."""
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after "pid (comm) " (the state letter first, field 3), or None
+    when the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
-    if fields[0] in ("Z", "X"):
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used so far; None when it is gone."""
+    fields = process_stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of a process in clock ticks after boot (with the pid, it names one process for good)."""
+    fields = process_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])  # field 22
 

@@ -40,7 +40,6 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import httpx
 import psycopg
@@ -48,7 +47,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infermeter.settings import Settings, get_settings
-from infermeter.stack import free_port, stop_process_group, to_libpq_url
+from infermeter.stack import free_port, process_cpu_s, process_stat, stop_process_group, to_libpq_url
 from pricing.anatomy import TERMS
 from pricing_service.books import EXAMPLE_BOOKS_DIR
 from serving.routing import prefix_key, rank_replicas
@@ -175,9 +174,8 @@ def _stream(url: str, token: str, prompt: str, engine_pgid: int, *, leave_after:
                              f"its stderr:\n{stderr[-12000:]}") from None
     finally:  # never leave a replica's engine stopped, whatever happened to the child
         resume(engine_pids(engine_pgid))
-    done = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    assert child.returncode == 0, stderr
+    out = json.loads(stdout)
     print("stream", {k: v for k, v in args.items() if k not in ("token", "body")}, out["chunks"], out["trace"], out["slices"])
     return out["chunks"], out["request_id"]
 
@@ -186,11 +184,9 @@ def _process_states(pids: list[int]) -> dict[int, str]:
     """pid -> its state letter (T: stopped) and CPU seconds so far, from /proc/<pid>/stat."""
     states = {}
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        states[pid] = f"{fields[0]} {(int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'):.2f} s"
+        fields, cpu = process_stat(pid), process_cpu_s(pid)
+        if fields is not None and cpu is not None:
+            states[pid] = f"{fields[0]} {cpu:.2f} s"
     return states
 
 
