@@ -454,7 +454,7 @@ def _meter(settings: Settings, stack, events: list[bytes], console: Console):
 
 def analyze(database_url: str) -> None:
     """ANALYZE after the bulk load: until autovacuum gets to it, the planner's statistics describe
-    empty rollups. The plans read from them: `metering.queries.customers_with_usage` walks or reads
+    empty rollups. The plans read from them: `metering.customers_with_usage` walks or reads
     the rollups by its row estimate, and the month's pricing queries join thousands of
     deployment-hours. (When first written, the pricing comparison planned without statistics ran
     as nested loops for many minutes; today's queries finish without it, the demo in ~9 s measured
