@@ -641,7 +641,7 @@ def _serve_dashboards():
 
 
 def main() -> None:
-    from metering.kafka import KafkaError
+    from metering.kafka_types import KafkaError
     from metering.queries import QueryError
 
     _mount_optional_apps()

@@ -26,7 +26,7 @@ from bench.ingest import generate, new_database
 from bench.write_path import alternating_write_rates
 from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
 from metering import ops_reads
-from metering.kafka import Message
+from metering.kafka_types import Message
 
 INDEX = "raw_events_received_brin"
 MONTH_START, MONTH_S = datetime(2026, 11, 1, tzinfo=UTC), 30 * 86_400

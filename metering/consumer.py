@@ -19,7 +19,8 @@ import psycopg
 
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
-from metering.kafka import Consumer, Producer, TopicPartition, ensure_topics, make_consumer, make_producer
+from metering.kafka import ensure_topics, make_consumer, make_producer
+from metering.kafka_types import Consumer, Producer, TopicPartition
 from metering.writer import BatchWriter, Prepared, WriteResult
 
 log = logging.getLogger("infermeter.metering")

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.contract import encode_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.writer import BatchWriter
 from serving import metrics
 from serving.capacity import Policy

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from metering.kafka import TopicPartition, make_assigned_consumer
+from metering.kafka import make_assigned_consumer
+from metering.kafka_types import TopicPartition
 from tests.metering.conftest import dsn, meter, request_event, task_event
 
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
