@@ -98,6 +98,11 @@ class Window:
         return floor_hour(self.start) == self.start and floor_hour(self.end) == self.end
 
 
+def utc_now() -> datetime:
+    """The current instant, aware UTC (the default clock of whatever takes one)."""
+    return datetime.now(UTC)
+
+
 def utc_text(moment: datetime) -> str:
     """An instant as ISO 8601 in UTC with a 'Z' (microseconds only when there are any)."""
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
