@@ -1,6 +1,6 @@
 """The Kafka client layer: one small interface, two backends.
 
-- `confluent` (default): confluent-kafka, i.e. librdkafka. Fast (~100k+ msg/s each way here).
+- `confluent` (default): confluent-kafka, i.e. librdkafka, the faster of the two.
 - `kafka-python`: the pure-Python client, for machines where librdkafka is unwanted.
 
 Both pass one contract suite (tests/kafka/test_contract.py) against the real broker.
