@@ -36,8 +36,9 @@ from billing_service.stripe_api import router as stripe_router
 from billing_service.stripe_run import status_port
 from billing_service.stripe_state import PostgresWebhookEventLog
 from billing_service.stripe_webhook import utc_now
-from dashboards.web import DataFastPath, close_read_pool, open_read_pool
-from dashboards.web import router as dashboards_router
+from dashboards.web.app import router as dashboards_router
+from dashboards.web.fast_path import DataFastPath
+from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
 from infermeter.http import data_error_handler, error_handler
 from infermeter.settings import Settings

@@ -22,7 +22,7 @@ def serve_command(key_store: Callable[[object, str], object]) -> Callable[..., N
         port: Annotated[int | None, typer.Option(help="Port (INFERMETER_DASHBOARD_PORT).")] = None,
     ) -> None:
         """Serve the dashboards: /dashboard (customers), /admin/ops, /admin/pricing, /admin/finance."""
-        from dashboards.web import create_dashboard_app
+        from dashboards.web.app import create_dashboard_app
         from infermeter.settings import get_settings
         from infermeter.stack import open_stack, serve_http, stop_on_signals
 

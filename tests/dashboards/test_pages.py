@@ -448,10 +448,10 @@ def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
     import httpx
     from fastapi.testclient import TestClient
 
-    from dashboards import web
+    from dashboards.web import fast_path
 
     answered: list[str] = []
-    real = web._fast_data
+    real = fast_path._fast_data
 
     async def counted(scope, receive, chart):
         body = await real(scope, receive, chart)
@@ -459,7 +459,7 @@ def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
             answered.append(chart)
         return body
 
-    monkeypatch.setattr(web, "_fast_data", counted)
+    monkeypatch.setattr(fast_path, "_fast_data", counted)
     threaded = TestClient(site.app)
     a = {"Authorization": f"Bearer {site.keys['a']}"}
     cases = [(f"/dashboard/data/{chart}.json?{query}", a, 200)

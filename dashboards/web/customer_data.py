@@ -1,0 +1,159 @@
+"""What the customer dashboard shows and how it is read: the page's view (the sync pool, in a worker
+thread), and the chart data endpoints' views (the async read pool, in the event loop; in a worker
+thread when there is none in this loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import contextmanager
+from datetime import timedelta
+from decimal import Decimal
+from functools import partial
+
+import psycopg
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from dashboards import extensions, views
+from dashboards.web.auth import Viewer
+from dashboards.web.state import billing_now, now
+from infermeter.times import Window
+
+CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+ALL_PARTS = frozenset({"usage", "gpu", "tasks"})
+# what each data endpoint reads (an endpoint reads only its own part: bench.dashboards)
+CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"}, "gpu": {"gpu"},
+               "tasks": {"tasks"}, "summary": ALL_PARTS}
+
+
+@contextmanager
+def _reads(conn):
+    """Reads without a transaction (each statement sees what is committed, as it would in a READ
+    COMMITTED transaction): no BEGIN, and no ROLLBACK when the connection goes back to the pool
+    (bench.dashboards; psycopg's pipeline mode was slower here than these plain round trips)."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        yield  # already in a transaction: read in it
+        return
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        if not conn.closed:  # a broken connection: the pool discards it
+            conn.autocommit = False
+
+
+def _view_target(viewer: Viewer, params: dict[str, str | None]) -> tuple[Window, str | None, str | None]:
+    """The window, customer and model a customer view shows (TimeInputError for bad times)."""
+    window = views.page_window(params.get("from"), params.get("to"), now=now(), default=timedelta(days=7))
+    customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
+    return window, customer, params.get("model") or None
+
+
+def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
+                  parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False, models: bool = True,
+                  totals_only: bool = False) -> dict:
+    window, customer, model = _view_target(viewer, params)
+    settings = request.app.state.settings
+    with request.app.state.pool.connection() as conn:
+        if customer is None:  # an admin who has not picked a customer yet
+            customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
+            return {"window": window, "customer_id": None, "customers": customers}
+        with _reads(conn):
+            usage = views.customer_usage(conn, window, customer, model, models=models, totals_only=totals_only) \
+                if "usage" in parts else None
+            gpu = views.customer_gpu(conn, window, customer, totals_only=totals_only) if "gpu" in parts else None
+            tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
+        result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
+                  "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
+        if spend:
+            book, rated = _rated_spend(conn, settings, window, customer)
+            result["spend"] = views.spend_view(book, rated, tasks["totals"]["succeeded"])
+        if billing and extensions.PROVIDERS.invoices:  # the page's billing sections (their endpoints: invoices.py)
+            result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
+        if billing and extensions.PROVIDERS.current_period_spend:
+            result["current_period"] = extensions.PROVIDERS.current_period_spend(
+                conn, customer, billing_now(request), period=params.get("period") or None)
+    return result
+
+
+def _rated_spend(conn, settings, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+    """The customer's book (its plan's, else the baseline) and its spend over the window under it."""
+    provided = extensions.PROVIDERS.customer_price_book
+    book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
+    with _reads(conn):
+        return book, views.rated_spend(conn, window, customer, book, views.cost_model(settings))
+
+
+def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+    with request.app.state.pool.connection() as conn:
+        return _rated_spend(conn, request.app.state.settings, window, customer)
+
+
+async def _chart_view(pool, viewer: Viewer, params: dict[str, str | None], parts: set[str] | frozenset[str], *,
+                      totals_only: bool = False) -> dict:
+    """What `customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
+    loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
+    a worker thread (bench.dashboards). No model list: no data endpoint answers it. `totals_only` (the
+    summary): usage and GPU totals from per-model and per-deployment sums, no series."""
+    window, customer, model = _view_target(viewer, params)
+    reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
+                              models=False, totals_only=totals_only),
+             "gpu": partial(views.customer_gpu_async, window=window, customer_id=customer, totals_only=totals_only),
+             "tasks": partial(views.customer_tasks_async, window=window, customer_id=customer)}
+    wanted = [part for part in ("usage", "gpu", "tasks") if part in parts]
+    if len(wanted) == 1:
+        found = {wanted[0]: await _pooled_read(pool, reads[wanted[0]])}
+    else:  # the summary: each data set on its own pooled connection, at once
+        found = dict(zip(wanted, await asyncio.gather(*(_pooled_read(pool, reads[p]) for p in wanted)), strict=True))
+    return {"window": window, "customer_id": customer, "model": model, "usage": found.get("usage"),
+            "gpu": found.get("gpu"), "tasks": found.get("tasks")}
+
+
+async def _pooled_read(pool, read):
+    async with pool.connection() as conn:
+        return await read(conn)
+
+
+async def _summary_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None]) -> dict:
+    """What `customer_view` gives the summary (spend, no billing), in two halves at once: the spend
+    (the book lookup and pricing's synchronous rating) in a worker thread on the sync pool while the
+    three data sets are read in the event loop from the async read pool (bench.dashboards)."""
+    window, customer, _ = _view_target(viewer, params)  # TimeInputError before anything runs
+    halves = await asyncio.gather(run_in_threadpool(_pooled_rated_spend, request, window, customer),
+                                  _chart_view(pool, viewer, params, ALL_PARTS, totals_only=True),
+                                  return_exceptions=True)
+    for half in halves:
+        if isinstance(half, BaseException):
+            raise half
+    (book, rated), view = halves
+    view["spend"] = views.spend_view(book, rated, view["tasks"]["totals"]["succeeded"])
+    return view
+
+
+async def data_view(request: Request, pool, viewer: Viewer, params: dict[str, str | None], chart: str) -> dict:
+    """What a data endpoint shows: in the event loop from the async read pool when it is open in this
+    loop, else in a worker thread from the sync pool (TimeInputError for bad times)."""
+    if pool is not None and chart == "summary":
+        return await _summary_view(request, pool, viewer, params)
+    if pool is not None:
+        return await _chart_view(pool, viewer, params, CHART_PARTS[chart])
+    return await run_in_threadpool(customer_view, request, viewer, params, spend=chart == "summary",
+                                   parts=CHART_PARTS[chart], models=False, totals_only=chart == "summary")
+
+
+def summary(view: dict) -> dict:
+    return {"customer_id": view["customer_id"], "window": views.window_json(view["window"]), "model": view["model"],
+            "usage": view["usage"]["totals"], "gpu_hours": view["gpu"]["total_gpu_hours"],
+            "tasks": view["tasks"]["totals"], "spend": view["spend"],
+            "project_tracking": "usage is not tracked per project: every figure covers all of the customer's API keys"}
+
+
+def chart_of(view: dict, chart: str) -> views.Chart:
+    """One chart of a data endpoint's view (not the summary)."""
+    if chart in ("tokens", "requests", "cache_hit"):
+        found = {c.id: c for c in views.usage_charts(view["usage"])}[chart]
+    else:
+        found = views.gpu_chart(view["gpu"]) if chart == "gpu" else views.tasks_chart(view["tasks"])
+    found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
+                   "model": view["model"]}
+    return found

@@ -1,0 +1,29 @@
+"""What the pages read from `app.state` besides `settings`, `pool` (a psycopg ConnectionPool) and
+`keys` (the key store: `async authenticate(token) -> Principal`, `async session_principal(key_id) ->
+Principal | None`): the clocks and the database's URL."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import Request
+
+from dashboards import views
+
+
+def now() -> datetime:
+    """The current time (tests override the module attribute)."""
+    return views.now_utc()
+
+
+def billing_now(request: Request) -> datetime:
+    """The instant the customer's billing figures (the current period's preview, the prepaid credit
+    balance) are shown as of: `app.state.billing_clock()` when the app has one (the demo: the instant
+    its billing run is made as of, so the page agrees with the demo's invoices), else now."""
+    clock = getattr(request.app.state, "billing_clock", None)
+    return clock() if clock is not None else now()
+
+
+def database_url(state) -> str:
+    """The database the app reads (`app.state.database_url`, else the settings')."""
+    return getattr(state, "database_url", None) or state.settings.database_url
