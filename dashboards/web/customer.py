@@ -15,10 +15,9 @@ from starlette.concurrency import run_in_threadpool
 
 from dashboards import views
 from dashboards.web.auth import SignInNeeded, authenticate, customer_scope, sign_in_response
-from dashboards.web.customer_data import CUSTOMER_CHARTS, chart_of, customer_view, data_view, summary
+from dashboards.web.customer_data import CUSTOMER_CHARTS, DataRefused, chart_data, customer_view
 from dashboards.web.invoices import billing_query
 from dashboards.web.openapi import WINDOW_QUERY, chart_names, data_route, name_param
-from dashboards.web.read_pool import read_pool
 from dashboards.web.responses import (
     bad_input,
     chart_context,
@@ -66,29 +65,10 @@ CUSTOMER_DATA = chart_names(CUSTOMER_CHARTS)
      "description": "admins: required; customers: their own id or nothing"}], admin=False))
 async def dashboard_data(request: Request, name: Annotated[str, name_param(CUSTOMER_DATA)]) -> Response:
     chart, _, fmt = name.partition(".")
-    params = dict(request.query_params)
     if chart not in CUSTOMER_CHARTS or fmt not in ("json", "csv"):
         return error_json(404, "not found", "not_found")
     try:
-        viewer = await authenticate(request, admin=False)
-    except SignInNeeded as exc:
-        return sign_in_response(request, exc, data=True)
-    if not customer_scope(viewer, params.get("customer_id")):
-        return not_found(request, viewer, data=True)
-    if viewer.is_admin and not params.get("customer_id"):
-        return bad_input(request, viewer, True, "customer_id is required for admin credentials")
-    try:
-        view = await data_view(request, read_pool(request), viewer, params, chart)
-    except TimeInputError as exc:
-        return bad_input(request, viewer, True, str(exc))
-    if chart == "summary":
-        found = summary(view)
-        if fmt == "json":
-            return json_response(found)
-        flat = {"customer_id": found["customer_id"], **found["window"],
-                **{k: v for k, v in found["usage"].items()}, "gpu_hours": found["gpu_hours"],
-                **{f"tasks_{k}": v for k, v in found["tasks"].items()},
-                **{f"spend_{k}": v for k, v in (found["spend"] or {}).items()}}
-        return csv_response([flat], "summary")
-    found = chart_of(view, chart)
-    return json_response(found.to_json()) if fmt == "json" else csv_response(found.rows, chart)
+        data = await chart_data(request, chart)
+    except DataRefused as refused:
+        return refused.response()
+    return json_response(data.payload()) if fmt == "json" else csv_response(data.csv_rows(), chart)

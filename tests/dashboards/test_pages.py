@@ -451,15 +451,15 @@ def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
     from dashboards.web import fast_path
 
     answered: list[str] = []
-    real = fast_path._fast_data
+    real = fast_path._answer
 
-    async def counted(scope, receive, chart):
-        body = await real(scope, receive, chart)
+    async def counted(request, chart):
+        body = await real(request, chart)
         if body is not None:
             answered.append(chart)
         return body
 
-    monkeypatch.setattr(fast_path, "_fast_data", counted)
+    monkeypatch.setattr(fast_path, "_answer", counted)
     threaded = TestClient(site.app)
     a = {"Authorization": f"Bearer {site.keys['a']}"}
     cases = [(f"/dashboard/data/{chart}.json?{query}", a, 200)
