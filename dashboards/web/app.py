@@ -11,6 +11,7 @@ import psycopg
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import RedirectResponse
 
+from dashboards.billing_views import BillingViews
 from dashboards.web import auth, customer, finance, invoices, ops, pricing, static
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
@@ -22,8 +23,9 @@ for _module in (static, auth, customer, invoices, pricing, ops, finance):
     router.include_router(_module.router)
 
 
-def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
-    """The pages alone (no /v1 API): `infermeter serve dashboards`. `keys` is the key store."""
+def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingViews | None = None) -> FastAPI:
+    """The pages alone (no /v1 API): `infermeter serve dashboards`. `keys` is the key store, `billing`
+    billing's parts of the pages (None: the pages without billing)."""
     from contextlib import asynccontextmanager
 
     from psycopg_pool import ConnectionPool
@@ -42,6 +44,7 @@ def create_dashboard_app(settings, database_url: str, keys) -> FastAPI:
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
     app.state.keys = keys
+    app.state.billing = billing
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
     app.add_middleware(DataFastPath)
 

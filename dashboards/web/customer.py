@@ -42,7 +42,7 @@ async def dashboard(request: Request) -> Response:
     if not customer_scope(viewer, params.get("customer_id")):
         return not_found(request, viewer, data=False)
     try:
-        view = await run_in_threadpool(customer_view, request, viewer, params, spend=True, billing=True)
+        view = await run_in_threadpool(customer_view, request, viewer, params, spend=True, with_billing=True)
     except TimeInputError as exc:
         return bad_input(request, viewer, False, str(exc))
     query = urllib.parse.urlencode({k: v for k, v in params.items()

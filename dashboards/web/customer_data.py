@@ -20,11 +20,12 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from dashboards import extensions, views
+from dashboards import views
+from dashboards.billing_views import BillingViews
 from dashboards.web.auth import SignInNeeded, Viewer, authenticate, customer_scope
 from dashboards.web.read_pool import read_pool
 from dashboards.web.responses import error_json
-from dashboards.web.state import billing_now, now
+from dashboards.web.state import billing_now, billing_views, now
 from infermeter.times import TimeInputError, Window
 
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
@@ -61,10 +62,11 @@ def _view_target(viewer: Viewer, params: dict[str, str | None]) -> Target:
 
 
 def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
-                  parts: frozenset[str] | set[str] = ALL_PARTS, billing: bool = False, models: bool = True,
+                  parts: frozenset[str] | set[str] = ALL_PARTS, with_billing: bool = False, models: bool = True,
                   totals_only: bool = False) -> dict:
     window, customer, model = _view_target(viewer, params)
     settings = request.app.state.settings
+    billing = billing_views(request)
     with request.app.state.pool.connection() as conn:
         if customer is None:  # an admin who has not picked a customer yet
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
@@ -77,27 +79,27 @@ def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None
         result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
                   "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
         if spend:
-            book, rated = _rated_spend(conn, settings, window, customer)
+            book, rated = _rated_spend(conn, settings, billing, window, customer)
             result["spend"] = views.spend_view(book, rated, tasks["totals"]["succeeded"])
-        if billing and extensions.PROVIDERS.invoices:  # the page's billing sections (their endpoints: invoices.py)
-            result["invoices"] = extensions.PROVIDERS.invoices(conn, customer)
-        if billing and extensions.PROVIDERS.current_period_spend:
-            result["current_period"] = extensions.PROVIDERS.current_period_spend(
+        if with_billing and billing is not None:  # the page's billing sections (endpoints: invoices.py)
+            result["invoices"] = billing.invoices(conn, customer)
+            result["current_period"] = billing.current_period_spend(
                 conn, customer, billing_now(request), period=params.get("period") or None)
     return result
 
 
-def _rated_spend(conn, settings, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
+def _rated_spend(conn, settings, billing: BillingViews | None, window: Window,
+                 customer: str) -> tuple[views.PriceBook, Decimal]:
     """The customer's book (its plan's, else the baseline) and its spend over the window under it."""
-    provided = extensions.PROVIDERS.customer_price_book
-    book = (provided(conn, customer, window.start) if provided else None) or views.baseline_book(settings)
+    own = billing.customer_price_book(conn, customer, window.start) if billing is not None else None
+    book = own or views.baseline_book(settings)
     with _reads(conn):
         return book, views.rated_spend(conn, window, customer, book, views.cost_model(settings))
 
 
 def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tuple[views.PriceBook, Decimal]:
     with request.app.state.pool.connection() as conn:
-        return _rated_spend(conn, request.app.state.settings, window, customer)
+        return _rated_spend(conn, request.app.state.settings, billing_views(request), window, customer)
 
 
 async def _chart_view(pool, target: Target, parts: set[str] | frozenset[str], *, totals_only: bool = False) -> dict:

@@ -1,5 +1,5 @@
-"""The finance page (admins): billing's tables of a period and its exports, from billing (registered
-by the roof through dashboards.extensions; without it the page says billing is not wired).
+"""The finance page (admins): billing's tables of a period and its exports, from billing's views on
+the app's state (dashboards.billing_views; without them the page says billing is not wired).
 
     GET  /admin/finance                       finance (?period=YYYY-MM)
     GET  /admin/finance/data/{table}.{json|csv}  revenue_month, revenue_customer, revenue_model, revenue_meter,
@@ -15,7 +15,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from dashboards import extensions, views
+from dashboards import views
+from dashboards.billing_views import BillingViews, FinanceExport
 from dashboards.web.auth import admin_viewer
 from dashboards.web.responses import (
     bad_input,
@@ -26,15 +27,15 @@ from dashboards.web.responses import (
     not_found,
     render,
 )
-from dashboards.web.state import now
+from dashboards.web.state import billing_views, now
 from infermeter.times import TimeInputError
 
 router = APIRouter(include_in_schema=False)
 
 
-def _finance_view(request: Request, period: str | None) -> dict:
+def _finance_view(request: Request, billing: BillingViews, period: str | None) -> dict:
     with request.app.state.pool.connection() as conn:
-        content = extensions.PROVIDERS.finance_page(conn, period or None, now())
+        content = billing.finance_page(conn, period or None, now())
     charts = []
     for t in content["tables"]:
         if t.get("chart"):
@@ -50,10 +51,11 @@ async def finance_page(request: Request) -> Response:
     viewer = await admin_viewer(request, data=False)
     if isinstance(viewer, Response):
         return viewer
-    if extensions.PROVIDERS.finance_page is None:
+    billing = billing_views(request)
+    if billing is None:
         return render(request, "finance.html", viewer=viewer, content=None)
     try:
-        content = await run_in_threadpool(_finance_view, request, request.query_params.get("period"))
+        content = await run_in_threadpool(_finance_view, request, billing, request.query_params.get("period"))
     except TimeInputError as exc:
         return bad_input(request, viewer, False, str(exc))
     query = urllib.parse.urlencode({"period": content["period"]})
@@ -65,13 +67,14 @@ async def finance_page(request: Request) -> Response:
 async def finance_data(request: Request, name: str) -> Response:
     """One table of the finance page: `{table}.json` or `.csv`, `?period=YYYY-MM`."""
     table, _, fmt = name.partition(".")
-    if fmt not in ("json", "csv") or extensions.PROVIDERS.finance_page is None:
+    billing = billing_views(request)
+    if fmt not in ("json", "csv") or billing is None:
         return error_json(404, "not found", "not_found")
     viewer = await admin_viewer(request, data=True)
     if isinstance(viewer, Response):
         return viewer
     try:
-        content = await run_in_threadpool(_finance_view, request, request.query_params.get("period"))
+        content = await run_in_threadpool(_finance_view, request, billing, request.query_params.get("period"))
     except TimeInputError as exc:
         return bad_input(request, viewer, True, str(exc))
     found = {t["id"]: t for t in content["tables"]}.get(table)
@@ -87,7 +90,8 @@ async def finance_export(request: Request, name: str, period: str | None = None)
     """A finance export for the signed-in admin (`{kind}.{csv|parquet}?period=`): the same bytes as
     `infermeter export KIND` and GET /v1/billing/exports/KIND, which takes the admin bearer token."""
     kind, _, fmt = name.partition(".")
-    if extensions.PROVIDERS.finance_export is None:
+    billing = billing_views(request)
+    if billing is None:
         return error_json(404, "not found", "not_found")
     viewer = await admin_viewer(request, data=True)
     if isinstance(viewer, Response):
@@ -96,9 +100,9 @@ async def finance_export(request: Request, name: str, period: str | None = None)
     if not period:
         return bad_input(request, viewer, True, "period is required (YYYY-MM)")
 
-    def build() -> tuple[bytes, str, str]:
+    def build() -> FinanceExport:
         with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.finance_export(conn, kind, period, fmt)
+            return billing.finance_export(conn, kind, period, fmt)
 
     try:
         data, file_name, media = await run_in_threadpool(build)

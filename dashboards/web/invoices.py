@@ -1,5 +1,5 @@
-"""The customer's billing on the dashboard: its invoices and its current-period spend, from billing
-(registered by the roof through dashboards.extensions; without it these answer 404).
+"""The customer's billing on the dashboard: its invoices and its current-period spend, from billing's
+views on the app's state (dashboards.billing_views; without them these answer 404).
 
     GET  /dashboard/invoices.{json|csv}, /dashboard/invoice-lines.csv   the customer's invoices
     GET  /dashboard/invoices/{id}[.json|.csv] one of the customer's invoices (another's: 404)
@@ -14,10 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from dashboards import extensions
+from dashboards.billing_views import BillingViews, CurrentPeriodSpend, Invoice
 from dashboards.web.auth import SignInNeeded, Viewer, authenticate, customer_scope, sign_in_response
 from dashboards.web.responses import bad_input, csv_response, error_json, json_response, not_found, render
-from dashboards.web.state import billing_now
+from dashboards.web.state import billing_now, billing_views
 from infermeter.times import TimeInputError
 
 router = APIRouter(include_in_schema=False)
@@ -35,34 +35,35 @@ def billing_query(view: dict, params: dict[str, str]) -> str:
     return urllib.parse.urlencode({k: v for k, v in keep.items() if v})
 
 
-def _invoice_lines(invoices: list[dict]) -> list[dict]:
+def _invoice_lines(invoices: list[Invoice]) -> list[dict]:
     return [{"invoice_number": i["number"], "invoice_period": i["period"], **line}
             for i in invoices for line in i["lines"]]
 
 
-async def _billing_viewer(request: Request, data: bool) -> tuple[Viewer, str] | Response:
-    """The viewer and the customer whose billing it may see (its own; an admin names one), or the
-    response that refuses (sign in, 404 for another customer, 400 for an admin without customer_id, 404
-    while billing is not wired)."""
+async def _billing_viewer(request: Request, data: bool) -> tuple[Viewer, str, BillingViews] | Response:
+    """The viewer, the customer whose billing it may see (its own; an admin names one) and billing's
+    views, or the response that refuses (sign in, 404 for another customer, 400 for an admin without
+    customer_id, 404 while billing is not wired)."""
     try:
         viewer = await authenticate(request, admin=False)
     except SignInNeeded as exc:
         return sign_in_response(request, exc, data=data)
     requested = request.query_params.get("customer_id")
-    if not customer_scope(viewer, requested) or extensions.PROVIDERS.invoices is None:
+    billing = billing_views(request)
+    if not customer_scope(viewer, requested) or billing is None:
         return not_found(request, viewer, data=data)
     customer = viewer.customer_id if not viewer.is_admin else requested
     if not customer:
         return bad_input(request, viewer, data, "customer_id is required for admin credentials")
-    return viewer, customer
+    return viewer, customer, billing
 
 
-async def _customer_invoices(request: Request, customer: str) -> list[dict]:
-    """The customer's invoices with their lines, from billing's registered provider."""
+async def _customer_invoices(request: Request, billing: BillingViews, customer: str) -> list[Invoice]:
+    """The customer's invoices with their lines."""
 
-    def load() -> list[dict]:
+    def load() -> list[Invoice]:
         with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.invoices(conn, customer)
+            return billing.invoices(conn, customer)
 
     return await run_in_threadpool(load)
 
@@ -75,9 +76,9 @@ async def customer_invoices_data(request: Request, fmt: str) -> Response:
     found = await _billing_viewer(request, data=True)
     if isinstance(found, Response):
         return found
-    _, customer = found
+    _, customer, billing = found
 
-    invoices = await _customer_invoices(request, customer)
+    invoices = await _customer_invoices(request, billing, customer)
     if fmt == "json":
         return json_response({"customer_id": customer, "invoices": invoices})
     return csv_response([{k: i.get(k) for k in INVOICE_COLUMNS} for i in invoices], "invoices")
@@ -89,9 +90,9 @@ async def customer_invoice_lines_csv(request: Request) -> Response:
     found = await _billing_viewer(request, data=True)
     if isinstance(found, Response):
         return found
-    _, customer = found
+    _, customer, billing = found
 
-    lines = _invoice_lines(await _customer_invoices(request, customer))
+    lines = _invoice_lines(await _customer_invoices(request, billing, customer))
     return csv_response([{k: r.get(k) for k in LINE_COLUMNS} for r in lines], "invoice-lines")
 
 
@@ -106,14 +107,11 @@ async def customer_invoice(request: Request, name: str) -> Response:
     found = await _billing_viewer(request, data=data)
     if isinstance(found, Response):
         return found
-    viewer, customer = found
+    viewer, customer, billing = found
 
-    def load() -> dict | None:
-        provider = extensions.PROVIDERS.invoice
-        if provider is None:
-            return None
+    def load() -> Invoice | None:
         with request.app.state.pool.connection() as conn:
-            return provider(conn, customer, invoice_id)
+            return billing.invoice(conn, customer, invoice_id)
 
     invoice = await run_in_threadpool(load)
     if invoice is None:
@@ -136,14 +134,12 @@ async def current_period_data(request: Request, fmt: str) -> Response:
     found = await _billing_viewer(request, data=True)
     if isinstance(found, Response):
         return found
-    viewer, customer = found
-    if extensions.PROVIDERS.current_period_spend is None:
-        return not_found(request, viewer, data=True)
+    viewer, customer, billing = found
 
-    def load() -> dict:
+    def load() -> CurrentPeriodSpend:
         with request.app.state.pool.connection() as conn:
-            return extensions.PROVIDERS.current_period_spend(conn, customer, billing_now(request),
-                                                              period=request.query_params.get("period") or None)
+            return billing.current_period_spend(conn, customer, billing_now(request),
+                                                period=request.query_params.get("period") or None)
 
     try:
         spend = await run_in_threadpool(load)

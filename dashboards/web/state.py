@@ -1,6 +1,7 @@
 """What the pages read from `app.state` besides `settings`, `pool` (a psycopg ConnectionPool) and
 `keys` (the key store: `async authenticate(token) -> Principal`, `async session_principal(key_id) ->
-Principal | None`): the clocks and the database's URL."""
+Principal | None`): billing's views (`billing`: dashboards.billing_views.BillingViews, or None when
+billing is not wired), the clocks and the database's URL."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import datetime
 from fastapi import Request
 
 from dashboards import views
+from dashboards.billing_views import BillingViews
 
 
 def now() -> datetime:
@@ -22,6 +24,11 @@ def billing_now(request: Request) -> datetime:
     its billing run is made as of, so the page agrees with the demo's invoices), else now."""
     clock = getattr(request.app.state, "billing_clock", None)
     return clock() if clock is not None else now()
+
+
+def billing_views(request: Request) -> BillingViews | None:
+    """Billing's parts of the pages, or None: billing is not wired (the pages show none of it)."""
+    return request.app.state.billing
 
 
 def database_url(state) -> str:

@@ -247,6 +247,23 @@ def test_bad_periods_and_exports_get_a_clear_error(web, site, billed):
                                                                     "void": 0}
 
 
+def test_billing_views_have_the_shape_the_pages_need():
+    """billing_service.dashboard_views.DashboardViews has every operation of
+    dashboards.billing_views.BillingViews, with its parameters (the shape is not checked otherwise:
+    billing_service may not import dashboards)."""
+    import inspect
+
+    from billing_service.dashboard_views import DashboardViews
+    from dashboards.billing_views import BillingViews
+
+    wanted = {name: inspect.signature(f) for name, f in vars(BillingViews).items()
+              if inspect.isfunction(f) and not name.startswith("_")}
+    assert sorted(wanted) == ["current_period_spend", "customer_price_book", "finance_export", "finance_page",
+                              "invoice", "invoices"]
+    for name, signature in wanted.items():
+        assert list(inspect.signature(getattr(DashboardViews, name)).parameters) == list(signature.parameters), name
+
+
 def test_billing_figures_are_shown_as_of_the_apps_billing_clock(site, billed, monkeypatch):
     """The current period's preview and the credit balance are as of `app.state.billing_clock()` when
     the app has one (the demo serves its pages as of the instant its billing run is made as of): before

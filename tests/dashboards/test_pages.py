@@ -339,28 +339,28 @@ def test_signin_page_screenshot(site, web):
 def test_billing_sections_show_only_when_billing_is_registered(site, web):
     import dataclasses
 
-    from dashboards import extensions
+    from dashboards.web.app import create_dashboard_app
+    from tests.dashboards.conftest import served
 
     p = web()
     p.admin_sign_in(site.keys["admin"])
     p.goto(f"/dashboard?{Q}")  # an admin picks a customer first
     options = p.page.eval_on_selector_all("select[name=customer_id] option", "os => os.map(o => o.value)")
     assert options == ["cust-a", "cust-b"]
-    registered = dataclasses.replace(extensions.PROVIDERS)  # the API app registers billing's providers
-    assert registered.invoices is not None and registered.finance_page is not None
-    try:
-        extensions.reset()  # as a dashboards app without billing
-        p.goto(f"/dashboard?{Q}&customer_id=cust-b")
-        p.wait_for_charts(5)
-        assert num(p.text("total-output")) == 7 * 999
-        assert p.page.query_selector("[data-testid=invoices]") is None
-        assert p.page.query_selector("[data-testid=current-period]") is None
-        assert p.context.request.get(f"{site.url}/dashboard/invoices.json?customer_id=cust-b").status == 404
-        p.goto("/admin/finance")
-        assert "Billing is not wired yet" in p.text("finance-placeholder")
-    finally:
-        for f in dataclasses.fields(registered):
-            setattr(extensions.PROVIDERS, f.name, getattr(registered, f.name))
+    assert site.app.state.billing is not None  # the API app wires billing's views
+    unwired = create_dashboard_app(site.settings, site.settings.database_url, site.store)  # the pages without billing
+    with served(unwired) as url:
+        q = web(dataclasses.replace(site, url=url, app=unwired))
+        q.admin_sign_in(site.keys["admin"])
+        q.goto(f"/dashboard?{Q}&customer_id=cust-b")
+        q.wait_for_charts(5)
+        assert num(q.text("total-output")) == 7 * 999
+        assert q.page.query_selector("[data-testid=invoices]") is None
+        assert q.page.query_selector("[data-testid=current-period]") is None
+        assert q.context.request.get(f"{url}/dashboard/invoices.json?customer_id=cust-b").status == 404
+        q.goto("/admin/finance")
+        assert "Billing is not wired yet" in q.text("finance-placeholder")
+        assert q.problems == []
     p.goto(f"/dashboard?{Q}&customer_id=cust-b")
     p.wait_for_charts(5)
     assert p.page.query_selector("[data-testid=invoices]") is not None
