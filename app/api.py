@@ -15,16 +15,20 @@
                           billing_service: it declares what it needs, dashboards.billing_views.BillingViews)
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
-resolves bearer tokens), `billing` (billing's views for the dashboards), `publisher` (the event-bus
-publisher, None without a broker),
+resolves bearer tokens), `billing` (billing's views for the dashboards), `clock` (now: the dashboards'
+windows, the webhook's signature check, the status port), `billing_clock` (None, or the instant the
+dashboards show a customer's billing figures as of), `publisher` (the event-bus publisher, None
+without a broker),
 `stripe_webhook_events` (PostgresWebhookEventLog), `stripe_status_port` (records paid / payment_failed /
-void through billing_service.run.record_payment_status, on its own connection and transaction), and
-optionally `clock` (tests set it; the webhook's signature check and the status port read it).
+void through billing_service.run.record_payment_status, on its own connection and transaction).
+`create_app` takes the key store and the clocks as arguments (tests pass their own).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 import psycopg
 import sqlalchemy.exc
@@ -69,7 +73,12 @@ def dashboard_billing(settings: Settings, database_url: str) -> BillingViews:
                           budget=lambda customer_id: get_budget(engine, customer_id))
 
 
-def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
+def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, keys: KeyStore | None = None,
+               clock: Callable[[], datetime] = utc_now, billing_clock: Callable[[], datetime] | None = None) -> FastAPI:
+    """The API app on `database_url` (`bootstrap`: the broker, None for none). `keys`: the key store
+    (default: one on the database, with the settings' key cache); `clock`: now; `billing_clock`: the
+    instant the dashboards show billing figures as of (None: now; the demo: the instant its billing
+    run is made as of)."""
     @asynccontextmanager
     async def lifespan(app_: FastAPI):
         await open_read_pool(app_)  # the customer dashboard's chart data endpoints read in the event loop
@@ -83,14 +92,15 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
     app.state.settings = settings
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
-    app.state.keys = KeyStore(get_engine(database_url), settings=settings)
+    app.state.keys = keys if keys is not None else KeyStore(get_engine(database_url), settings=settings)
     app.state.billing = dashboard_billing(settings, database_url)
+    app.state.clock = clock
+    app.state.billing_clock = billing_clock
     app.state.publisher = (
         Publisher(bootstrap, settings) if bootstrap else None
     )
     app.state.stripe_webhook_events = PostgresWebhookEventLog(get_engine(database_url))
-    app.state.stripe_status_port = status_port(app.state.pool.connection,
-                                               lambda: getattr(app.state, "clock", utc_now)())
+    app.state.stripe_status_port = status_port(app.state.pool.connection, lambda: app.state.clock())
     # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method):
     # every error answers {"error": {"message", "code"}}, the shape the OpenAPI document declares.
     app.add_exception_handler(StarletteHTTPException, error_handler)

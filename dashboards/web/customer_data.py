@@ -54,9 +54,9 @@ def _reads(conn):
 Target = tuple[Window, str | None, str | None]  # the window, customer and model a view shows
 
 
-def _view_target(viewer: Viewer, params: dict[str, str | None]) -> Target:
+def _view_target(request: Request, viewer: Viewer, params: dict[str, str | None]) -> Target:
     """The window, customer and model a customer view shows (TimeInputError for bad times)."""
-    window = views.page_window(params.get("from"), params.get("to"), now=now(), default=timedelta(days=7))
+    window = views.page_window(params.get("from"), params.get("to"), now=now(request), default=timedelta(days=7))
     customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
     return window, customer, params.get("model") or None
 
@@ -64,7 +64,7 @@ def _view_target(viewer: Viewer, params: dict[str, str | None]) -> Target:
 def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
                   parts: frozenset[str] | set[str] = ALL_PARTS, with_billing: bool = False, models: bool = True,
                   totals_only: bool = False) -> dict:
-    window, customer, model = _view_target(viewer, params)
+    window, customer, model = _view_target(request, viewer, params)
     settings = request.app.state.settings
     billing = billing_views(request)
     with request.app.state.pool.connection() as conn:
@@ -149,7 +149,7 @@ async def _data_view(request: Request, viewer: Viewer, params: dict[str, str | N
     if pool is None:
         return await run_in_threadpool(customer_view, request, viewer, params, spend=chart == "summary",
                                        parts=CHART_PARTS[chart], models=False, totals_only=chart == "summary")
-    target = _view_target(viewer, params)
+    target = _view_target(request, viewer, params)
     if chart == "summary":
         return await _summary_view(request, pool, target)
     return await _chart_view(pool, target, CHART_PARTS[chart])

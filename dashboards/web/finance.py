@@ -35,7 +35,7 @@ router = APIRouter(include_in_schema=False)
 
 def _finance_view(request: Request, billing: BillingViews, period: str | None) -> dict:
     with request.app.state.pool.connection() as conn:
-        content = billing.finance_page(conn, period or None, now())
+        content = billing.finance_page(conn, period or None, now(request))
     charts = []
     for t in content["tables"]:
         if t.get("chart"):

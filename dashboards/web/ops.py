@@ -33,7 +33,7 @@ def _reconcile(request: Request, from_text: str, to_text: str) -> dict:
     window = Window(parse_time(from_text, "reconcile from"), parse_time(to_text, "reconcile to"))
     with request.app.state.pool.connection() as conn:
         result = reconcile(conn, window)
-    record = {"ran_at": utc_text(now()), "window": views.window_json(window), "ok": result.ok,
+    record = {"ran_at": utc_text(now(request)), "window": views.window_json(window), "ok": result.ok,
               "checked": result.checked,
               "differences": [{"customer_id": d.customer_id, "meter": d.meter, "raw": str(d.raw),
                                "rollup": str(d.rollup)} for d in result.differences[:50]],
@@ -43,7 +43,7 @@ def _reconcile(request: Request, from_text: str, to_text: str) -> dict:
 
 
 def _ops_view(request: Request, params: dict[str, str]) -> dict:
-    at = now()
+    at = now(request)
     window = views.page_window(params.get("from"), params.get("to"), now=at, default=timedelta(hours=24))
     settings = request.app.state.settings
     with request.app.state.pool.connection() as conn:
@@ -70,7 +70,7 @@ async def ops_page(request: Request) -> Response:
     except TimeInputError as exc:
         return bad_input(request, viewer, False, str(exc))
     query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("from", "to") and v})
-    end = views.floor_hour(now())
+    end = views.floor_hour(now(request))
     return render(request, "ops.html", viewer=viewer, view=view, window=views.window_json(view["window"]),
                   query=query, charts=chart_context(view["charts"], "/admin/ops/data", query),
                   reconcile_default={"from": utc_text(end - timedelta(hours=24)), "to": utc_text(end)})

@@ -32,12 +32,12 @@ PRICING_CHARTS = ("overview", "customers", "caching", "retries", "shadow", "comp
 
 def _pricing_view(request: Request, params: list[tuple[str, str]]) -> dict:
     single = dict(params)
-    window = views.page_window(single.get("from"), single.get("to"), now=now(), default=timedelta(hours=24))
+    window = views.page_window(single.get("from"), single.get("to"), now=now(request), default=timedelta(hours=24))
     specs = [v for k, v in params if k == "book" and v] or views.default_book_specs()
     settings = request.app.state.settings
     with request.app.state.pool.connection() as conn:
         choices = views.book_choices(conn, settings)
-        shadow = views.live_shadow(conn, settings, now())
+        shadow = views.live_shadow(conn, settings, now(request))
         from pricing_service.books import list_versions
 
         versions = list_versions(conn)

@@ -115,8 +115,7 @@ def site(pg_server_url, kafka_bootstrap, tmp_path_factory) -> Site:
     store.revoke(revoked_id)
     keys = {"a": store.create("cust-a", project_id="proj-1")[1], "b": store.create("cust-b")[1],
             "revoked": revoked, "admin": settings.admin_token}
-    app = create_app(settings, settings.database_url, None)
-    app.state.keys = store  # no key cache: revocation is seen at once
+    app = create_app(settings, settings.database_url, None, keys=store)  # no key cache: revocation is seen at once
     with served(app) as url:
         yield Site(url, settings, keys, store, app)
 
