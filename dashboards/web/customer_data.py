@@ -30,7 +30,7 @@ from infermeter.times import TimeInputError, Window
 
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
 ALL_PARTS = frozenset({"usage", "gpu", "tasks"})
-# what each data endpoint reads (an endpoint reads only its own part: bench.dashboards)
+# what each data endpoint reads (an endpoint reads only its own part)
 CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"}, "gpu": {"gpu"},
                "tasks": {"tasks"}, "summary": ALL_PARTS}
 
@@ -38,8 +38,7 @@ CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"
 @contextmanager
 def _reads(conn):
     """Reads without a transaction (each statement sees what is committed, as it would in a READ
-    COMMITTED transaction): no BEGIN, and no ROLLBACK when the connection goes back to the pool
-    (bench.dashboards; psycopg's pipeline mode was slower here than these plain round trips)."""
+    COMMITTED transaction): no BEGIN, and no ROLLBACK when the connection goes back to the pool."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         yield  # already in a transaction: read in it
         return
@@ -105,7 +104,7 @@ def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tupl
 async def _chart_view(pool, target: Target, parts: set[str] | frozenset[str], *, totals_only: bool = False) -> dict:
     """What `customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
     loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
-    a worker thread (bench.dashboards). No model list: no data endpoint answers it. `totals_only` (the
+    a worker thread. No model list: no data endpoint answers it. `totals_only` (the
     summary): usage and GPU totals from per-model and per-deployment sums, no series."""
     window, customer, model = target
     reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
@@ -129,7 +128,7 @@ async def _pooled_read(pool, read):
 async def _summary_view(request: Request, pool, target: Target) -> dict:
     """What `customer_view` gives the summary (spend, no billing), in two halves at once: the spend
     (the book lookup and pricing's synchronous rating) in a worker thread on the sync pool while the
-    three data sets are read in the event loop from the async read pool (bench.dashboards)."""
+    three data sets are read in the event loop from the async read pool."""
     window, customer, _ = target
     halves = await asyncio.gather(run_in_threadpool(_pooled_rated_spend, request, window, customer),
                                   _chart_view(pool, target, ALL_PARTS, totals_only=True),

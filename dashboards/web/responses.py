@@ -97,7 +97,7 @@ def csv_response(rows: list[dict], name: str) -> Response:
 
 
 def json_response(payload: Any) -> Response:
-    """JSON as JSONResponse writes it (compact, UTF-8), encoded by orjson (~5x faster than json here)."""
+    """JSON as JSONResponse writes it (compact, UTF-8), encoded by orjson."""
     return Response(orjson.dumps(payload), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
