@@ -1,26 +1,23 @@
 """The HTTP API app: composes each package's router on shared state.
 
     GET  /healthz
-    metering.api          POST /v1/events, GET /v1/usage, /v1/tasks, /v1/tasks/{id}, /v1/dead-letters
-    pricing_service.api   GET /v1/pricing/shadow
-    billing_service.api   GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits,
-                          exports)
-    billing_service.stripe_api  POST /v1/stripe/webhook (Stripe-Signature is the credential)
-    serving.capacity_api  GET /v1/deployments/{id}/capacity (admin)
-    serving.residency_api GET, PUT /v1/customers/{id}/residency (admin)
-    dashboards.web        the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering;
-                          billing's parts of them (invoices, current-period spend, the customer's own book, the
-                          finance page and its exports) come from billing_service.dashboard_views.DashboardViews,
-                          built by `dashboard_billing` and put on the state as `billing` (dashboards never imports
-                          billing_service: it declares what it needs, dashboards.billing_views.BillingViews)
+    metering         POST /v1/events, GET /v1/usage, /v1/tasks, /v1/tasks/{id}, /v1/dead-letters
+    pricing_service  GET /v1/pricing/shadow
+    billing_service  GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits,
+                     exports); POST /v1/stripe/webhook (Stripe-Signature is the credential)
+    serving          GET /v1/deployments/{id}/capacity, GET and PUT /v1/customers/{id}/residency (admin)
+    dashboards       the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering;
+                     billing's parts of them (invoices, current-period spend, the customer's own book, the
+                     finance page and its exports) come from billing_service, built by `dashboard_billing`
+                     and put on the state as `billing` (dashboards never imports billing_service: the pages
+                     declare what they need of billing as a protocol)
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
 resolves bearer tokens), `billing` (billing's views for the dashboards), `clock` (now: the dashboards'
 windows, the webhook's signature check, the status port), `billing_clock` (None, or the instant the
 dashboards show a customer's billing figures as of), `publisher` (the event-bus publisher, None
-without a broker),
-`stripe_webhook_events` (PostgresWebhookEventLog), `stripe_status_port` (records paid / payment_failed /
-void through billing_service.run.record_payment_status, on its own connection and transaction).
+without a broker), `stripe_webhook_events` (the webhook's event log), `stripe_status_port` (records
+paid / payment_failed / void through billing_service, on its own connection and transaction).
 `create_app` takes the key store and the clocks as arguments (tests pass their own).
 """
 
