@@ -205,7 +205,7 @@ async def time_pair(app, client, key: str, name: str, conn: psycopg.Connection, 
 async def time_all(app, key: str, url: str, calls: int) -> dict[str, tuple[list, list, list]]:
     import httpx
 
-    from dashboards.web import close_read_pool, open_read_pool
+    from dashboards.web.read_pool import close_read_pool, open_read_pool
 
     out = {}
     transport = httpx.ASGITransport(app=app)
