@@ -630,14 +630,17 @@ def _serve_dashboards():
     from dashboards.cli import serve_command
 
     def key_store(settings, database_url):
-        from app.api import register_dashboard_billing
         from infermeter.db import get_engine
         from serving.keys import KeyStore
 
-        register_dashboard_billing(settings, database_url)  # billing's sections of the pages
         return KeyStore(get_engine(database_url), settings=settings)
 
-    return serve_command(key_store)
+    def billing(settings, database_url):  # billing's sections of the pages
+        from app.api import dashboard_billing
+
+        return dashboard_billing(settings, database_url)
+
+    return serve_command(key_store, billing)
 
 
 def main() -> None:

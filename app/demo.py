@@ -454,11 +454,9 @@ def _meter(settings: Settings, stack, events: list[bytes], console: Console):
 
 def analyze(database_url: str) -> None:
     """ANALYZE after the bulk load: until autovacuum gets to it, the planner's statistics describe
-    empty rollups. The plans read from them: `metering.customers_with_usage` walks or reads
-    the rollups by its row estimate, and the month's pricing queries join thousands of
-    deployment-hours. (When first written, the pricing comparison planned without statistics ran
-    as nested loops for many minutes; today's queries finish without it, the demo in ~9 s measured
-    once, so this keeps the plans right rather than rescuing a slow one.)"""
+    empty rollups. The plans read from them: metering's `customers_with_usage` walks or reads the
+    rollups by its row estimate, and the month's pricing queries join thousands of
+    deployment-hours, which a planner without statistics may run as nested loops."""
     with psycopg.connect(to_libpq_url(database_url), autocommit=True) as conn:
         conn.execute("ANALYZE")
 

@@ -1,13 +1,13 @@
 """The operations page's arrival-time reads, with and without raw_events' BRIN index on received_at.
 
-    python -m bench.arrival_reads --events 200000 --rows 3000000
+    python -m bench.arrival_reads [--events 200000] [--rows 3000000] [--json]
 
 In one run, on the embedded PostgreSQL (or DATABASE_URL's server):
 1. the write path's cost of the index: `--events` request events written by metering's BatchWriter in
    batches of 5,000 into two databases at head, one with the index dropped, alternating batch by batch
    (the order flips every batch); prints both medians as events/s and their ratio;
 2. the reads: `--rows` raw events spread over November 2026, each received 2 s after its event time,
-   then `metering.ops_reads.ingest_rate` + `metering.ops_reads.metering_delay` for the month's last hour
+   then metering's `ingest_rate` + `metering_delay` reads for the month's last hour
    (what `/admin/ops` asks), median of 5, without the index and with it.
 """
 

@@ -243,7 +243,7 @@ def _mtime(path: Path) -> int:
 
 @lru_cache(maxsize=16)
 def _read_book(path: str, _mtime_ns: int) -> PriceBook:
-    """A book file parsed once per version of the file (parsing and validating it took ~2 ms a call)."""
+    """A book file parsed and validated once per version of the file (its modification time)."""
     from pricing_service.books import read_price_book
 
     return read_price_book(Path(path))
