@@ -1,7 +1,8 @@
 """Time and windows, defined once: aware UTC instants, half-open windows [start, end), hours, months.
 
 Every package parses user-given times with `parse_time`, checks windows with `Window`, cuts hours
-and calendar months (UTC) with the helpers below, and writes an instant as text with `utc_text`.
+and calendar months (UTC) with the helpers below, and writes an instant as text with `utc_text`;
+`utc_now` is the default clock of what takes one.
 Errors are `TimeInputError` (a ValueError) with a message a person can act on.
 """
 
