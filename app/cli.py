@@ -378,7 +378,7 @@ def events_dead_letters(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The newest dead-lettered events with their reasons."""
-    from metering.queries import dead_letters
+    from metering.ops_reads import dead_letters
 
     with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
         rows = dead_letters(conn, limit=limit, reason=reason)
@@ -644,7 +644,7 @@ def _serve_dashboards():
 
 
 def main() -> None:
-    from metering.kafka import KafkaError
+    from metering.kafka_types import KafkaError
     from metering.queries import QueryError
 
     _mount_optional_apps()
