@@ -1,0 +1,182 @@
+"""`infermeter predict fit|status|forecast` (docs/prediction.md).
+
+Errors print one line (`error: ...`) and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infermeter.settings import get_settings
+from infermeter.stack import StackError, open_stack, to_libpq_url
+from infermeter.times import parse_time
+
+app = typer.Typer(help="Predictors learned from metered history: fit, status, forecast.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+console = Console()
+err = Console(stderr=True)
+
+
+@contextmanager
+def _clear_errors() -> Iterator[None]:
+    from prediction_service.store import NotFitted
+
+    try:
+        yield
+    except (NotFitted, StackError, ValueError, LookupError, OSError, psycopg.Error) as exc:
+        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        err.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _connection() -> Iterator[psycopg.Connection]:
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")
+        yield conn
+
+
+def _print_json(payload: object) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
+    from prediction_service.schedule import default_window
+
+    if (start is None) != (end is None):
+        raise ValueError("give both --from and --to, or neither (the last INFERMETER_PREDICT_WINDOW_DAYS days)")
+    if start is None:
+        return default_window(datetime.now(UTC), get_settings().predict_window_days)
+    return parse_time(start, "--from"), parse_time(end, "--to")
+
+
+def _cost_model(path: Path | None):
+    from pricing_service.books import read_cost_model
+
+    return read_cost_model(path or get_settings().pricing_cost_model)
+
+
+FROM = Annotated[str, typer.Option("--from", help="Start, inclusive (ISO 8601, e.g. 2026-11-01T00:00:00Z).")]
+TO = Annotated[str, typer.Option("--to", help="End, exclusive.")]
+AS_JSON = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+@app.command("fit")
+def fit_cmd(
+    start: Annotated[str | None, typer.Option("--from", help="Start of the history to learn from (default: "
+                                              "INFERMETER_PREDICT_WINDOW_DAYS before the current hour).")] = None,
+    end: Annotated[str | None, typer.Option("--to", help="End, exclusive (default: the current hour).")] = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Fit the predictors on metered history and keep them as the next version."""
+    from prediction_service.store import fit
+
+    with _clear_errors():
+        window = _window(start, end)
+        with _connection() as conn:
+            info = fit(conn, *window, now=datetime.now(UTC), trigger="cli")
+    if as_json:
+        _print_json(info.to_json())
+        return
+    console.print(f"fitted version {info.version} on {info.requests:,} requests and {info.tasks:,} tasks of "
+                  f"[{window[0]:%Y-%m-%d %H:%M}, {window[1]:%Y-%m-%d %H:%M}) UTC in {info.fit_cpu_ms / 1000:.2f} CPU-s",
+                  highlight=False)
+
+
+@app.command("status")
+def status_cmd(as_json: AS_JSON = False) -> None:
+    """What is fitted: the version in force, its window, when, how many rows, and the fits before it."""
+    from prediction_service.store import status
+
+    with _clear_errors(), _connection() as conn:
+        result = status(conn)
+    if as_json:
+        _print_json(result)
+        return
+    if not result["fitted"]:
+        console.print(result["message"], highlight=False)
+        return
+    console.print(f"version {result['version']}: fitted {result['fitted_at']} ({result['trigger']}) on "
+                  f"[{result['window']['from']}, {result['window']['to']}): {result['requests']:,} requests, "
+                  f"{result['tasks']:,} tasks; {result['request_cells']:,} request cells, models "
+                  f"{', '.join(result['models']) or '-'}, {result['customers']:,} customers", highlight=False)
+    table = Table("version", "fitted at", "window", "requests", "tasks", "CPU s", "trigger", title="fits")
+    for f in result["fits"]:
+        table.add_row(str(f["version"]), f["fitted_at"], f"{f['window']['from']} .. {f['window']['to']}",
+                      f"{f['requests']:,}", f"{f['tasks']:,}", f"{f['fit_cpu_ms'] / 1000:.2f}", f["trigger"])
+    console.print(table)
+
+
+@app.command("forecast")
+def forecast_cmd(
+    customer: Annotated[list[str] | None, typer.Option(help="Only this customer (repeat).")] = None,
+    as_of: Annotated[str | None, typer.Option("--as-of", help="Forecast as of this instant (default now).")] = None,
+    platform: Annotated[bool, typer.Option(help="Also the platform's month: revenue, cost, margin per book.")] = False,
+    price_book: Annotated[list[Path] | None, typer.Option("--price-book", help="Books for --platform (repeat; "
+                                                         "default INFERMETER_PRICING_BOOKS).")] = None,
+    cost_model: Annotated[Path | None, typer.Option(help="Cost model YAML.")] = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Each customer's spend at the end of its billing period with an 80% interval, when its prepaid credit
+    or monthly budget runs out; with --platform the month's revenue, cost and margin under each book."""
+    from infermeter.db import get_engine
+    from prediction_service.forecast import customer_forecasts, platform_forecasts
+    from pricing_service.books import book_paths, read_price_book
+    from serving.budgets import AdmissionController, get_budget
+
+    with _clear_errors():
+        settings = get_settings()
+        moment = parse_time(as_of, "--as-of") if as_of else datetime.now(UTC)
+        model = _cost_model(cost_model)
+        with open_stack(settings, broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+            conn.execute("SET TIME ZONE 'UTC'")
+            engine = get_engine(stack.database_url)
+            controller = AdmissionController(engine, stack.settings_for(settings))
+
+            def budgets(customer_id: str, at: datetime):
+                budget = get_budget(engine, customer_id)
+                if budget is None or budget.monthly_cap is None:
+                    return None
+                return budget.monthly_cap, controller.spend(customer_id, now=at).total
+
+            try:
+                rows = customer_forecasts(conn, moment, cost_model=model, customer_ids=customer or None,
+                                          budgets=budgets)
+            finally:
+                controller.close()
+            result: dict = {"customers": rows}
+            if platform:
+                books = [read_price_book(p) for p in (price_book or book_paths(settings.pricing_books))]
+                result["platform"] = platform_forecasts(conn, moment, books, model)
+    if as_json:
+        _print_json(result)
+        return
+    table = Table("customer", "period", "to date", "expected", "80% interval", "credit runs out", "budget runs out",
+                  title=f"spend at period end (as of {moment:%Y-%m-%d %H:%M} UTC)")
+    for r in rows:
+        if not r["available"]:
+            table.add_row(r["customer_id"], r.get("period", ""), r["message"], "", "", "", "")
+            continue
+        f = r["forecast"]
+        table.add_row(r["customer_id"], r["period"], r["spend_to_date"], f["expected"] if f else "-",
+                      f"{f['low']} .. {f['high']}" if f else "-",
+                      (r.get("credit") or {}).get("runs_out_at") or "", (r.get("budget") or {}).get("runs_out_at") or "")
+    console.print(table)
+    if platform:
+        p = result["platform"]
+        table = Table("book", "revenue", "cost", "margin", "margin 80% interval", title=f"month {p['month']['from']}")
+        for b in p["books"]:
+            table.add_row(b["price_book"], b["revenue"]["expected"], b["cost"]["expected"], b["margin"]["expected"],
+                          f"{b['margin']['low']} .. {b['margin']['high']}")
+        console.print(table)
