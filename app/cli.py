@@ -606,6 +606,7 @@ def _mount_optional_apps() -> None:
     from app.replay import replay_app
     from billing_service.cli import APPS as billing_apps
     from prediction_service.cli import app as predict_cli
+    from prediction_service.cli import quote_command
     from pricing_service.cli import app as pricing_cli
     from pricing_service.cli import cost_app
     from serving.capacity_api import capacity_command
@@ -615,6 +616,7 @@ def _mount_optional_apps() -> None:
 
     app.add_typer(pricing_cli, name="pricing")
     app.add_typer(predict_cli, name="predict")
+    app.command("quote")(quote_command)
     app.add_typer(cost_app, name="cost")
     app.add_typer(serve_app, name="serve")
     app.add_typer(replay_app, name="replay")

@@ -1,4 +1,4 @@
-"""`infermeter predict fit|status|forecast` (docs/prediction.md).
+"""`infermeter predict fit|status|forecast` and `infermeter quote` (docs/prediction.md).
 
 Errors print one line (`error: ...`) and exit 2.
 """
@@ -30,11 +30,12 @@ err = Console(stderr=True)
 
 @contextmanager
 def _clear_errors() -> Iterator[None]:
+    from prediction_service.quotes import QuoteRefused
     from prediction_service.store import NotFitted
 
     try:
         yield
-    except (NotFitted, StackError, ValueError, LookupError, OSError, psycopg.Error) as exc:
+    except (QuoteRefused, NotFitted, StackError, ValueError, LookupError, OSError, psycopg.Error) as exc:
         message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
         err.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -180,3 +181,38 @@ def forecast_cmd(
             table.add_row(b["price_book"], b["revenue"]["expected"], b["cost"]["expected"], b["margin"]["expected"],
                           f"{b['margin']['low']} .. {b['margin']['high']}")
         console.print(table)
+
+
+def quote_command(
+    customer: Annotated[str, typer.Option(help="The customer quoted (its plan's price book).")],
+    model: Annotated[str, typer.Option(help="The model.")],
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt tokens of a request.")],
+    task_steps: Annotated[int | None, typer.Option("--task-steps", help="Requests in a task's attempt (default: the "
+                                                   "customer's typical task).")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="The request's max_tokens.")] = None,
+    at: Annotated[str | None, typer.Option("--at", help="Price under the plan in force then (default now).")] = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Expected cost of a request and of a successful task under the customer's price book, with an 80% interval."""
+    from prediction_service.quotes import quote
+
+    with _clear_errors():
+        moment = parse_time(at, "--at") if at else datetime.now(UTC)
+        with _connection() as conn:
+            result = quote(conn, customer, model, prompt_tokens, at=moment, task_steps=task_steps,
+                           max_tokens=max_tokens)
+    if as_json:
+        _print_json(result)
+        return
+    r, t, c = result["request"], result["task"], result["currency"]
+    p = r["prediction"]
+    console.print(f"{customer} on {model}, {prompt_tokens:,} prompt tokens, under {result['price_book']} ({c}, list "
+                  "price):", highlight=False)
+    console.print(f"  per request: {r['expected']} expected, 80% interval {r['low']} .. {r['high']} (output p50 "
+                  f"{p['output_tokens_p50']:,}, p90 {p['output_tokens_p90']:,}, cached {p['cached_fraction']:.0%}, "
+                  f"failure {p['failure_probability']:.1%}; from {p['basis']})", highlight=False)
+    console.print(f"  per successful task of {t['steps']} steps: {t['expected']} expected, 80% interval {t['low']} .. "
+                  f"{t['high']} (success {t['history']['success_probability']:.0%} of "
+                  f"{t['history']['tasks']:,} tasks)", highlight=False)
+    if result["not_quoted"]:
+        console.print(f"  not quoted: {', '.join(result['not_quoted'])}", highlight=False)
