@@ -1,4 +1,4 @@
-"""`infermeter predict fit|status|forecast` and `infermeter quote` (docs/prediction.md).
+"""`infermeter predict fit|status|backtest|forecast` and `infermeter quote` (docs/prediction.md).
 
 Errors print one line (`error: ...`) and exit 2.
 """
@@ -22,7 +22,7 @@ from infermeter.settings import get_settings
 from infermeter.stack import StackError, open_stack, to_libpq_url
 from infermeter.times import parse_time
 
-app = typer.Typer(help="Predictors learned from metered history: fit, status, forecast.",
+app = typer.Typer(help="Predictors learned from metered history: fit, status, backtest, forecast.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
 err = Console(stderr=True)
@@ -117,6 +117,28 @@ def status_cmd(as_json: AS_JSON = False) -> None:
         table.add_row(str(f["version"]), f["fitted_at"], f"{f['window']['from']} .. {f['window']['to']}",
                       f"{f['requests']:,}", f"{f['tasks']:,}", f"{f['fit_cpu_ms'] / 1000:.2f}", f["trigger"])
     console.print(table)
+
+
+@app.command("backtest")
+def backtest_cmd(start: FROM, end: TO, as_json: AS_JSON = False,
+                 warmup_days: Annotated[int, typer.Option(min=0, help="Days of history before --from the replay "
+                                                          "starts with.")] = 28) -> None:
+    """Replay the window's requests in time order, each predicted from only what was metered before it."""
+    from prediction.scoring import Scored, score
+    from prediction_service.evaluate import backtest_window
+
+    with _clear_errors():
+        window = parse_time(start, "--from"), parse_time(end, "--to")
+        with _connection() as conn:
+            rows = backtest_window(conn, *window, warmup_days=warmup_days)
+    if as_json:
+        sys.stdout.write(json.dumps({"predictions": [r.to_json() for r in rows]}) + "\n")
+        return
+    overall = score(Scored(r.request.customer_id, r.request.model, r.request.status, r.request.output_tokens,
+                           r.request.cached_fraction, r.request.failed, r.prediction, r.baseline_p50)
+                    for r in rows)["all"]
+    console.print(f"{len(rows):,} requests predicted; p90 covers {overall.get('coverage_p90', 0):.1%}, p99 "
+                  f"{overall.get('coverage_p99', 0):.1%}; --json prints every prediction", highlight=False)
 
 
 @app.command("forecast")
