@@ -1,4 +1,4 @@
-"""`infermeter predict fit|status|backtest|forecast` and `infermeter quote` (docs/prediction.md).
+"""`infermeter predict fit|status|backtest|eval|forecast` and `infermeter quote` (docs/prediction.md).
 
 Errors print one line (`error: ...`) and exit 2.
 """
@@ -22,7 +22,7 @@ from infermeter.settings import get_settings
 from infermeter.stack import StackError, open_stack, to_libpq_url
 from infermeter.times import parse_time
 
-app = typer.Typer(help="Predictors learned from metered history: fit, status, backtest, forecast.",
+app = typer.Typer(help="Predictors learned from metered history: fit, status, backtest, eval, forecast.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
 err = Console(stderr=True)
@@ -139,6 +139,48 @@ def backtest_cmd(start: FROM, end: TO, as_json: AS_JSON = False,
                     for r in rows)["all"]
     console.print(f"{len(rows):,} requests predicted; p90 covers {overall.get('coverage_p90', 0):.1%}, p99 "
                   f"{overall.get('coverage_p99', 0):.1%}; --json prints every prediction", highlight=False)
+
+
+def _metrics_table(title: str, rows: list[dict]) -> Table:
+    table = Table("customer", "model", "requests", "MAE p50", "median MAE", "pinball p90", "pinball p99",
+                  "cov p90", "cov p99", "cached MAE", "failure Brier", title=title)
+    for r in rows:
+        if not r.get("requests"):
+            continue
+        table.add_row(r.get("customer_id", "all"), r.get("model", ""), f"{r['requests']:,}", f"{r['mae_p50']:.1f}",
+                      f"{r['baseline_mae_p50']:.1f}", f"{r['pinball_p90']:.2f}", f"{r['pinball_p99']:.2f}",
+                      f"{r['coverage_p90']:.1%}", f"{r['coverage_p99']:.1%}", f"{r['cached_fraction_mae']:.3f}",
+                      f"{r['failure_brier']:.4f}")
+    return table
+
+
+@app.command("eval")
+def eval_cmd(
+    start: FROM, end: TO, as_json: AS_JSON = False,
+    predictions: Annotated[str, typer.Option(help="Score the backtest's predictions, or those the gateway "
+                                             "recorded at admission (admission).")] = "backtest",
+    spend: Annotated[bool, typer.Option(help="Also check the 80% spend interval at each period's middle.")] = True,
+    cost_model: Annotated[Path | None, typer.Option(help="Cost model YAML (GPU time for GPU-hour books).")] = None,
+) -> None:
+    """Score predictions against what happened: MAE of p50, pinball loss and coverage of p90/p99, by customer
+    and model, beside an online per-(customer, model) median; and the 80% spend interval's calibration."""
+    from prediction_service.evaluate import evaluate
+
+    with _clear_errors():
+        window = parse_time(start, "--from"), parse_time(end, "--to")
+        with _connection() as conn:
+            result = evaluate(conn, *window, predictions=predictions, spend=spend, cost_model=_cost_model(cost_model))
+    if as_json:
+        _print_json(result)
+        return
+    console.print(_metrics_table(f"predictions ({predictions}) [{start}, {end})", [result["all"]]))
+    console.print(_metrics_table("by customer and model", result["groups"]))
+    if result["unscored"]:
+        console.print(f"{result['unscored']:,} requests carried no admission-time prediction", highlight=False)
+    if spend and result["spend"]["periods"]:
+        s = result["spend"]
+        console.print(f"spend forecast at mid-period: the actual fell inside the 80% interval for {s['inside']} of "
+                      f"{s['periods']} customer-periods ({s['coverage']:.0%})", highlight=False)
 
 
 @app.command("forecast")
