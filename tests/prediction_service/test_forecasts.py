@@ -55,3 +55,18 @@ def test_platform_margin_per_book(demo_conn):
         # each rounded to the cent on its own
         assert abs(Decimal(margin["expected"]) - (Decimal(revenue["expected"]) - Decimal(cost["expected"]))) <= Decimal(
             "0.01")
+
+
+def test_predict_forecast_command(demo_month, cli):
+    import json
+
+    result = cli(demo_month.url, "predict", "forecast", "--customer", "cust-003", "--customer", "no-plan", "--as-of",
+                 "2026-11-16T00:00:00Z", "--json")
+    assert result.code == 0, result.err
+    rows = {r["customer_id"]: r for r in json.loads(result.out)["customers"]}
+    assert rows["cust-003"]["forecast"]["interval"] == "80%" and rows["cust-003"]["credit"]["available"] == "10.00"
+    assert not rows["no-plan"]["available"]
+    text = cli(demo_month.url, "predict", "forecast", "--customer", "cust-003", "--as-of", "2026-11-16T00:00:00Z")
+    assert "cust-003" in text.out and "2026-11" in text.out
+    bad = cli(demo_month.url, "predict", "forecast", "--as-of", "mid-november")
+    assert bad.code == 2 and "not an ISO 8601 time" in bad.err
