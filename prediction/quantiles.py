@@ -2,9 +2,10 @@
 
 `Quantiles` holds a cell's values sorted (bisect), so adding is O(n) memmove and reading a quantile is
 O(1). It was measured against a quantile sketch (DDSketch), gradient boosting and linear quantile
-regression on the bundled traces (docs/prediction.md, "Choosing the statistics"): as accurate as the
-best of them there, cheaper than all to keep up to date one request at a time, and exact, so a
-backtest and a fit of the same rows agree to the token.
+regression on the bundled trace (docs/prediction.md, "Choosing the statistics"): calibrated where the
+boosted models are not (their lower losses there come from exact prompt lengths naming recurring
+conversations), cheaper than all to keep up to date one request at a time, and exact, so a backtest
+and a fit of the same rows agree to the token.
 
 The quantile read is the order statistic of rank ceil(q (n + 1)) (capped at n): for n exchangeable
 values and a new one from the same distribution, P(new <= that value) = rank / (n + 1) >= q, so a
