@@ -7,8 +7,9 @@
 
 Errors answer `{"error": {"message", "code"}}`: 400 invalid_request (bad JSON, an unknown field, a number
 out of range), 404 unknown_customer / unknown_model (and another customer's id given with a customer
-key: not_found), 409 no_plan, 503 not_fitted. Mount with `app.include_router(prediction_service.api.router)`;
-it reads `request.app.state.pool`. The clock is `clock()`.
+key: not_found), 409 no_plan or not_fitted (no predictors fitted yet). Mount with
+`app.include_router(prediction_service.api.router)`; it reads `request.app.state.pool`. The clock is
+`clock()`.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ async def _call(request: Request, work) -> Any:
     return await run_in_threadpool(run)
 
 
-@router.post("/v1/quotes", responses=error_responses(400, 401, 403, 404, 409, 503), openapi_extra=QUOTE_BODY)
+@router.post("/v1/quotes", responses=error_responses(400, 401, 403, 404, 409), openapi_extra=QUOTE_BODY)
 async def post_quote(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     """Expected cost of a request and of a successful task under the customer's price book, 80% interval."""
     from prediction_service.quotes import quote

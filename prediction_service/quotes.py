@@ -8,7 +8,7 @@ the prediction is the fitted predictors' (`prediction_service.store.latest`). Er
     unknown_customer  404  no billing account with that id
     unknown_model     404  the predictors have never seen the model
     no_plan           409  the customer has no plan for the period
-    not_fitted        503  no predictors fitted yet
+    not_fitted        409  no predictors fitted yet (`infermeter predict fit`)
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def quote(conn: psycopg.Connection, customer_id: str, model: str, prompt_tokens:
     try:
         fitted = require_latest(conn)
     except NotFitted as exc:
-        raise QuoteRefused(str(exc), "not_fitted", 503) from None
+        raise QuoteRefused(str(exc), "not_fitted", 409) from None
     if not fitted.requests.knows_model(model):
         known = ", ".join(fitted.requests.models()) or "none"
         raise QuoteRefused(f"unknown model {model}: the predictors know {known}", "unknown_model", 404)

@@ -63,7 +63,7 @@ def test_no_fit_no_quote(db_url):
         set_customer(conn, "acme", now=QUOTE_AT)
         with pytest.raises(QuoteRefused) as refused:
             quote(conn, "acme", "m", 10, at=QUOTE_AT)
-    assert (refused.value.code, refused.value.status) == ("not_fitted", 503)
+    assert (refused.value.code, refused.value.status) == ("not_fitted", 409)
 
 
 def test_quote_command(fitted_month, cli):
