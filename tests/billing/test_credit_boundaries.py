@@ -1,0 +1,216 @@
+"""Prepaid credits at their exact time and money boundaries: a grant's start, its expiry against the
+period's end and against `at`, the ledger's balance at an entry's instant, and invoices paid to the cent.
+
+Each case sits on the boundary and one microsecond (or one minor unit) beside it, so flipping a `<=`
+into `<` (or `>=` into `>`) in `billing.credits` fails a test."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from billing.credits import CreditGrant, LedgerEntry, apply_credits, balance, grant_entry
+from billing.errors import CreditError
+
+D = Decimal
+US = timedelta(microseconds=1)
+JAN = datetime(2026, 1, 1, tzinfo=UTC)
+END = datetime(2026, 3, 1, tzinfo=UTC)  # the invoice's period end
+AT = END + timedelta(days=3)  # when credits are applied (finalization)
+
+
+def grant(id="g", amount="40.00", granted_at=JAN, expires_at=None):
+    return CreditGrant(id, "c1", "USD", D(amount), granted_at, expires_at, "prepaid top-up")
+
+
+def apply(grants, total="100.00", ledger=(), at=AT, period_end=END, invoice="inv_1"):
+    return apply_credits(grants, ledger, D(total), at, invoice_id=invoice, customer_id="c1", currency="USD",
+                         period_end=period_end)
+
+
+# ---------------------------------------------------------------- the expiry against the period's end
+
+
+@pytest.mark.parametrize(
+    ("expires_at", "pays"),
+    [
+        (END - US, False),  # expires inside the period: its last microsecond of usage was not covered
+        (END, True),  # expires exactly when the period ends: valid over all of [start, end)
+        (END + US, True),
+        (None, True),
+    ],
+    ids=["one-us-before-the-end", "exactly-at-the-end", "one-us-after", "no-expiry"],
+)
+def test_a_grant_pays_the_period_when_it_expires_at_or_after_its_end(expires_at, pays):
+    assert grant(expires_at=expires_at).can_pay(END, AT) is pays
+    result = apply([grant(expires_at=expires_at)])
+    assert result.applied == (D("40.00") if pays else 0)
+    uses = [e for e in result.entries if e.kind == "use"]
+    assert [e.amount for e in uses] == ([D("-40.00")] if pays else [])
+
+
+def test_a_grant_expiring_exactly_at_the_period_end_pays_it_and_its_rest_expires_at_its_expiry():
+    result = apply([grant(amount="150.00", expires_at=END)], at=END)  # applied the instant the period ends
+    assert result.applied == D("100.00")
+    assert [(e.kind, e.amount, e.at) for e in result.entries] == [
+        ("grant", D("150.00"), JAN),
+        ("use", D("-100.00"), END),
+        ("expiry", D("-50.00"), END),  # expired at `at` (expires_at <= at): the rest leaves the ledger
+    ]
+
+
+# ---------------------------------------------------------------- the grant's start against `at`
+
+
+@pytest.mark.parametrize(
+    ("granted_at", "pays"),
+    [(AT - US, True), (AT, True), (AT + US, False)],
+    ids=["one-us-before-at", "exactly-at", "one-us-after-at"],
+)
+def test_a_grant_pays_when_it_was_granted_by_at(granted_at, pays):
+    assert grant(granted_at=granted_at).can_pay(END, AT) is pays
+    result = apply([grant(granted_at=granted_at)])
+    assert result.applied == (D("40.00") if pays else 0)
+    # a grant made after `at` is not in the ledger yet either
+    assert [e.kind for e in result.entries] == (["grant", "use"] if pays else [])
+
+
+# ---------------------------------------------------------------- expired at `at`
+
+
+@pytest.mark.parametrize(
+    ("at", "expired"),
+    [(END - US, False), (END, True), (END + US, True)],
+    ids=["one-us-before-expiry", "exactly-at-expiry", "one-us-after"],
+)
+def test_a_grant_is_expired_from_its_expiry_instant_on(at, expired):
+    g = grant(expires_at=END)
+    assert g.expired(at) is expired
+    # paying an invoice whose period ended a day earlier: the grant pays, then its rest expires (or not)
+    result = apply([grant(amount="150.00", expires_at=END)], at=at, period_end=END - timedelta(days=1))
+    assert result.applied == D("100.00")
+    rest = [(e.amount, e.at) for e in result.entries if e.kind == "expiry"]
+    assert rest == ([(D("-50.00"), max(END, at))] if expired else [])
+
+
+def test_a_grant_without_expiry_never_expires():
+    assert grant().expired(datetime(9999, 12, 31, tzinfo=UTC)) is False
+
+
+def test_an_expiry_is_dated_at_the_expiry_or_at_the_last_use_whichever_is_later():
+    g = grant(amount="150.00", expires_at=END + timedelta(days=1))
+    # a first invoice used it before it expired; applying later finds it expired: dated at its expiry
+    first = apply([g], total="10.00", at=END, invoice="inv_0", period_end=END)
+    assert [e.kind for e in first.entries] == ["grant", "use"]
+    later = apply([g], total="0", ledger=first.entries, at=END + timedelta(days=5), invoice="inv_1")
+    assert [(e.kind, e.amount, e.at) for e in later.entries] == [("expiry", D("-140.00"), END + timedelta(days=1))]
+    # used after its expiry (for a period it covered): dated at that use, never before it
+    late = apply([g], total="10.00", at=END + timedelta(days=5), period_end=END)
+    assert [(e.kind, e.at) for e in late.entries][-1] == ("expiry", END + timedelta(days=5))
+
+
+def test_a_grant_expires_only_after_it_was_granted():
+    with pytest.raises(CreditError, match="not after it is granted"):
+        grant(granted_at=JAN, expires_at=JAN)
+    assert grant(granted_at=JAN, expires_at=JAN + US).expires_at == JAN + US
+
+
+# ---------------------------------------------------------------- money: to the cent
+
+
+@pytest.mark.parametrize(
+    ("held", "total", "applied", "left"),
+    [
+        ("40.00", "39.99", "39.99", "0.01"),  # one cent short of the grant: a cent stays
+        ("40.00", "40.00", "40.00", "0.00"),  # exactly the grant
+        ("40.00", "40.01", "40.00", "0.00"),  # one cent more: the invoice keeps that cent
+        ("0.01", "0.01", "0.01", "0.00"),  # the smallest grant pays the smallest invoice
+    ],
+)
+def test_credits_pay_to_the_cent(held, total, applied, left):
+    result = apply([grant(amount=held)], total=total)
+    assert result.applied == D(applied)
+    assert balance(result.entries, AT) == D(left)
+
+
+def test_a_zero_invoice_uses_nothing_and_the_grants_are_still_recorded():
+    result = apply([grant()], total="0")
+    assert result.applied == 0
+    assert [e.kind for e in result.entries] == ["grant"]
+
+
+def test_the_second_grant_is_touched_only_when_the_first_is_used_up():
+    soon = grant("soon", "40.00", expires_at=END + timedelta(days=10))
+    late = grant("late", "40.00", expires_at=END + timedelta(days=20))
+    exactly = apply([soon, late], total="40.00")
+    assert [(e.grant_id, e.amount) for e in exactly.entries if e.kind == "use"] == [("soon", D("-40.00"))]
+    one_cent_more = apply([soon, late], total="40.01")
+    assert [(e.grant_id, e.amount) for e in one_cent_more.entries if e.kind == "use"] == [
+        ("soon", D("-40.00")), ("late", D("-0.01")),
+    ]
+
+
+def test_a_used_up_grant_writes_no_empty_use():
+    g = grant(amount="40.00")
+    first = apply([g], total="40.00", invoice="inv_0")
+    second = apply([g, grant("h", "5.00")], total="3.00", ledger=first.entries, invoice="inv_1")
+    assert [(e.grant_id, e.kind, e.amount) for e in second.entries] == [
+        ("h", "grant", D("5.00")), ("h", "use", D("-3.00")),
+    ]
+
+
+# ---------------------------------------------------------------- the ledger's balance at an instant
+
+
+def test_balance_counts_an_entry_from_its_instant_on():
+    g = grant(amount="40.00", granted_at=JAN + timedelta(days=1))
+    entry = grant_entry(g)
+    assert balance([entry], entry.at - US) == 0
+    assert balance([entry], entry.at) == D("40.00")
+
+
+def test_balance_drops_a_grant_from_its_expiry_instant_on():
+    entry = grant_entry(grant(amount="40.00", expires_at=END))
+    assert balance([entry], END - US) == D("40.00")
+    assert balance([entry], END) == 0
+
+
+def test_balance_of_one_currency_among_several():
+    usd = grant_entry(grant(amount="40.00"))
+    eur = LedgerEntry("led_eur", "grant", "e", "c1", "EUR", D("7.00"), JAN)
+    assert balance([usd, eur], AT, currency="USD") == D("40.00")
+    assert balance([usd, eur], AT, currency="EUR") == D("7.00")
+    assert balance([usd], AT) == D("40.00")  # one currency: no need to name it
+    with pytest.raises(CreditError, match="several currencies"):
+        balance([usd, eur], AT)
+
+
+# ---------------------------------------------------------------- ledger entries: signs
+
+
+@pytest.mark.parametrize(
+    ("kind", "amount", "invoice_id", "message"),
+    [
+        ("grant", "0", None, "must be positive"),
+        ("grant", "-1", None, "must be positive"),
+        ("use", "1", "inv_1", "must be negative"),
+        ("expiry", "1", None, "must be negative"),
+        ("use", "-1", None, "only a use entry names an invoice"),
+        ("expiry", "-1", "inv_1", "only a use entry names an invoice"),
+        ("refund", "-1", None, "is not one of grant, use, expiry"),
+    ],
+)
+def test_ledger_entries_carry_their_sign(kind, amount, invoice_id, message):
+    with pytest.raises(CreditError, match=message):
+        LedgerEntry("led_x", kind, "g", "c1", "USD", D(amount), JAN, invoice_id=invoice_id)
+
+
+@pytest.mark.parametrize(
+    ("kind", "amount", "invoice_id"),
+    [("grant", "0.01", None), ("use", "-0.01", "inv_1"), ("expiry", "-0.01", None)],
+)
+def test_the_smallest_entry_of_each_kind_is_valid(kind, amount, invoice_id):
+    entry = LedgerEntry("led_x", kind, "g", "c1", "USD", D(amount), JAN, invoice_id=invoice_id)
+    assert entry.amount == D(amount)
