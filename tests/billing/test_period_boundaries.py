@@ -14,6 +14,7 @@ from billing.periods import (
     Period,
     Window,
     billing_period,
+    grace_over,
     next_period,
     period_containing,
     previous_period,
@@ -211,3 +212,27 @@ def test_next_and_previous_periods_cross_the_year(label, after, before):
 @pytest.mark.parametrize("anchor", [1, 31])
 def test_the_first_and_last_anchor_days_are_valid(anchor):
     assert billing_period("2026-01", "UTC", anchor).anchor_day == anchor
+
+
+# ---------------------------------------------------------------- the grace window
+
+
+@pytest.mark.parametrize(
+    ("now", "over"),
+    [
+        (timedelta(hours=72) - US, False),  # the last microsecond of the grace window: still a draft
+        (timedelta(hours=72), True),  # exactly at its end: finalization is due
+        (timedelta(hours=72) + US, True),
+        (timedelta(0), False),  # the instant the period ends
+    ],
+    ids=["one-us-before", "exactly-at-the-end", "one-us-after", "at-the-period-end"],
+)
+def test_the_grace_window_is_over_from_its_end_instant(now, over):
+    period = billing_period("2026-02", "Asia/Kolkata", 31)
+    assert grace_over(period, period.end + now, timedelta(hours=72)) is over
+
+
+def test_without_grace_the_period_end_itself_is_over():
+    period = billing_period("2026-02", "UTC", 1)
+    assert grace_over(period, period.end, timedelta(0)) is True
+    assert grace_over(period, period.end - US, timedelta(0)) is False
