@@ -137,3 +137,10 @@ def test_a_reissue_takes_the_next_sequence_or_a_later_one():
     assert reissue(voided, sequence=2).sequence == 2
     with pytest.raises(InvoiceError, match="must be after"):
         reissue(voided, sequence=1)
+
+
+def test_a_line_is_found_by_its_id():
+    invoice = draft()
+    assert invoice.line(invoice.lines[2].id) is invoice.lines[2]
+    with pytest.raises(InvoiceError, match=f"invoice {invoice.id} has no line nope"):
+        invoice.line("nope")
