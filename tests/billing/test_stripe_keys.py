@@ -41,7 +41,7 @@ def test_to_minor_units(amount, currency, minor):
 @pytest.mark.parametrize(
     ("amount", "currency", "message"),
     [
-        (D("12.345"), "USD", "more decimals than USD allows"),
+        (D("12.345"), "USD", "^amount 12.345 USD has more decimals than USD allows"),
         (D("5.5"), "JPY", "JPY allows \\(no decimals\\)"),
         (D("1.2345"), "BHD", "at most 3 decimal places"),
         (D("1"), "XYZ", "unknown currency"),

@@ -8,6 +8,8 @@ from decimal import Decimal
 
 import pytest
 
+from pricing.anatomy import FailureRow, Failures, grew_most
+from pricing.book import PriceBookError, parse_price_book
 from pricing.cost import (
     Attribution,
     CostModelError,
@@ -28,8 +30,6 @@ H0 = datetime(2026, 11, 2, tzinfo=UTC)
 
 
 def issue_rating():
-    from pricing.book import parse_price_book
-
     return rate(parse_price_book(ISSUE_BOOK), usage([
         (("output_tokens", "small"), 1_000_000),  # 0.80
         (("output_tokens", "big-model"), 1_000_000),  # 2.40
@@ -118,3 +118,48 @@ def test_split_amount_needs_a_whole_number_of_quanta():
 def test_cost_per_request_of_a_pair_without_requests_is_zero():
     att = Attribution()
     assert att.cost_per_request("nobody", "m") == 0
+
+
+# ---------------------------------------------------------------- which failure cause grew most
+
+
+def failures_of(**costs):
+    return Failures("USD", tuple(FailureRow(cause, "failure", "m", "c", D(cost), 7) for cause, cost in costs.items()))
+
+
+@pytest.mark.parametrize(
+    ("now", "before", "grew"),
+    [
+        ({"runtime": "1.00", "client": "3.00"}, {"runtime": "0.50", "client": "1.00"}, ("client", D("2.00"))),
+        ({"runtime": "2.00", "client": "2.00"}, {}, ("runtime", D("2.00"))),  # a tie: the earlier cause
+        ({"routing": "0.01"}, {}, ("routing", D("0.01"))),  # the smallest growth still counts
+        ({"runtime": "1.00"}, {"runtime": "1.00"}, None),  # nothing grew
+        ({"runtime": "0.50"}, {"runtime": "1.00"}, None),  # it shrank
+    ],
+)
+def test_the_cause_that_grew_most(now, before, grew):
+    assert grew_most(failures_of(**now), failures_of(**before)) == grew
+
+
+# ---------------------------------------------------------------- YAML numbers, exactly
+
+
+def test_yaml_floats_are_read_from_their_text():
+    book = parse_price_book('id: y\ncurrency: USD\ncharges:\n  - meter: requests\n'
+                            '    price: {type: unit, amount: 1_000.000_5, per: 1}\n')
+    assert book.charges[0].price.amount == D("1000.0005")
+
+
+@pytest.mark.parametrize("text", [".inf", "-.inf", ".nan", "190:20:30.15"])
+def test_yaml_floats_that_are_not_finite_decimals_are_refused_with_their_line(text):
+    with pytest.raises(PriceBookError) as caught:
+        parse_price_book(f"id: y\ncurrency: USD\ncharges:\n  - meter: requests\n    price: {{type: unit, amount: {text}, per: 1}}\n",
+                         "books/y.yaml")
+    message = str(caught.value)
+    assert message.startswith("books/y.yaml: (top level): not valid YAML: ")
+    assert f"{text.replace('_', '')!r} is not a finite decimal number" in message
+    assert "line 5, column 33" in message  # the mark of the number itself
+
+
+def test_a_usage_total_is_a_decimal_even_when_nothing_was_used():
+    assert usage([]).total("requests") == 0 and type(usage([]).total("requests")) is D
