@@ -12,12 +12,13 @@ from pricing.anatomy import FailureRow, Failures, grew_most
 from pricing.book import PriceBookError, parse_price_book
 from pricing.cost import (
     Attribution,
+    CostKey,
     CostModelError,
     cost_model_from_data,
     parse_cost_model,
     split_amount,
 )
-from pricing.money import Currency
+from pricing.money import EXACT, Currency
 from pricing.rating import rate
 from pricing.records import Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord
 from pricing.task_outcomes import tasks_from_rows
@@ -115,9 +116,12 @@ def test_split_amount_needs_a_whole_number_of_quanta():
         split_amount(D("1.005"), [1], D("0.01"))
 
 
-def test_cost_per_request_of_a_pair_without_requests_is_zero():
+def test_cost_per_request_of_a_pair_without_requests_is_zero_and_otherwise_exact_to_80_digits():
     att = Attribution()
     assert att.cost_per_request("nobody", "m") == 0
+    att.cost[CostKey("a", "m", "d", "H100", H0)] = D(1)
+    att.requests[("a", "m")] = 3
+    assert att.cost_per_request("a", "m") == EXACT.divide(D(1), D(3))  # 80 digits, not the default 28
 
 
 # ---------------------------------------------------------------- which failure cause grew most
