@@ -236,3 +236,8 @@ def test_without_grace_the_period_end_itself_is_over():
     period = billing_period("2026-02", "UTC", 1)
     assert grace_over(period, period.end, timedelta(0)) is True
     assert grace_over(period, period.end - US, timedelta(0)) is False
+
+
+def test_asking_whether_a_naive_instant_is_in_a_period_is_an_error():
+    with pytest.raises(PeriodError, match=r"^instant 2026-01-15T00:00:00 has no time zone"):
+        datetime(2026, 1, 15) in billing_period("2026-01", "UTC", 1)  # noqa: B015

@@ -143,3 +143,10 @@ def test_experiment_buckets_are_days_from_two_days_on(length, name, count, last)
     assert buckets[0][0] == T0 and buckets[-1][1] == T0 + length
     assert buckets[-1][1] - buckets[-1][0] == last
     assert all(a[1] == b[0] for a, b in zip(buckets, buckets[1:], strict=False))
+
+
+def test_a_customers_tasks_add_up_in_a_window():
+    tasks = [TaskReports("acme", f"t{i}", T0, i, (OutcomeReport(VERIFIER, f"e{i}", outcome, T0 + H),))
+             for i, outcome in enumerate(["succeeded", "succeeded", "failed", "failed", "failed"], start=1)]
+    tasks.append(TaskReports("zeta", "z", T0, 7, (OutcomeReport(VERIFIER, "ez", "succeeded", T0 + H),)))
+    assert task_quantities(tasks, trust(), T0, DUE) == {"acme": (2, 3, 1 + 2 + 3 + 4 + 5), "zeta": (1, 0, 7)}

@@ -22,6 +22,7 @@ from pricing.money import EXACT, Currency
 from pricing.rating import rate
 from pricing.records import Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord
 from pricing.task_outcomes import tasks_from_rows
+from pricing.usage import Usage, UsageKey
 from tests.pricing.helpers import T0, T2
 from tests.pricing.test_rating import ISSUE_BOOK, usage
 from tests.pricing.test_task_outcomes import trust
@@ -167,3 +168,17 @@ def test_yaml_floats_that_are_not_finite_decimals_are_refused_with_their_line(te
 
 def test_a_usage_total_is_a_decimal_even_when_nothing_was_used():
     assert usage([]).total("requests") == 0 and type(usage([]).total("requests")) is D
+
+
+def test_trusted_usage_keeps_what_it_is_given():
+    quantities = {UsageKey("requests", "m"): 3}
+    trusted = Usage.trusted("c1", T0, T2, quantities)
+    assert (trusted.customer_id, trusted.period_start, trusted.period_end) == ("c1", T0, T2)
+    assert trusted.quantities is quantities
+
+
+def test_an_empty_ratings_amounts_are_decimal_zero():
+    empty = rate(parse_price_book(ISSUE_BOOK).model_copy(update={"minimum": None}), usage([]))
+    assert empty.lines == ()
+    for value in (empty.total, empty.usage_total, empty.amount_by()):
+        assert value == 0 and type(value) is D
