@@ -241,3 +241,5 @@ def test_without_grace_the_period_end_itself_is_over():
 def test_asking_whether_a_naive_instant_is_in_a_period_is_an_error():
     with pytest.raises(PeriodError, match=r"^instant 2026-01-15T00:00:00 has no time zone"):
         datetime(2026, 1, 15) in billing_period("2026-01", "UTC", 1)  # noqa: B015
+    with pytest.raises(PeriodError, match=r"^instant 2026-01-15T00:00:00 has no time zone: give an aware datetime"):
+        period_containing(datetime(2026, 1, 15), "UTC", 1)
