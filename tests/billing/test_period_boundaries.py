@@ -243,3 +243,24 @@ def test_asking_whether_a_naive_instant_is_in_a_period_is_an_error():
         datetime(2026, 1, 15) in billing_period("2026-01", "UTC", 1)  # noqa: B015
     with pytest.raises(PeriodError, match=r"^instant 2026-01-15T00:00:00 has no time zone: give an aware datetime"):
         period_containing(datetime(2026, 1, 15), "UTC", 1)
+
+
+def test_a_period_keeps_its_edges_in_utc_whatever_zone_they_are_given_in():
+    berlin = ZoneInfo("Europe/Berlin")
+    period = Period(datetime(2026, 1, 1, tzinfo=berlin), datetime(2026, 2, 1, tzinfo=berlin), "2026-01", "Europe/Berlin", 1)
+    assert (period.start, period.end) == (utc(2025, 12, 31, 23), utc(2026, 1, 31, 23))
+    assert period.start.tzinfo is UTC and period.end.tzinfo is UTC
+
+
+@pytest.mark.parametrize("edge", ["start", "end"])
+def test_a_naive_period_edge_is_named_in_the_error(edge):
+    edges = {"start": utc(2026, 1, 1), "end": utc(2026, 2, 1)}
+    edges[edge] = edges[edge].replace(tzinfo=None)
+    with pytest.raises(PeriodError, match=f"^period {edge} 2026-0.-01T00:00:00 has no time zone"):
+        Period(edges["start"], edges["end"], "2026-01", "UTC", 1)
+
+
+@pytest.mark.parametrize("name", ["", None, 123])
+def test_a_time_zone_must_be_a_non_empty_name(name):
+    with pytest.raises(PeriodError, match=r"^time zone must be an IANA name such as 'Europe/Berlin' or 'UTC'$"):
+        billing_period("2026-01", name, 1)
