@@ -6,6 +6,7 @@ into `<` (or `>=` into `>`) in `billing.credits` fails a test."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -214,3 +215,41 @@ def test_ledger_entries_carry_their_sign(kind, amount, invoice_id, message):
 def test_the_smallest_entry_of_each_kind_is_valid(kind, amount, invoice_id):
     entry = LedgerEntry("led_x", kind, "g", "c1", "USD", D(amount), JAN, invoice_id=invoice_id)
     assert entry.amount == D(amount)
+
+
+# ---------------------------------------------------------------- ids and fields of the entries written
+
+
+def ledger_id(*parts: str) -> str:
+    return "led_" + hashlib.sha256("|".join(("ledger", *parts)).encode()).hexdigest()[:24]
+
+
+def test_ledger_entry_ids_are_the_documented_hashes_so_a_rerun_finds_them():
+    """The ledger table stores these ids: a rerun (or a later release) must derive the same ones."""
+    result = apply([grant("g", "150.00", expires_at=END)], at=END, invoice="inv_7")
+    grant_e, use, expiry = result.entries
+    assert (grant_e.id, use.id, expiry.id) == (ledger_id("grant", "g"), ledger_id("use", "g", "inv_7"),
+                                               ledger_id("expiry", "g"))
+    for entry in result.entries:
+        assert (entry.grant_id, entry.customer_id, entry.currency) == ("g", "c1", "USD")
+    assert (use.invoice_id, grant_e.invoice_id, expiry.invoice_id) == ("inv_7", None, None)
+    assert (grant_e.expires_at, use.expires_at, expiry.expires_at) == (END, None, None)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"currency": "XYZ"}, r"^unknown currency 'XYZ'"),
+        ({"at": datetime(2026, 3, 4)}, r"^at 2026-03-04T00:00:00 has no time zone"),
+        ({"period_end": datetime(2026, 3, 1)}, r"^period_end 2026-03-01T00:00:00 has no time zone"),
+        ({"invoice_id": ""}, r"^invoice_id is required"),
+        ({"invoice_total": D("-0.01")}, r"^invoice total -0.01 USD is negative"),
+        ({"invoice_total": D("0.001")}, r"^invoice_total 0.001 USD has more decimals than USD allows"),
+    ],
+)
+def test_applying_credits_names_what_is_wrong(change, message):
+    kwargs = {"invoice_total": D("1.00"), "at": AT, "invoice_id": "inv_1", "customer_id": "c1", "currency": "USD",
+              "period_end": END} | change
+    total, at = kwargs.pop("invoice_total"), kwargs.pop("at")
+    with pytest.raises(CreditError, match=message):
+        apply_credits([grant()], [], total, at, **kwargs)
