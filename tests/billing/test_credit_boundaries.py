@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -253,3 +254,25 @@ def test_applying_credits_names_what_is_wrong(change, message):
     total, at = kwargs.pop("invoice_total"), kwargs.pop("at")
     with pytest.raises(CreditError, match=message):
         apply_credits([grant()], [], total, at, **kwargs)
+
+
+def test_balance_names_a_bad_instant_and_the_currencies_it_holds():
+    usd = grant_entry(grant(amount="40.00"))
+    eur = LedgerEntry("led_eur", "grant", "e", "c1", "EUR", D("7.00"), JAN)
+    with pytest.raises(CreditError, match=r"^the ledger holds several currencies \(EUR, USD\): name one$"):
+        balance([usd, eur], AT)
+    with pytest.raises(CreditError, match=r"^at 2026-03-04T00:00:00 has no time zone"):
+        balance([usd], datetime(2026, 3, 4))
+    assert type(balance([], AT)) is D and balance([], AT) == 0
+
+
+def test_a_ledger_entry_keeps_its_instant_in_utc_and_names_a_naive_one():
+    entry = LedgerEntry("led_x", "grant", "g", "c1", "USD", D("1.00"), datetime(2026, 1, 1, 1, tzinfo=ZoneInfo("Europe/Berlin")))
+    assert entry.at == JAN and entry.at.tzinfo is UTC
+    with pytest.raises(CreditError, match=r"^ledger entry led_x at 2026-01-01T00:00:00 has no time zone"):
+        LedgerEntry("led_x", "grant", "g", "c1", "USD", D("1.00"), datetime(2026, 1, 1))
+
+
+def test_a_grant_amount_given_as_a_float_is_named():
+    with pytest.raises(CreditError, match=r"^credit grant g amount must be a decimal string"):
+        CreditGrant("g", "c1", "USD", 1.5, JAN, None, "top-up")
