@@ -276,3 +276,32 @@ def test_a_ledger_entry_keeps_its_instant_in_utc_and_names_a_naive_one():
 def test_a_grant_amount_given_as_a_float_is_named():
     with pytest.raises(CreditError, match=r"^credit grant g amount must be a decimal string"):
         CreditGrant("g", "c1", "USD", 1.5, JAN, None, "top-up")
+
+
+def test_a_grant_keeps_an_exact_amount_and_utc_instants():
+    berlin = ZoneInfo("Europe/Berlin")
+    g = CreditGrant("g", "c1", "USD", "50.10", datetime(2026, 1, 1, 1, tzinfo=berlin), datetime(2026, 2, 1, 1, tzinfo=berlin),
+                    "top-up")
+    assert g.amount == D("50.10") and type(g.amount) is D
+    assert (g.granted_at, g.expires_at) == (JAN, datetime(2026, 2, 1, tzinfo=UTC))
+    assert g.granted_at.tzinfo is UTC and g.expires_at.tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"id": ""}, r"^a credit grant needs an id$"),
+        ({"customer_id": ""}, r"^credit grant g needs a customer_id$"),
+        ({"customer_id": None}, r"^credit grant g needs a customer_id$"),
+        ({"reason": " "}, r"^credit grant g needs a reason \(e.g. 'prepaid top-up', 'goodwill'\)$"),
+        ({"reason": None}, r"^credit grant g needs a reason"),
+        ({"amount": "1.001"}, r"^credit grant g amount 1.001 USD has more decimals than USD allows"),
+        ({"granted_at": datetime(2026, 1, 1)}, r"^credit grant g granted_at 2026-01-01T00:00:00 has no time zone"),
+        ({"expires_at": datetime(2026, 2, 1)}, r"^credit grant g expires_at 2026-02-01T00:00:00 has no time zone"),
+    ],
+)
+def test_a_bad_grant_is_named_in_its_error(change, message):
+    fields = {"id": "g", "customer_id": "c1", "currency": "USD", "amount": "1.00", "granted_at": JAN,
+              "expires_at": None, "reason": "top-up"} | change
+    with pytest.raises(CreditError, match=message):
+        CreditGrant(**fields)
