@@ -305,3 +305,17 @@ def test_a_bad_grant_is_named_in_its_error(change, message):
               "expires_at": None, "reason": "top-up"} | change
     with pytest.raises(CreditError, match=message):
         CreditGrant(**fields)
+
+
+def test_a_grant_not_yet_made_does_not_stop_the_later_expiring_ones_from_paying():
+    future = grant("future", "40.00", granted_at=AT + US, expires_at=AT + timedelta(days=5))  # first in order
+    made = grant("made", "40.00", expires_at=AT + timedelta(days=50))
+    result = apply([future, made], total="10.00")
+    assert [(e.grant_id, e.kind) for e in result.entries] == [("made", "grant"), ("made", "use")]
+
+
+def test_applying_credits_refuses_a_float_total_and_a_grant_given_twice():
+    with pytest.raises(CreditError, match=r"^invoice_total must be a decimal string"):
+        apply_credits([grant()], [], 1.5, AT, invoice_id="i", customer_id="c1", currency="USD", period_end=END)
+    with pytest.raises(CreditError, match=r"^the same grant id is given twice$"):
+        apply([grant(), grant()])
