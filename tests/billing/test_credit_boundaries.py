@@ -319,3 +319,16 @@ def test_applying_credits_refuses_a_float_total_and_a_grant_given_twice():
         apply_credits([grant()], [], 1.5, AT, invoice_id="i", customer_id="c1", currency="USD", period_end=END)
     with pytest.raises(CreditError, match=r"^the same grant id is given twice$"):
         apply([grant(), grant()])
+
+
+def test_an_instant_that_is_not_a_datetime_or_has_no_offset_is_refused():
+    from datetime import tzinfo
+
+    class NoOffset(tzinfo):
+        def utcoffset(self, dt):
+            return None
+
+    with pytest.raises(CreditError, match=r"^credit grant g granted_at must be a datetime, got str$"):
+        grant(granted_at="2026-01-01T00:00:00Z")
+    with pytest.raises(CreditError, match=r"^credit grant g granted_at 2026-01-01T00:00:00 has no time zone"):
+        grant(granted_at=datetime(2026, 1, 1, tzinfo=NoOffset()))

@@ -97,3 +97,8 @@ def test_the_stored_form_writes_amounts_as_decimal_strings():
     assert data["minimum"] is None and data["task_outcomes"]["task_timeout"] == 86400
     assert price_book_from_data(data) == book
     assert isinstance(book.charges[0].price.amount, Decimal)
+
+
+def test_a_book_without_a_named_source_is_called_price_book_in_errors():
+    with pytest.raises(PriceBookError, match=r"^<price book>: \(top level\): a price book is a mapping"):
+        parse_price_book("- a list")
