@@ -22,20 +22,12 @@ from pricing.rating import (
 )
 from pricing.usage import Usage, UsageKey
 from tests.pricing.helpers import T0, T1, T2, book_with, usage_of
+from tests.pricing.test_price_types import GRAD, GRAD3
 
 D = Decimal
 STEP = D("0.000000000001")  # the smallest quantity step (12 places, the project scale)
-GRAD = {"type": "tiered_graduated", "tiers": [{"up_to": 1000, "amount": "0.10"}, {"up_to": None, "amount": "0.07"}]}
-# per 1000 units: the first 10k free, then 1.00 per 1000 plus 5 once the tier is reached, then 0.50
-GRAD_FLAT = {
-    "type": "tiered_graduated",
-    "per": 1000,
-    "tiers": [
-        {"up_to": 10000, "amount": "0"},
-        {"up_to": 50000, "amount": "1.00", "flat_amount": "5"},
-        {"up_to": None, "amount": "0.50"},
-    ],
-}
+# GRAD: 0.10 up to 1000, then 0.07. GRAD3, per 1000 units: the first 10k free, then 1.00 per 1000 plus
+# 5 once the tier is reached, then 0.50.
 VOL = {
     "type": "tiered_volume",
     "tiers": [
@@ -82,11 +74,11 @@ def test_graduated_tier_edges(quantity, precise_amount, amount):
     ],
 )
 def test_a_tiers_flat_amount_is_due_from_its_first_unit(quantity, amount):
-    assert rate_tiered_graduated(TieredGraduatedPrice.model_validate(GRAD_FLAT), D(quantity)) == D(amount)
+    assert rate_tiered_graduated(TieredGraduatedPrice.model_validate(GRAD3), D(quantity)) == D(amount)
 
 
 def test_graduated_of_nothing_is_nothing():
-    price = TieredGraduatedPrice.model_validate(GRAD_FLAT | {"tiers": [{"up_to": None, "amount": "1", "flat_amount": "5"}]})
+    price = TieredGraduatedPrice.model_validate(GRAD3 | {"tiers": [{"up_to": None, "amount": "1", "flat_amount": "5"}]})
     assert rate_tiered_graduated(price, D(0)) == 0
     assert rate_tiered_graduated(price, STEP) == D("5.000000000000001")
 
