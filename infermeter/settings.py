@@ -81,6 +81,14 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_FUTURE_TOLERANCE_S",
         description="An event dated more than this many seconds in the future is rejected.",
     )
+    retention_months: int = Field(
+        default=13,
+        ge=1,
+        validation_alias="INFERMETER_RETENTION_MONTHS",
+        description="Months of raw events and deduplication keys metering keeps: the current UTC month and the N-1 "
+        "before it. An older event is dead-lettered (too_old); older months are archived to Parquet and dropped "
+        "(`infermeter metering archive`, and `infermeter up` daily). Rollups, invoices and their history are kept.",
+    )
     admin_token_configured: str | None = Field(
         default=None,
         validation_alias="INFERMETER_ADMIN_TOKEN",

@@ -228,11 +228,13 @@ class WriteResult:
 class BatchWriter:
     """Owns one Postgres connection; `write(messages)` commits one batch or raises."""
 
-    def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None):
+    def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None,
+                 retention_months: int | None = None):
         self.dsn = dsn
         self.group_id = group_id
         self.max_bytes = max_bytes
         self.future_tolerance_s = future_tolerance_s
+        self.retention_months = retention_months  # None: events of any age (metering.processor.process)
         self.clock = clock or (lambda: datetime.now(UTC))
         self._conn: psycopg.Connection | None = None
         self._partitions: set[datetime] = set()
@@ -299,7 +301,8 @@ class BatchWriter:
     # --- the batch -----------------------------------------------------------------------------
     def prepare(self, messages: Sequence[Message]) -> Prepared:
         """Decode and validate a batch (pure, no database): may run ahead of the write."""
-        batch = process(messages, now=self.clock(), max_bytes=self.max_bytes, future_tolerance_s=self.future_tolerance_s)
+        batch = process(messages, now=self.clock(), max_bytes=self.max_bytes, future_tolerance_s=self.future_tolerance_s,
+                        retention_months=self.retention_months)
         return Prepared(list(messages), batch)
 
     def write(self, messages: Sequence[Message] | Prepared) -> WriteResult:
