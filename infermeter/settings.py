@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         "before it. An older event is dead-lettered (too_old); older months are archived to Parquet and dropped "
         "(`infermeter metering archive`, and `infermeter up` daily). Rollups, invoices and their history are kept.",
     )
+    archive_dir: Path | None = Field(
+        default=None,
+        validation_alias="INFERMETER_ARCHIVE_DIR",
+        description="Folder of the raw-event archives (one Parquet file per month, raw_events_YYYY_MM.parquet). "
+        "Unset: INFERMETER_HOME/archive.",
+    )
     admin_token_configured: str | None = Field(
         default=None,
         validation_alias="INFERMETER_ADMIN_TOKEN",
