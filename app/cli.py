@@ -123,6 +123,14 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             workers = [MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
                        for _ in range(consumers)]
             threads = [run_in_thread(w) for w in workers]
+            retention = None
+            if settings.archive_interval_h > 0:  # months that left the retention: archived, then dropped
+                from metering.archive import RetentionJob, archive_dir
+
+                retention = RetentionJob(
+                    to_libpq_url(stack.database_url), retention_months=settings.retention_months,
+                    directory=archive_dir(settings), interval_s=settings.archive_interval_h * 3600,
+                    report=lambda line: console.print(line, soft_wrap=True, highlight=False)).start()
             # Metered ack: events that `events ingest` (and the API) spooled in this home and metering
             # has not confirmed are published (again) to this broker: what a killed stack had
             # acknowledged is metered after all. Fresh rows are left to the process publishing them.
@@ -148,6 +156,8 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
                 guard.stopping = True  # no signal may cut the clean-up short
                 if serving_stack is not None:  # before the broker stops: the gateway's last events go out
                     serving_stack.stop()
+                if retention is not None:  # stops between two batches of a file: the month stays whole
+                    retention.close()
                 for replayer in replayers:  # unconfirmed events stay spooled for the next up
                     replayer.close(2.0)
                     replayer.spool.close()

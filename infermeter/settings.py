@@ -95,6 +95,13 @@ class Settings(BaseSettings):
         description="Folder of the raw-event archives (one Parquet file per month, raw_events_YYYY_MM.parquet). "
         "Unset: INFERMETER_HOME/archive.",
     )
+    archive_interval_h: float = Field(
+        default=24.0,
+        ge=0,
+        validation_alias="INFERMETER_ARCHIVE_INTERVAL_H",
+        description="How often `infermeter up` archives and drops the months that left the retention (also once "
+        "at start). 0: never (run `infermeter metering archive` yourself).",
+    )
     admin_token_configured: str | None = Field(
         default=None,
         validation_alias="INFERMETER_ADMIN_TOKEN",
