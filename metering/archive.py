@@ -163,7 +163,8 @@ def archive_before(
     with psycopg.connect(dsn) as conn:
         conn.execute("SET TIME ZONE 'UTC'")
         months = sorted(m for m in partitions_by_month(conn) if m < before)
-    directory.mkdir(parents=True, exist_ok=True)
+    if months:
+        directory.mkdir(parents=True, exist_ok=True)
     return [archive_month(dsn, month, directory, on_progress=on_progress, should_stop=should_stop)
             for month in months]
 

@@ -23,7 +23,7 @@ from metering.contract import REPLICA_V1, encode_event, make_event
 from metering.kafka import Message
 from metering.processor import oldest_retained_month, process
 from metering.writer import BatchWriter
-from tests.conftest import _with_database, new_database
+from tests.conftest import new_database
 from tests.metering.conftest import (
     ROLLUP_TABLES,
     dsn,
@@ -33,6 +33,7 @@ from tests.metering.conftest import (
     task_event,
     usage_event,
 )
+from tests.test_migrations import _fresh_database
 
 
 def at(text: str) -> datetime:
@@ -289,11 +290,7 @@ def test_the_retention_job_of_up_archives_what_left_the_retention_and_says_so(se
 
 def test_the_migration_keeps_every_stored_key_in_its_month_and_deduplication_still_works(pg_server_url):
     name = "t_retention_0014"
-    admin = to_libpq_url(pg_server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {name}")
-    url = _with_database(pg_server_url, name)
+    url = _fresh_database(pg_server_url, name)
     try:
         upgrade(url, "0013")
         months = ["2026-08", "2026-09", "2026-10", "2026-11"]
@@ -327,7 +324,7 @@ def test_the_migration_keeps_every_stored_key_in_its_month_and_deduplication_sti
         assert feed.write(new).duplicates == 3
         feed.close()
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
