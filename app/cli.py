@@ -445,7 +445,7 @@ def metering_archive(
                                              "partitions; it may not be later than the oldest retained month.")],
     directory: Annotated[Path | None, typer.Option(
         "--dir", help="Folder of the Parquet files (default INFERMETER_ARCHIVE_DIR, else INFERMETER_HOME/archive).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only {\"archived\": [...]}.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only {\"before\": \"YYYY-MM\", \"archived\": [{month, file, events, key_checksum}]}.")] = False,
 ) -> None:
     """Archive the months that left the retention: raw events to Parquet, verified, then their partitions dropped.
 
