@@ -3,6 +3,8 @@
     python -m bench.ingest --events 200000 --json
     python -m bench.ingest --events 200000 --processes 1,2 --backends confluent,kafka-python
     python -m bench.ingest --events 100000 --processes 1 --backends confluent --ack broker,metered
+    (options: --events N, --processes 1,2, --backends confluent,kafka-python, --partitions 8,
+     --ack broker[,metered], --json)
 
 For each backend and each number of consumer processes, in one run:
 1. produce N pre-generated request events (~330 bytes each) to a fresh topic;
@@ -25,14 +27,14 @@ each): the write path into the empty store, into the stored one, into the stored
 event also probed against every retained month's key (a design that catches an id reused in another
 month: `probe_all_months`), and into a database with the schema before migration 0014 (one
 unpartitioned key table, empty: `before_0014`); and the readers that look keys up without a time
-(`metering.queries.handled_event_keys`, 5,000 keys) on the stored store against the empty one.
+(`metering.event_lookups.handled_event_keys`, 5,000 keys) on the stored store against the empty one.
 
 `--ack broker,metered` measures both acknowledgement modes in one run (default: broker only).
 broker: the events are produced straight from memory (what `events ingest` does with
 INFERMETER_ACK=broker). metered: they are appended to an outbox spool (SQLite) and published from
 it (`metering.ingest.spool_lines` + `publish_spooled`, what `events ingest` does by default with
 the embedded broker), and while the metering processes run, a confirmer asks their database every
-0.5 s which events are recorded and deletes those from the spool (`Outbox.confirm_round`, the work
+0.5 s which events are recorded and deletes those from the spool (the outbox's confirm round, the work
 `infermeter up` does). Reported in addition: `spool_append_events_per_s`, and `confirmed_s_after`,
 how long after the last event was metered the spool was empty.
 """
@@ -436,8 +438,8 @@ def _write_path_arms(server_url: str, urls: dict[str, str], month: datetime, now
 
     import metering.writer as writer_module
     from bench.write_path import alternating_write_rates
-    from metering.kafka import Message
-    from metering.queries import handled_event_keys
+    from metering.event_lookups import handled_event_keys
+    from metering.kafka_types import Message
 
     # A probe of every retained month's key per event, as a scalar subquery (one index probe per
     # partition and event: the plan a per-event check has, not a hash anti-join over all the keys).

@@ -20,7 +20,7 @@ from infermeter.times import add_months, month_start
 from metering.archive import RetentionJob, archive_before, archive_file, read_checksum
 from metering.consumer import MeteringConsumer, run_in_thread
 from metering.contract import REPLICA_V1, encode_event, make_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.processor import oldest_retained_month, process
 from metering.writer import BatchWriter
 from tests.conftest import new_database
