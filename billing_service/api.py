@@ -78,7 +78,7 @@ async def get_preview(
     period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
     customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
 ) -> dict[str, Any]:
-    from billing_service.run import preview_invoice
+    from billing_service.invoices import preview_invoice
 
     customer = scope(principal, customer_id)
     if customer is None:
@@ -100,7 +100,7 @@ class CustomerBody(BaseModel):
 
 @router.put("/v1/billing/customers/{customer_id}")
 async def put_customer(request: Request, principal: PrincipalDep, customer_id: str, body: CustomerBody) -> dict:
-    from billing_service.run import set_customer
+    from billing_service.customers import set_customer
 
     _admin(principal)
 
@@ -128,7 +128,7 @@ class PlanBody(BaseModel):
 
 @router.post("/v1/billing/customers/{customer_id}/plans")
 async def post_plan(request: Request, principal: PrincipalDep, customer_id: str, body: PlanBody) -> dict:
-    from billing_service.run import assign_plan
+    from billing_service.customers import assign_plan
 
     _admin(principal)
 
@@ -169,7 +169,7 @@ async def get_invoices(
     period: str | None = None,
     status: str | None = None,
 ) -> dict:
-    from billing_service.run import list_invoices
+    from billing_service.invoices import list_invoices
 
     customer = scope(principal, customer_id)
     return await _call(request, lambda conn: {"invoices": list_invoices(
@@ -178,7 +178,7 @@ async def get_invoices(
 
 @router.get("/v1/billing/invoices/{invoice_id}")
 async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str) -> dict:
-    from billing_service.run import show_invoice
+    from billing_service.invoices import show_invoice
 
     shown = await _call(request, lambda conn: show_invoice(conn, invoice_id))
     scope(principal, shown["customer_id"])  # 404 for another customer's invoice, 403 for producers
@@ -187,7 +187,7 @@ async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str
 
 @router.post("/v1/billing/invoices/{invoice_id}/void")
 async def post_void(request: Request, principal: PrincipalDep, invoice_id: str) -> dict:
-    from billing_service.run import invoice_summary, void_invoice
+    from billing_service.invoices import invoice_summary, void_invoice
 
     _admin(principal)
 
@@ -205,7 +205,8 @@ class CreditNoteBody(BaseModel):
 
 @router.post("/v1/billing/invoices/{invoice_id}/credit-notes")
 async def post_credit_note(request: Request, principal: PrincipalDep, invoice_id: str, body: CreditNoteBody) -> dict:
-    from billing_service.run import issue_credit_note, money_text
+    from billing_service.credits import issue_credit_note
+    from billing_service.store import money_text
 
     _admin(principal)
 
@@ -228,7 +229,8 @@ class GrantBody(BaseModel):
 
 @router.post("/v1/billing/customers/{customer_id}/credits")
 async def post_grant(request: Request, principal: PrincipalDep, customer_id: str, body: GrantBody) -> dict:
-    from billing_service.run import grant_credits, money_text
+    from billing_service.credits import grant_credits
+    from billing_service.store import money_text
 
     _admin(principal)
 
@@ -242,7 +244,7 @@ async def post_grant(request: Request, principal: PrincipalDep, customer_id: str
 
 @router.get("/v1/billing/customers/{customer_id}/credits")
 async def get_credits(request: Request, principal: PrincipalDep, customer_id: str) -> dict:
-    from billing_service.run import credits_view
+    from billing_service.credits import credits_view
 
     customer = scope(principal, customer_id)
     return await _call(request, lambda conn: credits_view(conn, customer, now=clock()))

@@ -6,7 +6,7 @@ and the history's COPY text written here by hand, escaped: psycopg's row writer 
 more), then the rows' final state (first invoices: one UPDATE with their ids and numbers as arrays;
 the others: UPDATE ... FROM a temporary table).
 
-The billing run's logic (`billing_service.run._run_customer`) does not change: it saves, reloads
+The billing run's logic (`billing_service.run`, per customer) does not change: it saves, reloads
 and finalizes through these objects exactly as through `PgInvoiceStore`, `PgCreditLedger` and
 `PgInvoiceNumbers`, and `flush` then writes what those would have written: the same invoice rows
 (revision, created_at / updated_at = the run's clock), the same lines in the same positions (a draft's

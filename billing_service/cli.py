@@ -96,7 +96,7 @@ def customers_set(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Create a customer or update the fields given."""
-    from billing_service.run import set_customer
+    from billing_service.customers import set_customer
 
     with _connect() as conn:
         customer, changed = set_customer(conn, customer_id, now=clock(), name=name, email=email, timezone=timezone,
@@ -156,7 +156,7 @@ def plans_assign(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Bill a customer under a price book from a date (a change inside a period applies from the next one)."""
-    from billing_service.run import assign_plan
+    from billing_service.customers import assign_plan
 
     text = _read_text(price_book)
     with _connect() as conn:
@@ -237,7 +237,7 @@ def billing_reconcile(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check invoices against metering: quantities = usage, invoiced + adjustments = rated usage; exit 1 on a difference."""
-    from billing_service.run import reconcile_money
+    from billing_service.reconcile import reconcile_money
 
     with _connect() as conn:
         report = reconcile_money(conn, period, cost_model=_cost_model())
@@ -270,7 +270,7 @@ def invoices_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Invoices, by customer and period."""
-    from billing_service.run import list_invoices
+    from billing_service.invoices import list_invoices
 
     with _connect() as conn:
         found = list_invoices(conn, customer_id=customer, period=period, status=status)
@@ -291,7 +291,7 @@ def invoices_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """An invoice with its lines, credit notes and change history."""
-    from billing_service.run import show_invoice
+    from billing_service.invoices import show_invoice
     from billing_service.store import PgInvoiceStore, invoice_as_of
 
     with _connect() as conn:
@@ -326,7 +326,7 @@ def invoices_void(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Void a finalized invoice and reissue it as a new draft (the next billing run refreshes and finalizes it)."""
-    from billing_service.run import invoice_summary, void_invoice
+    from billing_service.invoices import invoice_summary, void_invoice
 
     with _connect() as conn:
         voided, fresh = void_invoice(conn, invoice_id, now=clock())
@@ -344,7 +344,8 @@ def invoices_credit_note(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Issue a credit note against a finalized invoice (whole, or by line)."""
-    from billing_service.run import issue_credit_note, money_text
+    from billing_service.credits import issue_credit_note
+    from billing_service.store import money_text
 
     with _connect() as conn:
         note, number = issue_credit_note(conn, invoice_id, reason=reason, now=clock(), line_ids=line or None)
@@ -371,7 +372,7 @@ def invoice_preview(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What the customer's invoice would be now (period to date when the period is not over)."""
-    from billing_service.run import preview_invoice
+    from billing_service.invoices import preview_invoice
 
     book = (_read_text(price_book), str(price_book)) if price_book is not None else None
     with _connect() as conn:
@@ -401,7 +402,8 @@ def credits_grant(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Grant prepaid credit; it pays invoices at finalization, oldest-expiring first."""
-    from billing_service.run import grant_credits, money_text
+    from billing_service.credits import grant_credits
+    from billing_service.store import money_text
 
     with _connect() as conn:
         grant = grant_credits(conn, customer, amount, now=clock(), expires=expires, reason=reason)
@@ -423,7 +425,7 @@ def credits_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """A customer's prepaid credits: every grant, use and expiry, and the balance now."""
-    from billing_service.run import credits_view
+    from billing_service.credits import credits_view
 
     with _connect() as conn:
         view = credits_view(conn, customer, now=clock())

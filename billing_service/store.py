@@ -1,10 +1,11 @@
 """psycopg adapters for billing: customers, price-book snapshots, plans, and the `billing.ports`
 implementations (invoice store, credit ledger, gapless invoice numbers).
 
-Nothing here decides anything: the billing run (`billing_service.run`) owns the transactions and
-the clock; these functions read and write rows. Every write of an invoice appends a history row
-(the invoice without its lines, as JSON; the database keeps a draft's lines when they are replaced) so
-what was known at any moment can be reproduced (`invoice_as_of`, `with_lines`).
+Nothing here decides anything: the billing service's modules (`customers`, `run`, `invoices`,
+`credits`) own the transactions and the clock; these functions read and write rows. Every write of
+an invoice appends a history row (the invoice without its lines, as JSON; the database keeps a
+draft's lines when they are replaced) so what was known at any moment can be reproduced
+(`invoice_as_of`, `with_lines`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import psycopg
 from psycopg.types.json import Jsonb
 
+from billing._common import aware_utc
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import BillingError, InvoiceImmutable
 from billing.invoice import CreditNote, CreditNoteLine, Invoice, InvoiceLine, InvoiceStatus, StatusChange
@@ -39,6 +41,11 @@ class UnknownCustomer(BillingServiceError):
 
 class UnknownInvoice(BillingServiceError):
     pass
+
+
+def checked_now(now: datetime) -> datetime:
+    """The injected clock's `now`, as an aware UTC datetime (a naive one is refused)."""
+    return aware_utc(now, "now", BillingServiceError)
 
 
 _CUSTOMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,255}")

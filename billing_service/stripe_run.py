@@ -19,7 +19,7 @@
   note of a void invoice have nothing to push. A failed note is reported (exit 1) and the rest goes on:
   a credit note leaves no pending item that a later invoice would sweep in.
 - `status_port(pool_or_connect, clock)`: `on_status(invoice_id, status, at)` for the webhook handler,
-  running `billing_service.run.record_payment_status` on its own connection and transaction.
+  running `billing_service.invoices.record_payment_status` on its own connection and transaction.
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ def status_port(
 ) -> Callable[[str, InvoiceStatus, datetime], None]:
     """`on_status(invoice_id, status, at)` for `WebhookHandler`: `record_payment_status` on a connection
     from `connect()` (autocommit; the service function owns its transaction), recorded at `clock()`."""
-    from billing_service.run import record_payment_status
+    from billing_service.invoices import record_payment_status
 
     def on_status(invoice_id: str, status: InvoiceStatus, at: datetime) -> None:
         with connect() as conn:

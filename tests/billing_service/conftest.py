@@ -179,7 +179,8 @@ def cost_model():
 @pytest.fixture
 def february(conn, metering):
     """Customer acme (UTC, USD, anchor 1) on bill-usd from 2026-02-01, with February usage, finalized."""
-    from billing_service.run import assign_plan, billing_run, set_customer
+    from billing_service.customers import assign_plan, set_customer
+    from billing_service.run import billing_run
 
     t0 = datetime(2026, 1, 20, tzinfo=UTC)
     set_customer(conn, "acme", now=t0)

@@ -19,9 +19,13 @@ from decimal import Decimal
 import psycopg
 import pytest
 
+import billing_service.drafts as drafts_module
 import billing_service.run as run_module
 from billing.credits import grant_entry
-from billing_service.run import assign_plan, billing_run, grant_credits, set_customer, void_invoice
+from billing_service.credits import grant_credits
+from billing_service.customers import assign_plan, set_customer
+from billing_service.invoices import void_invoice
+from billing_service.run import billing_run
 from billing_service.store import PgCreditLedger
 from infermeter.stack import to_libpq_url
 from pricing_service.books import read_cost_model
@@ -84,11 +88,11 @@ class Twins:
 
         def period_usage(conn, customer_id, *args, **kw):
             read_alone.append(customer_id)
-            return run_module.period_usage.__wrapped__(conn, customer_id, *args, **kw)
+            return drafts_module.period_usage.__wrapped__(conn, customer_id, *args, **kw)
 
-        period_usage.__wrapped__ = run_module.period_usage
+        period_usage.__wrapped__ = drafts_module.period_usage
         with self.monkeypatch.context() as m:
-            m.setattr(run_module, "period_usage", period_usage)
+            m.setattr(drafts_module, "period_usage", period_usage)
             b = billing_run(self.conns[1], period, now=now, cost_model=COST)
         # rate_period rated everyone else; +05:30 windows and unbilled usage are read per customer
         assert set(read_alone) <= {"c-kolkata", "g-noplan", "unknown-co"}

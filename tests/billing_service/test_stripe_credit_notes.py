@@ -11,14 +11,10 @@ from decimal import Decimal
 
 import pytest
 
-from billing_service.run import (
-    assign_plan,
-    billing_run,
-    grant_credits,
-    issue_credit_note,
-    set_customer,
-    show_invoice,
-)
+from billing_service.credits import grant_credits, issue_credit_note
+from billing_service.customers import assign_plan, set_customer
+from billing_service.invoices import show_invoice
+from billing_service.run import billing_run
 from billing_service.stripe_run import sync_invoices
 from billing_service.stripe_state import PostgresSyncState
 from billing_service.stripe_sync import StripeSync

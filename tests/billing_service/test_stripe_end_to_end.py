@@ -17,7 +17,8 @@ import pytest
 
 from billing.errors import InvoiceStateError
 from billing.invoice import InvoiceStatus
-from billing_service.run import billing_run, record_payment_status, show_invoice
+from billing_service.invoices import record_payment_status, show_invoice
+from billing_service.run import billing_run
 from billing_service.stripe_run import sync_invoices
 from billing_service.stripe_state import PostgresSyncState
 from billing_service.stripe_sync import StripeSync, item_specs
