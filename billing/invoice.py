@@ -321,32 +321,34 @@ def line_from_rated(line: Line, period: Period) -> InvoiceLine:
     )
 
 
+def _copied(line: Line, label: str, start: datetime, end: datetime) -> InvoiceLine | None:
+    """`line_from_rated` of a rated line of period (label, start, end), built without the frozen
+    dataclass's per-field __init__ once the line passes what a rated line could get wrong (id, kind,
+    finite Decimals); None when it does not (the checked constructor then says what is wrong)."""
+    (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount) = line
+    if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
+            or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
+                                                           and precise_amount.is_finite())
+            or (unit_price is not None and type(unit_price) is not Decimal)):
+        return None
+    copied = object.__new__(InvoiceLine)
+    copied.__dict__.update(id=line_id, rated_line_id=line_id, kind=kind, charge_key=charge_key, meter=meter,
+                           group=group, quantity=quantity, unit_price=unit_price, precise_amount=precise_amount,
+                           amount=amount, period=label, service_period_start=start, service_period_end=end)
+    return copied
+
+
 def lines_from_rating(rating: Rating, period: Period) -> tuple[InvoiceLine, ...]:
     """`line_from_rated` of every line of a rating of `period`. The period (label, aware UTC bounds) was
-    checked when it was cut, so each line is checked for what a rated line could get wrong (id, kind,
-    finite Decimals) and built without the frozen dataclass's per-field __init__ (a billing run copies
-    10^5 lines)."""
+    checked when it was cut, so each line is checked for what a rated line could get wrong (`_copied`)
+    and built without the frozen dataclass's per-field __init__ (a billing run copies 10^5 lines)."""
     _same_window(rating, period)
     if not isinstance(period, Period):
         raise InvoiceError(f"period must be a billing.periods.Period, got {type(period).__name__}")
     label, start, end = period.label, period.start, period.end
     if not (start.tzinfo is UTC and end.tzinfo is UTC):
         return tuple(line_from_rated(line, period) for line in rating.lines)
-    out = []
-    for line in rating.lines:
-        (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount) = line
-        if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
-                or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
-                                                               and precise_amount.is_finite())
-                or (unit_price is not None and type(unit_price) is not Decimal)):
-            out.append(line_from_rated(line, period))  # the checked constructor says what is wrong
-            continue
-        copied = object.__new__(InvoiceLine)
-        copied.__dict__.update(id=line_id, rated_line_id=line_id, kind=kind, charge_key=charge_key, meter=meter,
-                               group=group, quantity=quantity, unit_price=unit_price, precise_amount=precise_amount,
-                               amount=amount, period=label, service_period_start=start, service_period_end=end)
-        out.append(copied)
-    return tuple(out)
+    return tuple(_copied(line, label, start, end) or line_from_rated(line, period) for line in rating.lines)
 
 
 def draft_from_rating(rating: Rating, period: Period, *, price_book_version: str, sequence: int = 1) -> Invoice:
@@ -360,50 +362,12 @@ def draft_from_rating(rating: Rating, period: Period, *, price_book_version: str
     )
 
 
-@dataclass(frozen=True)
-class FirstInvoice:
-    """A customer's first invoice of a period made straight from the period's rating, in the shape a
-    bulk billing run writes (a row, its lines, its history) without building and copying `Invoice` and
-    `InvoiceLine` values (10^4 invoices, 10^5 lines in a run). `first_invoice` and `finalize_first`
-    make exactly what `draft_from_rating` and `finalize` make (tests/billing/test_invoice.py checks
-    field by field): the same id, amounts, status, number and times; its lines are the rating's lines,
-    copied as `lines_from_rating` copies them (`rated`: the rating's `Line` values, in order)."""
-
-    id: str
-    customer_id: str
-    currency: str
-    period: str
-    period_start: datetime
-    period_end: datetime
-    sequence: int
-    status: InvoiceStatus
-    rated: tuple[Line, ...]
-    subtotal: Decimal
-    credits_applied: Decimal
-    total: Decimal
-    price_book_version: str
-    number: str | None = None
-    issued_at: datetime | None = None
-    finalized_at: datetime | None = None
-    reissue_of: str | None = None
-
-    def as_invoice(self, period: Period) -> Invoice:
-        """The same invoice as an `Invoice` (the domain's full checks run on it)."""
-        invoice = draft_from_rating(
-            Rating("", self.currency, self.customer_id, self.period_start, self.period_end, self.rated), period,
-            price_book_version=self.price_book_version, sequence=self.sequence)
-        if self.status is S.DRAFT:
-            return invoice
-        if self.number is None or self.finalized_at is None:
-            raise InvoiceError(f"invoice {self.id} is {self.status} but has no number or finalized_at")
-        return finalize(invoice, number=self.number, at=self.finalized_at, issued_at=self.issued_at)
-
-
-def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_version: str) -> FirstInvoice | None:
-    """The draft `draft_from_rating(rating, period, ...)` would make (sequence 1) as a `FirstInvoice`,
-    or None when a check of the quick path does not hold (period bounds not in UTC, a line whose kind,
-    types, id or amount `Invoice` would question, a rating in another currency): then build the
-    `Invoice` the usual way, whose checks say what is wrong."""
+def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_version: str) -> Invoice | None:
+    """The draft `draft_from_rating(rating, period, ...)` makes (sequence 1), for the bulk billing run's
+    first invoices (10^4 invoices, 10^5 lines a run): the same `Invoice`, built without the per-field
+    __init__ and the checks of `Invoice` once the ones below hold, or None when one does not (period
+    bounds not in UTC, a line whose kind, types, id or amount `Invoice` would question, a rating in
+    another currency): then build the `Invoice` the usual way, whose checks say what is wrong."""
     if (rating.period_start, rating.period_end) != (period.start, period.end) or rating.currency != currency:
         return None
     if not (isinstance(period, Period) and period.start.tzinfo is UTC and period.end.tzinfo is UTC):
@@ -414,36 +378,39 @@ def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_v
         money = Currency.of(currency)
     except ValueError:
         return None
+    label, start, end = period.label, period.start, period.end
+    lines = []
     subtotal = ZERO
-    for line in rating.lines:
-        (line_id, kind, _, _, _, _, quantity, unit_price, precise_amount, amount) = line
-        if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
-                or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
-                                                               and precise_amount.is_finite())
-                or (unit_price is not None and type(unit_price) is not Decimal) or money.round(amount) != amount):
+    for rated in rating.lines:
+        line = _copied(rated, label, start, end)
+        if line is None or money.round(line.amount) != line.amount:
             return None
-        subtotal += amount
-    if len({line.line_id for line in rating.lines}) != len(rating.lines):
+        subtotal += line.amount
+        lines.append(line)
+    if len({line.id for line in lines}) != len(lines):
         return None
-    return FirstInvoice(
-        id=invoice_id(rating.customer_id, period.label, 1), customer_id=rating.customer_id, currency=currency,
-        period=period.label, period_start=period.start, period_end=period.end, sequence=1, status=S.DRAFT,
-        rated=rating.lines, subtotal=subtotal, credits_applied=ZERO, total=subtotal,
-        price_book_version=price_book_version,
+    draft = object.__new__(Invoice)
+    draft.__dict__.update(
+        id=invoice_id(rating.customer_id, label, 1), customer_id=rating.customer_id, currency=currency,
+        period=label, period_start=start, period_end=end, sequence=1, status=S.DRAFT, lines=tuple(lines),
+        subtotal=subtotal, credits_applied=ZERO, total=subtotal, price_book_version=price_book_version, number=None,
+        issued_at=None, finalized_at=None, history=(), reissue_of=None,
     )
+    return draft
 
 
-def finalize_first(draft: FirstInvoice, *, number: str, at: datetime) -> FirstInvoice:
-    """`finalize` of a `FirstInvoice` draft (no prepaid credit applied: the caller has none to apply)."""
-    if draft.status is not S.DRAFT:
-        raise InvoiceStateError(f"invoice {draft.id} cannot go from {draft.status} to {S.OPEN}")
-    parse_number(number)
-    if draft.total < 0:
-        raise InvoiceStateError(f"invoice {draft.id} totals {draft.total} {draft.currency}: an invoice cannot be "
-                                "negative; issue a credit note against the invoice being corrected instead")
+def finalize_first(draft: Invoice, *, number: str, at: datetime) -> Invoice:
+    """`finalize(draft, number=number, at=at)` without `dataclasses.replace`'s rebuild and re-check of an
+    invoice that is already an `Invoice` (the bulk billing run finalizes 10^4 first invoices a run, made
+    by `first_invoice`): the same open invoice. A draft that `finalize` refuses (a negative total), or
+    an invoice that is not a draft, goes through `finalize`, which says why."""
+    if draft.status is not S.DRAFT or draft.total < 0:
+        return finalize(draft, number=number, at=at)
     when = aware_utc(at, "at", InvoiceStateError)
-    final = object.__new__(FirstInvoice)  # `replace` without its field-by-field rebuild (10^4 a run)
-    final.__dict__.update(draft.__dict__, status=S.OPEN, number=number, issued_at=when, finalized_at=when)
+    parse_number(number)
+    final = object.__new__(Invoice)
+    final.__dict__.update(draft.__dict__, status=S.OPEN, number=number, issued_at=when, finalized_at=when,
+                          history=(StatusChange(S.DRAFT, S.OPEN, when),))
     return final
 
 

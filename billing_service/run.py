@@ -244,11 +244,11 @@ def _first_invoice_outcome(conn: psycopg.Connection, customer: Customer, target:
                            assigned: list[Plan], ratings: dict[tuple[str, str], Rating], store: BatchInvoiceStore,
                            ledger: BatchCreditLedger, numbers: BatchInvoiceNumbers, now: datetime, grace: timedelta,
                            prefix: str) -> InvoiceOutcome | None:
-    """The common case of a bulk run, without `_run_customer`'s copies of `Invoice` values: a customer
-    with no invoice yet, no prepaid credit ever, and one period to bill (the target, its plan's first),
-    rated up front. Its draft is `first_invoice` of that rating (what `draft_from_rating` makes),
-    finalized past the grace window by `finalize_first` (what `finalize` makes) with the next number;
-    `store.add_first` writes what `save` would. None when the case does not apply (or the quick
+    """The common case of a bulk run, without `_run_customer`'s drafting, reloads and re-checked copies
+    of the invoice: a customer with no invoice yet, no prepaid credit ever, and one period to bill (the
+    target, its plan's first), rated up front. Its draft is `first_invoice` of that rating (the
+    `Invoice` `draft_from_rating` makes), finalized past the grace window by `finalize_first` (the one
+    `finalize` makes) with the next number; `store.add_first` writes what `save` would. None when the case does not apply (or the quick
     checks of `first_invoice` do not hold): then `_run_customer` bills the customer.
     tests/billing_service/test_bulk_run.py compares both, table by table, with the per-customer path."""
     if stored or ledger.grants(customer.customer_id) or ledger.entries(customer.customer_id):
