@@ -16,11 +16,10 @@ adjustments equals the rating of the period, exactly.
 - `billing.credits`: `CreditGrant`, the ledger (`LedgerEntry`: grant/use/expiry), `apply_credits`, `balance`.
 - `billing.numbering`: `format_number`/`parse_number` ("INV-2026-000123"), `gaps`.
 - `billing.stripe_keys`: `to_minor_units`, idempotency keys from invoice and line ids.
-- `billing.ports`: Protocols the adapters implement (clock, rater, number allocator, stores).
 - `billing.errors`: `BillingError(ValueError)` and its subclasses; messages say what to do.
 
-Domain / adapter split: this package decides; adapters (to come, outside this package) do the I/O:
-the invoice and ledger tables and the gapless number counter (database), pushing invoices with
+Domain / adapter split: this package decides; the adapters (`billing_service`) do the I/O: the
+invoice and ledger tables and the gapless number counter (database), pushing invoices with
 idempotency keys (Stripe), exports, the CLI and the API. Time comes in as `at`/`now` arguments,
 never from the system clock, so every decision is reproducible.
 """

@@ -2,7 +2,7 @@
 
 - `tables`: customers, plans (price books as immutable sha256 snapshots), invoices and their lines, the
   append-only invoice history, gapless number counters, prepaid credit grants and ledger, credit notes.
-- `store`: psycopg adapters implementing `billing.ports` (invoice store, credit ledger, numbers).
+- `store`: psycopg adapters (customers, plans, invoice store, credit ledger, numbers).
 - `usage`: a customer-period's `pricing.usage.Usage` from metering's reads (edge hours from raw events),
   and usage no invoice carries (unbilled).
 - `customers`: customer records and plan assignments (which price book from which local date).

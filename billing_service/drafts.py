@@ -12,11 +12,14 @@ invoices and drafts add up to its rating exactly, and a rerun with no new usage 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Protocol
 
 import psycopg
 
+from billing.credits import CreditGrant, LedgerEntry
 from billing.invoice import (
     CHARGING,
     Invoice,
@@ -31,8 +34,6 @@ from billing.periods import Period, billing_period
 from billing_service.store import (
     BillingServiceError,
     Customer,
-    PgCreditLedger,
-    PgInvoiceNumbers,
     PgInvoiceStore,
     Plan,
     StoredBook,
@@ -45,6 +46,32 @@ from pricing.cost import CostModel
 from pricing.rating import Rating, rate
 
 
+class InvoiceStore(Protocol):
+    """Where drafting and finalizing read and save a customer's invoices: `store.PgInvoiceStore`, or
+    the bulk run's `batch.BatchInvoiceStore` (in memory until its batch is written)."""
+
+    def get(self, invoice_id: str) -> StoredInvoice: ...
+
+    def save(self, invoice: Invoice, *, book_sha256: str | None = None, change: str = "saved",
+             now: datetime | None = None, previous: StoredInvoice | None = None) -> bool: ...
+
+
+class CreditLedger(Protocol):
+    """Prepaid credits at finalization: `store.PgCreditLedger` or `batch.BatchCreditLedger`."""
+
+    def grants(self, customer_id: str) -> Sequence[CreditGrant]: ...
+
+    def entries(self, customer_id: str) -> Sequence[LedgerEntry]: ...
+
+    def append(self, entries: Sequence[LedgerEntry], now: datetime | None = None) -> None: ...
+
+
+class InvoiceNumbers(Protocol):
+    """Gapless invoice numbers: `store.PgInvoiceNumbers` or `batch.BatchInvoiceNumbers`."""
+
+    def next_number(self, issuer_prefix: str, year: int) -> str: ...
+
+
 @dataclass
 class DraftContext:
     """One customer's invoices, plans and ratings while its drafts are built (in the caller's
@@ -54,12 +81,12 @@ class DraftContext:
     customer: Customer
     now: datetime
     cost_model: CostModel | None
-    store: PgInvoiceStore
+    store: InvoiceStore
     stored: list[StoredInvoice]
     plans: list[Plan]
     ratings: dict[tuple[str, str], Rating] = field(default_factory=dict)
-    ledger: PgCreditLedger | None = None  # None: PgCreditLedger(conn); the bulk run passes its batch
-    numbers: PgInvoiceNumbers | None = None  # None: PgInvoiceNumbers(conn); likewise
+    ledger: CreditLedger | None = None  # None: PgCreditLedger(conn); the bulk run passes its batch's
+    numbers: InvoiceNumbers | None = None  # None: PgInvoiceNumbers(conn); likewise
 
     def rating(self, period: Period, book: StoredBook) -> Rating:
         key = (period.label, book.sha256)

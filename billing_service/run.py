@@ -231,8 +231,8 @@ def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], 
                 if quick is not None:
                     outcomes.append(quick)
                     continue
-                ctx = DraftContext(conn, customer, now, cost_model, store, stored[cid], assigned[cid],  # type: ignore[arg-type]
-                           dict(ratings.get(cid, {})), ledger, numbers)  # type: ignore[arg-type]
+                ctx = DraftContext(conn, customer, now, cost_model, store, stored[cid], assigned[cid],
+                           dict(ratings.get(cid, {})), ledger, numbers)
                 outcomes.extend(_run_customer(ctx, target, grace, prefix))
             store.flush()
             ledger.flush()

@@ -1,5 +1,6 @@
-"""psycopg adapters for billing: customers, price-book snapshots, plans, and the `billing.ports`
-implementations (invoice store, credit ledger, gapless invoice numbers).
+"""psycopg adapters for billing: customers, price-book snapshots, plans, the invoice store, the
+credit ledger and gapless invoice numbers (the draft and finalization logic takes these, or the bulk
+run's batch versions, through the protocols of `billing_service.drafts`).
 
 Nothing here decides anything: the billing service's modules (`customers`, `run`, `invoices`,
 `credits`) own the transactions and the clock; these functions read and write rows. Every write of
@@ -229,7 +230,7 @@ def add_plan(conn: psycopg.Connection, customer_id: str, from_date: date, effect
     ).fetchone()[0]
 
 
-# ---------------------------------------------------------------- invoices (billing.ports.InvoiceStore)
+# ---------------------------------------------------------------- invoices
 
 
 def _dec(value: Decimal | None) -> str | None:
@@ -348,7 +349,7 @@ class StoredInvoice:
 
 
 class PgInvoiceStore:
-    """billing.ports.InvoiceStore on PostgreSQL (the caller owns the transaction)."""
+    """A customer's invoices and credit notes on PostgreSQL (the caller owns the transaction)."""
 
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
@@ -392,9 +393,6 @@ class PgInvoiceStore:
 
     def stored(self, customer_id: str) -> list[StoredInvoice]:
         return self._load("customer_id = %s", (customer_id,))
-
-    def invoices(self, customer_id: str) -> Sequence[Invoice]:
-        return [s.invoice for s in self.stored(customer_id)]
 
     def get(self, invoice_id: str) -> StoredInvoice:
         found = self._load("id = %s", (invoice_id,))
@@ -507,7 +505,7 @@ def history(conn: psycopg.Connection, invoice_id: str) -> list[dict]:
             for r in rows]
 
 
-# ---------------------------------------------------------------- numbers (billing.ports.InvoiceNumbers)
+# ---------------------------------------------------------------- numbers
 
 
 class PgInvoiceNumbers:
@@ -527,7 +525,7 @@ class PgInvoiceNumbers:
         return format_number(year, seq, issuer_prefix)
 
 
-# ---------------------------------------------------------------- credits (billing.ports.CreditLedger)
+# ---------------------------------------------------------------- credits
 
 
 class PgCreditLedger:
