@@ -32,10 +32,10 @@ from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing_service.api import router as billing_router
-from billing_service.stripe_api import router as stripe_router
-from billing_service.stripe_run import status_port
-from billing_service.stripe_state import PostgresWebhookEventLog
-from billing_service.stripe_webhook import utc_now
+from billing_service.stripe.api import router as stripe_router
+from billing_service.stripe.run import status_port
+from billing_service.stripe.state import PostgresWebhookEventLog
+from billing_service.stripe.webhook import utc_now
 from dashboards.web import DataFastPath, close_read_pool, open_read_pool
 from dashboards.web import router as dashboards_router
 from infermeter.db import get_engine

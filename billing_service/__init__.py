@@ -12,8 +12,9 @@
 - `invoices`: preview, list, show, void and reissue, payment status; `credits`: prepaid credits and
   credit notes; `reconcile`: `reconcile_money`. Each owns its transactions; the clock is injected.
 - `exports`: finance exports (invoices, lines, revenue, usage) as CSV or Parquet, as of any past moment.
-- `stripe_*`: the Stripe adapter (sync, state, webhooks, router, fake); `stripe_run` decides which invoices
+- `stripe/`: the Stripe adapter (sync, state, tables, webhooks, router); `stripe.run` decides which invoices
   to push, reports what is in sync, and is the webhook's status port (`invoices.record_payment_status`).
+  Only the CLI (and the roof, and the migrations' models) import it: billing itself works without Stripe.
 - `cli`: `infermeter customers|plans|billing|invoices|invoice|credits|stripe|export ...`; `api`: the HTTP router.
 
 See docs/billing.md.

@@ -455,9 +455,9 @@ def stripe_sync(
 
     Uses INFERMETER_STRIPE_API_KEY (required) and INFERMETER_STRIPE_API_BASE; what was pushed is recorded in
     stripe_objects, so a rerun (after a crash too) creates nothing twice."""
-    from billing_service.stripe_run import sync_invoices
-    from billing_service.stripe_state import PostgresSyncState
-    from billing_service.stripe_sync import StripeSync, stripe_client
+    from billing_service.stripe.run import sync_invoices
+    from billing_service.stripe.state import PostgresSyncState
+    from billing_service.stripe.sync import StripeSync, stripe_client
     from infermeter.db import get_engine
 
     settings = get_settings()
@@ -506,7 +506,7 @@ def stripe_status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Per finalized or void invoice and per credit note: the Stripe ids recorded, in sync or not (no call to Stripe)."""
-    from billing_service.stripe_run import credit_note_status, sync_status
+    from billing_service.stripe.run import credit_note_status, sync_status
 
     with _connect() as conn:
         found = sync_status(conn, period=period, customer_id=customer)

@@ -15,8 +15,8 @@ import pytest
 
 from billing.invoice import draft_from_rating, finalize, void, with_credits_applied
 from billing.periods import billing_period
-from billing_service.stripe_state import InMemorySyncState, PostgresSyncState, SyncStateConflict
-from billing_service.stripe_sync import CREDITS_LINE_ID, CustomerInfo, StripeSync, StripeSyncError, item_specs
+from billing_service.stripe.state import InMemorySyncState, PostgresSyncState, SyncStateConflict
+from billing_service.stripe.sync import CREDITS_LINE_ID, CustomerInfo, StripeSync, StripeSyncError, item_specs
 from pricing.book import price_book_from_data
 from pricing.rating import rate
 from pricing.usage import Usage, UsageKey
@@ -310,7 +310,7 @@ def test_localstripe_lists_pages_of_items(localstripe_url, stripe_tools):
     stripe_customer = sync.sync_customer(customer)
     for n in range(3):
         client.v1.invoice_items.create(params={"customer": stripe_customer, "amount": n + 1, "currency": "usd"})
-    import billing_service.stripe_sync as module
+    import billing_service.stripe.sync as module
 
     page, module.PAGE = module.PAGE, 2
     try:

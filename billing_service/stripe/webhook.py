@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from billing.errors import BillingError
 from billing.invoice import InvoiceStatus
-from billing_service.stripe_state import WebhookEventLog
+from billing_service.stripe.state import WebhookEventLog
 
 DEFAULT_TOLERANCE_S = 300
 STATUS_BY_EVENT: dict[str, InvoiceStatus] = {

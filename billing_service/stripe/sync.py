@@ -51,7 +51,7 @@ from billing.stripe_keys import (
     to_minor_units,
     void_key,
 )
-from billing_service.stripe_state import SyncState
+from billing_service.stripe.state import SyncState
 
 CREDITS_LINE_ID = "prepaid-credits"
 META_CUSTOMER = "infermeter_customer_id"
@@ -76,7 +76,7 @@ class CustomerInfo:
     name: str
     email: str | None
     currency: str  # ISO 4217, upper case as in infermeter ("USD")
-    version: str | None = None  # of the name and e-mail (`stripe_run.customer_version`): None, not tracked
+    version: str | None = None  # of the name and e-mail (`stripe.run.customer_version`): None, not tracked
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class StripeSync:
 
     def update_customer(self, customer: CustomerInfo, push: int) -> bool:
         """Push the customer's name and e-mail to its Stripe customer as the customer's `push`-th update
-        (the caller gives one more than the last recorded, `stripe_run.sync_customers`):
+        (the caller gives one more than the last recorded, `stripe.run.sync_customers`):
         `POST /v1/customers/{id}` with the idempotency key of (customer, push, version), so a rerun
         after a lost answer sends the same key and Stripe does it once, while a later change (or a
         change back to earlier values) is a new push with a new key. An e-mail removed locally is

@@ -35,8 +35,8 @@ from billing._common import stable_id
 from billing.invoice import CreditNote, Invoice, InvoiceStatus
 from billing.periods import parse_label
 from billing_service.store import PgInvoiceStore, get_customer, money_text, require_customer
-from billing_service.stripe_state import SyncState
-from billing_service.stripe_sync import CustomerInfo, StripeSync, credit_note_amount_minor, item_specs
+from billing_service.stripe.state import SyncState
+from billing_service.stripe.sync import CustomerInfo, StripeSync, credit_note_amount_minor, item_specs
 from infermeter.times import utc_text
 
 PUSHED = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.PAYMENT_FAILED, InvoiceStatus.VOID)
