@@ -4,15 +4,17 @@ Each command opens the configured database (DATABASE_URL, a running `infermeter 
 PostgreSQL for its own duration) in autocommit mode; the service functions own their transactions.
 Bad input raises a ValueError with a clear message: `app.cli.main` prints it as one `error: ...`
 line (exit 2). A billing run with unbilled usage, and a reconcile that finds a difference, exit 1.
-The clock is `clock()` (tests replace it).
+The commands act at `clock()`: the system clock, or the one set in `CLOCK` for the caller's context
+(the tests run the commands in-process under a frozen clock that way).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -30,8 +32,17 @@ console = Console()
 err = Console(stderr=True)
 
 
-def clock() -> datetime:
+def system_clock() -> datetime:
     return datetime.now(UTC)
+
+
+# The clock the commands pass as `now`. A caller that runs them in-process under another clock sets it
+# for its own context (`token = CLOCK.set(fn)` ... `CLOCK.reset(token)`); nothing else changes it.
+CLOCK: ContextVar[Callable[[], datetime]] = ContextVar("infermeter_billing_cli_clock", default=system_clock)
+
+
+def clock() -> datetime:
+    return CLOCK.get()()
 
 
 customers_app = typer.Typer(help="Billed customers: time zone, currency, billing anchor day.", no_args_is_help=True)

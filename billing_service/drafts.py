@@ -12,7 +12,7 @@ invoices and drafts add up to its rating exactly, and a rerun with no new usage 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
@@ -44,6 +44,11 @@ from billing_service.store import (
 from billing_service.usage import meters_of, period_usage
 from pricing.cost import CostModel
 from pricing.rating import Rating, rate
+from pricing.usage import Usage
+
+# `billing_service.usage.period_usage`'s signature: (conn, customer id, period, *, meters, cost_model,
+# task_outcomes) -> the customer-period's Usage
+UsageReader = Callable[..., Usage]
 
 
 class InvoiceStore(Protocol):
@@ -87,12 +92,13 @@ class DraftContext:
     ratings: dict[tuple[str, str], Rating] = field(default_factory=dict)
     ledger: CreditLedger | None = None  # None: PgCreditLedger(conn); the bulk run passes its batch's
     numbers: InvoiceNumbers | None = None  # None: PgInvoiceNumbers(conn); likewise
+    read_usage: UsageReader = period_usage  # a customer-period's usage (a rating not made up front)
 
     def rating(self, period: Period, book: StoredBook) -> Rating:
         key = (period.label, book.sha256)
         if key not in self.ratings:
-            usage = period_usage(self.conn, self.customer.customer_id, period, meters=meters_of(book.book),
-                                 cost_model=self.cost_model, task_outcomes=book.book.task_outcomes)
+            usage = self.read_usage(self.conn, self.customer.customer_id, period, meters=meters_of(book.book),
+                                    cost_model=self.cost_model, task_outcomes=book.book.task_outcomes)
             self.ratings[key] = rate(book.book, usage)
         return self.ratings[key]
 
@@ -105,12 +111,12 @@ class DraftContext:
         return load_book(self.conn, stored.book_sha256)
 
 
-def draft_context(conn: psycopg.Connection, customer: Customer, now: datetime,
-                  cost_model: CostModel | None) -> DraftContext:
+def draft_context(conn: psycopg.Connection, customer: Customer, now: datetime, cost_model: CostModel | None,
+                  read_usage: UsageReader = period_usage) -> DraftContext:
     """The customer's context as its invoices and plans are stored now."""
     store = PgInvoiceStore(conn)
     return DraftContext(conn, customer, now, cost_model, store, store.stored(customer.customer_id),
-                        plans(conn, customer.customer_id))
+                        plans(conn, customer.customer_id), read_usage=read_usage)
 
 
 def _other_lines(ctx: DraftContext, label: str, draft_id: str) -> list[InvoiceLine]:

@@ -16,6 +16,7 @@ it raises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -40,7 +41,7 @@ from billing_service.batch import (
     load_stored,
     lock_customers,
 )
-from billing_service.drafts import DraftContext, build_draft, draft_context
+from billing_service.drafts import DraftContext, UsageReader, build_draft, draft_context
 from billing_service.store import (
     BillingServiceError,
     Customer,
@@ -57,7 +58,7 @@ from billing_service.store import (
     plans_of,
     require_customer,
 )
-from billing_service.usage import Unbilled, unbilled_usage
+from billing_service.usage import Unbilled, period_usage, unbilled_usage
 from infermeter.times import floor_hour
 from pricing.cost import CostModel
 from pricing.rating import Rating, rate
@@ -104,6 +105,13 @@ class RunResult:
                 "unbilled": [u.to_json() for u in self.unbilled], "not_started": self.not_started}
 
 
+# the bulk path's way of billing a customer's first invoice straight from its rating (`first_invoice_outcome`);
+# None: the case does not apply, the per-customer logic bills the customer
+QuickPath = Callable[[psycopg.Connection, Customer, Period, list[StoredInvoice], list[Plan],
+                      dict[tuple[str, str], Rating], BatchInvoiceStore, BatchCreditLedger, BatchInvoiceNumbers,
+                      datetime, timedelta, str], InvoiceOutcome | None]
+
+
 def billing_run(
     conn: psycopg.Connection,
     period: str,
@@ -114,6 +122,9 @@ def billing_run(
     cost_model: CostModel | None = None,
     issuer_prefix: str = "INV",
     bulk: bool = True,
+    batch_size: int = BULK_BATCH,
+    read_usage: UsageReader = period_usage,
+    quick_path: QuickPath | None = None,
 ) -> RunResult:
     """Create or refresh (and past the grace window, finalize) each customer's invoices up to `period`;
     the unbilled usage of the period is reported, not billed.
@@ -122,12 +133,17 @@ def billing_run(
     writes. Without, the bulk path: every customer's periods are rated up front, one
     `pricing_service.rate_period` pass per period window and book (a customer whose window does not
     start and end on whole UTC hours, in a +05:30 zone say, is rated on its own as before), then the
-    customers are billed BULK_BATCH at a time, one transaction each: lock them, load their invoices,
+    customers are billed `batch_size` at a time, one transaction each: lock them, load their invoices,
     plans and credits in a few queries, run the same per-customer logic on those in memory, and write
     the result with COPY (`billing_service.batch`). Both paths give the same invoices, ids, lines,
     numbers and history (tests/billing_service/test_bulk_run.py). Call it on an autocommit connection
     (as the CLI and the API do): inside an open transaction the batches would be savepoints whose
-    locks (one per customer) are all held until that transaction ends."""
+    locks (one per customer) are all held until that transaction ends.
+
+    Injected (the defaults are the product's; tests pass smaller batches and counting wrappers):
+    `batch_size`, `read_usage` (a customer-period's usage when it was not rated up front) and
+    `quick_path` (how the bulk path bills a customer's first invoice straight from its rating;
+    default `first_invoice_outcome`)."""
     now = checked_now(now)
     parse_label(period)
     check_prefix(issuer_prefix)
@@ -144,12 +160,13 @@ def billing_run(
         else:
             started.append((customer, target))
     if bulk and customer_id is None:
-        result.invoices.extend(_bulk_run(conn, started, now, grace, cost_model, issuer_prefix))
+        result.invoices.extend(_bulk_run(conn, started, now, grace, cost_model, issuer_prefix, batch_size, read_usage,
+                                         quick_path or first_invoice_outcome))
     else:
         for customer, target in started:
             with conn.transaction():
                 lock_customer(conn, customer.customer_id)
-                ctx = draft_context(conn, customer, now, cost_model)
+                ctx = draft_context(conn, customer, now, cost_model, read_usage)
                 result.invoices.extend(_run_customer(ctx, target, grace, issuer_prefix))
     result.unbilled = unbilled_usage(conn, period, customers=customers, only=customer_id, cost_model=cost_model)
     return result
@@ -211,13 +228,14 @@ def _run_customer(ctx: DraftContext, target: Period, grace: timedelta, prefix: s
 
 
 def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], now: datetime, grace: timedelta,
-              cost_model: CostModel | None, prefix: str) -> list[InvoiceOutcome]:
-    """The billing run of many customers: ratings up front, then BULK_BATCH customers a transaction."""
+              cost_model: CostModel | None, prefix: str, batch_size: int, read_usage: UsageReader,
+              quick_path: QuickPath) -> list[InvoiceOutcome]:
+    """The billing run of many customers: ratings up front, then `batch_size` customers a transaction."""
     ids = [c.customer_id for c, _ in started]
     ratings = _bulk_ratings(conn, started, plans_of(conn, ids), load_stored(conn, ids), cost_model)
     outcomes: list[InvoiceOutcome] = []
-    for at in range(0, len(started), BULK_BATCH):
-        batch = started[at:at + BULK_BATCH]
+    for at in range(0, len(started), batch_size):
+        batch = started[at:at + batch_size]
         cids = [c.customer_id for c, _ in batch]
         with conn.transaction():
             lock_customers(conn, cids)
@@ -226,13 +244,13 @@ def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], 
             ledger, numbers = BatchCreditLedger(conn, cids), BatchInvoiceNumbers(conn)
             for customer, target in batch:
                 cid = customer.customer_id
-                quick = _first_invoice_outcome(conn, customer, target, stored[cid], assigned[cid], ratings.get(cid, {}),
-                                               store, ledger, numbers, now, grace, prefix)
+                quick = quick_path(conn, customer, target, stored[cid], assigned[cid], ratings.get(cid, {}), store,
+                                   ledger, numbers, now, grace, prefix)
                 if quick is not None:
                     outcomes.append(quick)
                     continue
                 ctx = DraftContext(conn, customer, now, cost_model, store, stored[cid], assigned[cid],
-                           dict(ratings.get(cid, {})), ledger, numbers)
+                                   dict(ratings.get(cid, {})), ledger, numbers, read_usage)
                 outcomes.extend(_run_customer(ctx, target, grace, prefix))
             store.flush()
             ledger.flush()
@@ -240,10 +258,10 @@ def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], 
     return outcomes
 
 
-def _first_invoice_outcome(conn: psycopg.Connection, customer: Customer, target: Period, stored: list[StoredInvoice],
-                           assigned: list[Plan], ratings: dict[tuple[str, str], Rating], store: BatchInvoiceStore,
-                           ledger: BatchCreditLedger, numbers: BatchInvoiceNumbers, now: datetime, grace: timedelta,
-                           prefix: str) -> InvoiceOutcome | None:
+def first_invoice_outcome(conn: psycopg.Connection, customer: Customer, target: Period, stored: list[StoredInvoice],
+                          assigned: list[Plan], ratings: dict[tuple[str, str], Rating], store: BatchInvoiceStore,
+                          ledger: BatchCreditLedger, numbers: BatchInvoiceNumbers, now: datetime, grace: timedelta,
+                          prefix: str) -> InvoiceOutcome | None:
     """The common case of a bulk run, without `_run_customer`'s drafting, reloads and re-checked copies
     of the invoice: a customer with no invoice yet, no prepaid credit ever, and one period to bill (the
     target, its plan's first), rated up front. Its draft is `first_invoice` of that rating (the

@@ -63,7 +63,7 @@ META_NUMBER = "infermeter_number"
 META_CREDIT_NOTE = "infermeter_credit_note_id"
 META_CREDIT_NOTE_NUMBER = "infermeter_credit_note_number"
 STRIPE_CREDITABLE = ("open", "paid", "uncollectible")  # Stripe invoice statuses that take a credit note
-PAGE = 100
+PAGE = 100  # objects per list request (Stripe's maximum)
 
 
 class StripeSyncError(RuntimeError):
@@ -154,10 +154,11 @@ def _describe(line: InvoiceLine) -> str:
 
 
 class StripeSync:
-    def __init__(self, client: stripe.StripeClient, state: SyncState) -> None:
+    def __init__(self, client: stripe.StripeClient, state: SyncState, *, page_size: int = PAGE) -> None:
         self.client = client
         self.state = state
         self.v1 = client.v1
+        self.page_size = page_size  # objects per list request when it looks Stripe's lists through
 
     # ------------------------------------------------------------ customers
 
@@ -492,13 +493,11 @@ class StripeSync:
 
     # ------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _all(list_method: Callable[..., Any], params: dict[str, Any]) -> Iterator[Any]:
-        yield from list_method(params={**params, "limit": PAGE}).auto_paging_iter()
+    def _all(self, list_method: Callable[..., Any], params: dict[str, Any]) -> Iterator[Any]:
+        yield from list_method(params={**params, "limit": self.page_size}).auto_paging_iter()
 
-    @staticmethod
-    def _all_of(list_method: Callable[..., Any], parent_id: str) -> Iterator[Any]:
-        yield from list_method(parent_id, params={"limit": PAGE}).auto_paging_iter()
+    def _all_of(self, list_method: Callable[..., Any], parent_id: str) -> Iterator[Any]:
+        yield from list_method(parent_id, params={"limit": self.page_size}).auto_paging_iter()
 
 
 def _check_credit_note(stripe_note: Any, number: str, amount: int, currency: str) -> None:
