@@ -54,18 +54,17 @@ _NULL = "\\N"
 
 
 def _copy_text(value: str) -> str:
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:  # 4x faster than translate
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:  # nothing to escape, the common case: no translate
         return value.translate(_COPY_ESCAPES)
     return value
 
 
 class _LineRows:
     """billing_invoice_lines rows (invoice_id, position, _LINE_COLS) in COPY's text format, written by
-    hand. psycopg's row writer dumps each value through its type's dumper: for 150,000 lines of 15
-    columns, binary, 0.45-0.50 CPU-s here against 0.21-0.29 for these strings; the server parses text a
-    little more slowly (0.34-0.45 against 0.30-0.32 CPU-s), so ~0.17 CPU-s less in all (docs/benchmarks.md,
-    "Billing a month"). Numbers go as `str(Decimal)` (exact; PostgreSQL reads its exponent form too),
-    times as ISO 8601 with their offset, text fields escaped (`_copy_text`)."""
+    hand instead of by psycopg's row writer, which dumps each value through its type's dumper (the
+    comparison: docs/benchmarks.md, "Billing a month"). Numbers go as `str(Decimal)` (exact; PostgreSQL
+    reads its exponent form too), times as ISO 8601 with their offset, text fields escaped
+    (`_copy_text`)."""
 
     def __init__(self) -> None:
         # (kind, charge key, meter, group) and (period, service period) repeat: escaped and joined once
@@ -118,8 +117,7 @@ _AS_RATED = attrgetter("id", "kind", "rated_line_id", "charge_key", "meter", "gr
 
 def _first_invoice_copy_row(first: Invoice, sha: str, now: datetime) -> str:
     """`_invoice_row(first, sha, as_draft=True)` + (revision 1, created_at, updated_at = now) as a line
-    of COPY text, written as `_LineRows` writes lines (10,000 rows: 0.07-0.08 -> ~0.05 CPU-s with the
-    sending, docs/benchmarks.md)."""
+    of COPY text, written as `_LineRows` writes lines."""
     at = now.isoformat()
     reissue_of = _NULL if first.reissue_of is None else _copy_text(first.reissue_of)
     return (f"{_copy_text(first.id)}\t{_copy_text(first.customer_id)}\t{_copy_text(first.currency)}\t"
