@@ -35,8 +35,9 @@ from billing.periods import UTC_SCHEDULE, Period, billing_period
 from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
 from infermeter.times import Window, ceil_hour, utc_text
 from metering.contract import CUSTOMER_SOURCE_PREFIX
+from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
-from metering.queries import customers_with_usage, task_totals, usage, usage_meter_totals
+from metering.queries import task_totals, usage, usage_meter_totals
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
 from pricing.task_outcomes import TaskReports, tasks_from_rows
