@@ -22,7 +22,7 @@ writes nothing. Mount with `app.include_router(billing_service.api.router)`; it 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 import psycopg
@@ -33,13 +33,14 @@ from starlette.concurrency import run_in_threadpool
 from billing_service.store import UnknownCustomer, UnknownInvoice
 from infermeter.auth import Principal
 from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.times import utc_now
 
 router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
 
 
 def now() -> datetime:
     """The instant a request's command acts at (a dependency: tests override it)."""
-    return datetime.now(UTC)
+    return utc_now()
 
 
 Now = Annotated[datetime, Depends(now)]

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -26,19 +26,15 @@ from rich.table import Table
 
 from infermeter.settings import get_settings
 from infermeter.stack import open_stack, to_libpq_url
-from infermeter.times import parse_time
+from infermeter.times import parse_time, utc_now
 
 console = Console()
 err = Console(stderr=True)
 
 
-def system_clock() -> datetime:
-    return datetime.now(UTC)
-
-
 # The clock the commands pass as `now`. A caller that runs them in-process under another clock sets it
 # for its own context (`token = CLOCK.set(fn)` ... `CLOCK.reset(token)`); nothing else changes it.
-CLOCK: ContextVar[Callable[[], datetime]] = ContextVar("infermeter_billing_cli_clock", default=system_clock)
+CLOCK: ContextVar[Callable[[], datetime]] = ContextVar("infermeter_billing_cli_clock", default=utc_now)
 
 
 def clock() -> datetime:
