@@ -12,7 +12,8 @@ adjustments equals the rating of the period, exactly.
 - `billing.invoice`: `InvoiceStatus` and the `TRANSITIONS` table, `transition`/`finalize`/`void`/`reissue`,
   `Invoice`, `InvoiceLine`, `draft_from_rating` (and `first_invoice` / `finalize_first`: the same
   `Invoice` as `draft_from_rating` / `finalize`, without re-running checks already done, for the bulk
-  billing run), `adjustment_lines`, `invoiced_lines`, `credit_note`, deterministic ids (`invoice_id`, `adjustment_line_id`, `credit_note_id`).
+  billing run), `adjustment_lines`, `invoiced_lines`, deterministic ids (`invoice_id`, `adjustment_line_id`).
+- `billing.credit_notes`: `CreditNote`, `credit_note` (whole invoice, by line, or amounts), `credit_note_id`.
 - `billing.credits`: `CreditGrant`, the ledger (`LedgerEntry`: grant/use/expiry), `apply_credits`, `balance`.
 - `billing.numbering`: `format_number`/`parse_number` ("INV-2026-000123"), `gaps`.
 - `billing.stripe_keys`: `to_minor_units`, idempotency keys from invoice and line ids.

@@ -14,9 +14,10 @@ from uuid import uuid4
 import psycopg
 
 from billing._common import ZERO, check_minor_units
+from billing.credit_notes import CreditNote, credit_note
 from billing.credits import CreditGrant, balance, grant_entry
 from billing.errors import CreditError
-from billing.invoice import CreditNote, Invoice, credit_note
+from billing.invoice import Invoice
 from billing_service.customers import local_midnight, parse_local_date
 from billing_service.store import (
     PgCreditLedger,

@@ -23,9 +23,10 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from billing._common import aware_utc
+from billing.credit_notes import CreditNote, CreditNoteLine
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import BillingError, InvoiceImmutable
-from billing.invoice import CreditNote, CreditNoteLine, Invoice, InvoiceLine, InvoiceStatus, StatusChange
+from billing.invoice import Invoice, InvoiceLine, InvoiceStatus, StatusChange
 from billing.numbering import format_number
 from infermeter.times import utc_text
 from pricing.book import PriceBook, parse_price_book, price_book_from_data, price_book_to_data

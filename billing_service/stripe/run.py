@@ -32,7 +32,8 @@ from datetime import datetime
 import psycopg
 
 from billing._common import stable_id
-from billing.invoice import CreditNote, Invoice, InvoiceStatus
+from billing.credit_notes import CreditNote
+from billing.invoice import Invoice, InvoiceStatus
 from billing.periods import parse_label
 from billing_service.store import PgInvoiceStore, get_customer, money_text, require_customer
 from billing_service.stripe.state import SyncState

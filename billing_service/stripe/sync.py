@@ -39,7 +39,8 @@ from typing import Any
 
 import stripe
 
-from billing.invoice import CreditNote, Invoice, InvoiceLine, InvoiceStatus
+from billing.credit_notes import CreditNote
+from billing.invoice import Invoice, InvoiceLine, InvoiceStatus
 from billing.stripe_keys import (
     credit_note_key,
     customer_update_key,

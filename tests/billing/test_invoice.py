@@ -8,12 +8,12 @@ from decimal import Decimal
 
 import pytest
 
+from billing.credit_notes import credit_note
 from billing.errors import CreditNoteError, InvoiceError, InvoiceImmutable, InvoiceStateError
 from billing.invoice import (
     TRANSITIONS,
     InvoiceStatus,
     add_lines,
-    credit_note,
     draft_from_rating,
     finalize,
     finalize_first,
