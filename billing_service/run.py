@@ -33,7 +33,7 @@ from billing.invoice import (
     first_invoice,
 )
 from billing.numbering import check_prefix
-from billing.periods import Period, billing_period, next_period, parse_label
+from billing.periods import Period, billing_period, grace_over, next_period, parse_label
 from billing_service.batch import (
     BatchCreditLedger,
     BatchInvoiceNumbers,
@@ -214,7 +214,7 @@ def _run_customer(ctx: DraftContext, target: Period, grace: timedelta, prefix: s
         action = "created" if existing is None else ("refreshed" if changed else "unchanged")
         stored = _reload(ctx, draft.id)
         note = ""
-        if now >= period.end + grace:
+        if grace_over(period, now, grace):
             if draft.total < 0:
                 note = (f"held as a draft: its total {draft.total} {draft.currency} is negative (usage was corrected "
                         "down); it is finalized once later usage covers it, or issue a credit note instead")
@@ -285,7 +285,7 @@ def first_invoice_outcome(conn: psycopg.Connection, customer: Customer, target: 
     if invoice is None:
         return None
     action = "created"
-    if now >= target.end + grace:
+    if grace_over(target, now, grace):
         if invoice.total < 0:
             return None  # held as a draft, with its note: `_run_customer` says so
         invoice = finalize_first(invoice, number=numbers.next_number(prefix, now.year), at=now)
