@@ -31,6 +31,7 @@ from datetime import datetime
 import psycopg
 import sqlalchemy.exc
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,7 +45,7 @@ from dashboards.web.app import router as dashboards_router
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
-from infermeter.http import data_error_handler, error_handler
+from infermeter.http import data_error_handler, declare_error_shape, error_handler, validation_error_handler
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.api import Publisher
@@ -100,9 +101,12 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, 
     )
     app.state.stripe_webhook_events = PostgresWebhookEventLog(get_engine(database_url))
     app.state.stripe_status_port = status_port(app.state.pool.connection, lambda: app.state.clock())
-    # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method):
-    # every error answers {"error": {"message", "code"}}, the shape the OpenAPI document declares.
+    # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method) and
+    # the parameter checks' 422: every error answers {"error": {"message", "code"}}, the shape the
+    # OpenAPI document declares.
     app.add_exception_handler(StarletteHTTPException, error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    declare_error_shape(app)
     app.add_exception_handler(psycopg.DataError, data_error_handler)
     app.add_exception_handler(sqlalchemy.exc.DataError, data_error_handler)
     # the customer dashboard's chart JSON for a bearer API key, answered before routing (dashboards.web)

@@ -31,11 +31,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from billing_service.store import UnknownCustomer, UnknownInvoice
-from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.http import AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
 from infermeter.times import utc_now
 
-router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
+router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404), route_class=CredentialsFirst)
 
 
 def now() -> datetime:
@@ -44,11 +43,6 @@ def now() -> datetime:
 
 
 Now = Annotated[datetime, Depends(now)]
-
-
-def _admin(principal: Principal) -> None:
-    if not principal.is_admin:
-        raise error(403, "billing administration needs the admin token", "forbidden")
 
 
 def _cost_model(request: Request):
@@ -106,10 +100,8 @@ class CustomerBody(BaseModel):
 
 
 @router.put("/v1/billing/customers/{customer_id}")
-async def put_customer(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: CustomerBody) -> dict:
+async def put_customer(request: Request, _admin: AdminDep, at: Now, customer_id: str, body: CustomerBody) -> dict:
     from billing_service.customers import set_customer
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         customer, changed = set_customer(conn, customer_id, now=at, **body.model_dump())
@@ -119,10 +111,9 @@ async def put_customer(request: Request, principal: PrincipalDep, at: Now, custo
 
 
 @router.get("/v1/billing/customers/{customer_id}")
-async def get_customer(request: Request, principal: PrincipalDep, customer_id: str) -> dict:
+async def get_customer(request: Request, _admin: AdminDep, customer_id: str) -> dict:
     from billing_service.store import plans, require_customer
 
-    _admin(principal)
     return await _call(request, lambda conn: {**require_customer(conn, customer_id).to_json(),
                                               "plans": [p.to_json() for p in plans(conn, customer_id)]})
 
@@ -134,10 +125,8 @@ class PlanBody(BaseModel):
 
 
 @router.post("/v1/billing/customers/{customer_id}/plans")
-async def post_plan(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: PlanBody) -> dict:
+async def post_plan(request: Request, _admin: AdminDep, at: Now, customer_id: str, body: PlanBody) -> dict:
     from billing_service.customers import assign_plan
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at)
@@ -157,10 +146,9 @@ class RunBody(BaseModel):
 
 
 @router.post("/v1/billing/runs")
-async def post_run(request: Request, principal: PrincipalDep, at: Now, body: RunBody) -> dict:
+async def post_run(request: Request, _admin: AdminDep, at: Now, body: RunBody) -> dict:
     from billing_service.run import billing_run
 
-    _admin(principal)
     settings = request.app.state.settings
     cost_model = _cost_model(request)
     return await _call(request, lambda conn: billing_run(
@@ -193,10 +181,8 @@ async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str
 
 
 @router.post("/v1/billing/invoices/{invoice_id}/void")
-async def post_void(request: Request, principal: PrincipalDep, at: Now, invoice_id: str) -> dict:
+async def post_void(request: Request, _admin: AdminDep, at: Now, invoice_id: str) -> dict:
     from billing_service.invoices import invoice_summary, void_invoice
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         voided, fresh = void_invoice(conn, invoice_id, now=at)
@@ -211,11 +197,9 @@ class CreditNoteBody(BaseModel):
 
 
 @router.post("/v1/billing/invoices/{invoice_id}/credit-notes")
-async def post_credit_note(request: Request, principal: PrincipalDep, at: Now, invoice_id: str, body: CreditNoteBody) -> dict:
+async def post_credit_note(request: Request, _admin: AdminDep, at: Now, invoice_id: str, body: CreditNoteBody) -> dict:
     from billing_service.credits import issue_credit_note
     from billing_service.store import money_text
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         note, number = issue_credit_note(conn, invoice_id, reason=body.reason, now=at, line_ids=body.line_ids)
@@ -235,11 +219,9 @@ class GrantBody(BaseModel):
 
 
 @router.post("/v1/billing/customers/{customer_id}/credits")
-async def post_grant(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: GrantBody) -> dict:
+async def post_grant(request: Request, _admin: AdminDep, at: Now, customer_id: str, body: GrantBody) -> dict:
     from billing_service.credits import grant_credits
     from billing_service.store import money_text
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         grant = grant_credits(conn, customer_id, body.amount, now=at, expires=body.expires, reason=body.reason)
@@ -266,7 +248,7 @@ async def get_credits(request: Request, principal: PrincipalDep, at: Now, custom
                                                                                                 "format": "binary"}}}}})
 async def get_export(
     request: Request,
-    principal: PrincipalDep,
+    _admin: AdminDep,
     kind: str = Path(description="invoices, lines, revenue or usage", examples=["invoices"]),
     period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
     format: str = Query(default="csv", description="csv or parquet"),
@@ -275,8 +257,6 @@ async def get_export(
     """A finance export as a download (the same bytes as `infermeter export KIND`)."""
     from billing_service.exports import MEDIA_TYPES, check_format, check_kind, export, file_name
     from infermeter.times import parse_time
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> tuple[bytes, str]:
         check_kind(kind)

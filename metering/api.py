@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.http import AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
 from metering import ops_reads, queries
 from metering.contract import (
@@ -43,7 +43,7 @@ MAX_BATCH = 10_000
 _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
-router = APIRouter(tags=["metering"], responses=error_responses(400, 401, 403, 404))
+router = APIRouter(tags=["metering"], responses=error_responses(400, 401, 403, 404), route_class=CredentialsFirst)
 
 
 # What the endpoints answer, declared in the OpenAPI document (`responses`, so the answers are not
@@ -278,9 +278,7 @@ def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_i
 
 
 @router.get("/v1/dead-letters")
-def get_dead_letters(request: Request, principal: PrincipalDep, limit: int = 100, reason: str | None = None) -> dict[str, Any]:
-    if not principal.is_admin:
-        raise error(403, "dead letters are for admins", "forbidden")
+def get_dead_letters(request: Request, _admin: AdminDep, limit: int = 100, reason: str | None = None) -> dict[str, Any]:
     with request.app.state.pool.connection() as conn:
         return {"dead_letters": ops_reads.dead_letters(conn, limit=min(max(limit, 1), 1000), reason=reason)}
 

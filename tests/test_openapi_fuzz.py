@@ -215,6 +215,71 @@ def test_customer_key_refused_on_admin_operations(api: Api, api_schema) -> None:
         assert client.request(method, url, json=body, headers=admin).status_code == 200, (method, url)
 
 
+# Requests FastAPI would refuse before reading the credentials' rights: a body that is not JSON, JSON
+# of the wrong form, query parameters of the wrong type (admin-only operations, customer key: 403).
+MALFORMED = [
+    ("PUT", "/v1/billing/customers/cust-a", "{"),
+    ("PUT", "/v1/billing/customers/cust-a", '{"anchor_day": "soon"}'),
+    ("POST", "/v1/billing/customers/cust-a/plans", "[]"),
+    ("POST", "/v1/billing/customers/cust-a/plans", '{"from": "2027-01-01"}'),
+    ("POST", "/v1/billing/runs", '{"period": 5}'),
+    ("POST", "/v1/billing/runs", ""),
+    ("POST", "/v1/billing/invoices/inv-x/credit-notes", '{"line_ids": "all"}'),
+    ("POST", "/v1/billing/customers/cust-a/credits", '{"amount": {"value": 1}}'),
+    ("GET", "/v1/dead-letters?limit=many", None),
+    ("GET", "/v1/deployments/d1/capacity?history=maybe", None),
+]
+
+
+def test_permission_checked_before_validation(api: Api) -> None:
+    """On admin-only operations a customer key gets 403 and no credentials 401, whatever the body and
+    the parameters hold; with the admin token the same requests get 422, in the error shape."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(api.app)
+    json_type = {"Content-Type": "application/json"}
+    for method, url, body in MALFORMED:
+        refused = client.request(method, url, content=body, headers={**json_type, "Authorization": f"Bearer {api.customer_key}"})
+        assert refused.status_code == 403, (method, url, body, refused.status_code, refused.text)
+        assert refused.json()["error"]["code"] == "forbidden", refused.text
+        anonymous = client.request(method, url, content=body, headers=json_type)
+        assert anonymous.status_code == 401, (method, url, body, anonymous.status_code, anonymous.text)
+        invalid = client.request(method, url, content=body, headers={**json_type, "Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert invalid.status_code == 422, (method, url, body, invalid.status_code, invalid.text)
+        assert set(invalid.json()) == {"error"} and set(invalid.json()["error"]) == {"message", "code"}, invalid.text
+        assert invalid.json()["error"]["code"] == "invalid_request" and invalid.json()["error"]["message"]
+
+
+def test_422_in_the_error_shape(api: Api, seeded_db: str, tmp_path) -> None:
+    """Every 422 (a parameter of the wrong form, on any operation) answers {"error": {"message", "code"}},
+    on the API app and on the pages-only app, and the OpenAPI document declares that shape for it."""
+    from starlette.testclient import TestClient
+
+    from dashboards.web.app import create_dashboard_app
+
+    client = TestClient(api.app)
+    answer = client.get("/v1/tasks", params={"limit": "many"}, headers={"Authorization": f"Bearer {api.customer_key}"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json() == {"error": {"message": answer.json()["error"]["message"], "code": "invalid_request"}}
+    assert "query.limit" in answer.json()["error"]["message"]
+    document = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    declared = [operation["responses"]["422"] for operations in document["paths"].values()
+                for operation in operations.values() if "422" in operation["responses"]]
+    assert declared and all(d["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+                            for d in declared)
+    settings_ = Settings(INFERMETER_HOME=tmp_path / "home", DATABASE_URL=seeded_db, INFERMETER_ADMIN_TOKEN=ADMIN_TOKEN,
+                         INFERMETER_PRODUCER_TOKEN=PRODUCER_TOKEN)
+    pages = create_dashboard_app(settings_, seeded_db, KeyStore(create_engine(seeded_db), settings=settings_))
+    try:
+        for app in (api.app, pages):  # a page's parameter (an int) of the wrong form
+            answer = TestClient(app).get("/signin", params={"signed_out": "yes"})
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["error"]["code"] == "invalid_request", answer.text
+    finally:
+        pages.state.pool.close()
+
+
 def test_dashboards_app_refuses_a_nul_in_a_filter(seeded_db: str, tmp_path) -> None:
     """The pages-only app (`infermeter serve dashboards`) answers a value the database cannot take
     as the API app does (found on the API app by schemathesis: it was a 500)."""

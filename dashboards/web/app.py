@@ -12,6 +12,7 @@ from datetime import datetime
 
 import psycopg
 from fastapi import APIRouter, FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 
 from dashboards import views
@@ -19,7 +20,7 @@ from dashboards.billing_views import BillingViews
 from dashboards.web import auth, customer, finance, invoices, ops, pricing, static
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
-from infermeter.http import data_error_handler
+from infermeter.http import data_error_handler, validation_error_handler
 
 # the data endpoints and the metrics are in the OpenAPI document (dashboards.web.openapi); pages are not
 router = APIRouter()
@@ -55,6 +56,7 @@ def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingV
     app.state.clock = clock
     app.state.billing_clock = billing_clock
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
+    app.add_exception_handler(RequestValidationError, validation_error_handler)  # 422 in the error shape too
     app.add_middleware(DataFastPath)
 
     @app.get("/", include_in_schema=False)
