@@ -88,7 +88,10 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, 
         if app_.state.publisher:
             app_.state.publisher.close()
 
-    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan)
+    # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from public CDNs (blank offline) and
+    # no maintained package ships their assets to serve instead; the document is /openapi.json.
+    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
     app.state.settings = settings
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)

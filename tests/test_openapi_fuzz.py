@@ -280,6 +280,20 @@ def test_422_in_the_error_shape(api: Api, seeded_db: str, tmp_path) -> None:
         pages.state.pool.close()
 
 
+def test_no_documentation_page_loads_from_a_cdn(api: Api) -> None:
+    """FastAPI's /docs and /redoc pages load Swagger UI and ReDoc from public CDNs (blank offline, and
+    they tell a third party who reads the document): they are off; the document itself is served."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(api.app)
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        answer = client.get(path)
+        assert answer.status_code == 404, (path, answer.status_code)
+        assert "cdn" not in answer.text.lower(), answer.text
+    document = client.get("/openapi.json")
+    assert document.status_code == 200 and document.json()["info"]["title"] == "infermeter"
+
+
 def test_dashboards_app_refuses_a_nul_in_a_filter(seeded_db: str, tmp_path) -> None:
     """The pages-only app (`infermeter serve dashboards`) answers a value the database cannot take
     as the API app does (found on the API app by schemathesis: it was a 500)."""
