@@ -30,9 +30,22 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from billing.invoice import InvoiceStatus
+from billing_service.exports import FORMATS, KINDS
 from billing_service.store import UnknownCustomer, UnknownInvoice
-from infermeter.http import AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
+from infermeter.http import (
+    DATE,
+    DATE_TIME,
+    PERIOD,
+    AdminDep,
+    CredentialsFirst,
+    PrincipalDep,
+    error,
+    error_responses,
+    scope,
+)
 from infermeter.times import utc_now
+from pricing.money import MINOR_UNITS
 
 router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404), route_class=CredentialsFirst)
 
@@ -76,8 +89,9 @@ async def get_preview(
     request: Request,
     principal: PrincipalDep,
     at: Now,
-    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
-    customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
+    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"], json_schema_extra=PERIOD),
+    customer_id: str | None = Query(default=None, description="required with the admin token; a customer key "
+                                                              "previews its own customer"),
 ) -> dict[str, Any]:
     from billing_service.invoices import preview_invoice
 
@@ -95,8 +109,10 @@ class CustomerBody(BaseModel):
     name: str | None = None
     email: str | None = None
     timezone: str | None = None
-    currency: str | None = None
-    anchor_day: int | None = None
+    currency: str | None = Field(default=None, json_schema_extra={"enum": sorted(MINOR_UNITS)})
+    anchor_day: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 31},
+                                   description="the day of the month periods start on (1..31; the last day of "
+                                               "shorter months)")
 
 
 @router.put("/v1/billing/customers/{customer_id}")
@@ -120,7 +136,7 @@ async def get_customer(request: Request, _admin: AdminDep, customer_id: str) -> 
 
 class PlanBody(BaseModel):
     price_book: str = Field(description="the price book YAML text")
-    from_: str = Field(alias="from", description="local date YYYY-MM-DD")
+    from_: str = Field(alias="from", description="local date YYYY-MM-DD", json_schema_extra=DATE)
     source_name: str = "api"
 
 
@@ -141,7 +157,7 @@ async def post_plan(request: Request, _admin: AdminDep, at: Now, customer_id: st
 
 
 class RunBody(BaseModel):
-    period: str
+    period: str = Field(description="billing period YYYY-MM", json_schema_extra=PERIOD)
     customer_id: str | None = None
 
 
@@ -161,8 +177,8 @@ async def get_invoices(
     request: Request,
     principal: PrincipalDep,
     customer_id: str | None = None,
-    period: str | None = None,
-    status: str | None = None,
+    period: str | None = Query(default=None, description="billing period YYYY-MM", json_schema_extra=PERIOD),
+    status: str | None = Query(default=None, json_schema_extra={"enum": [str(s) for s in InvoiceStatus]}),
 ) -> dict:
     from billing_service.invoices import list_invoices
 
@@ -213,8 +229,9 @@ async def post_credit_note(request: Request, _admin: AdminDep, at: Now, invoice_
 
 
 class GrantBody(BaseModel):
-    amount: str
-    expires: str | None = None
+    amount: str = Field(description="a positive decimal in the customer's currency, e.g. 50.00",
+                        json_schema_extra={"pattern": "^([1-9][0-9]{0,14}([.][0-9]{1,2})?|0[.]([1-9][0-9]?|0[1-9]))$"})
+    expires: str | None = Field(default=None, description="local date YYYY-MM-DD", json_schema_extra=DATE)
     reason: str | None = None
 
 
@@ -249,10 +266,12 @@ async def get_credits(request: Request, principal: PrincipalDep, at: Now, custom
 async def get_export(
     request: Request,
     _admin: AdminDep,
-    kind: str = Path(description="invoices, lines, revenue or usage", examples=["invoices"]),
-    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
-    format: str = Query(default="csv", description="csv or parquet"),
-    as_of: str | None = Query(default=None, description="what was known at this time (RFC 3339)"),
+    kind: str = Path(description="invoices, lines, revenue or usage", examples=["invoices"],
+                     json_schema_extra={"enum": list(KINDS)}),
+    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"], json_schema_extra=PERIOD),
+    format: str = Query(default="csv", description="csv or parquet", json_schema_extra={"enum": list(FORMATS)}),
+    as_of: str | None = Query(default=None, description="what was known at this time (RFC 3339)",
+                              json_schema_extra=DATE_TIME),
 ) -> Response:
     """A finance export as a download (the same bytes as `infermeter export KIND`)."""
     from billing_service.exports import MEDIA_TYPES, check_format, check_kind, export, file_name

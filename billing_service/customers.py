@@ -123,7 +123,7 @@ def assign_plan(
     or after it). Refused for a book in another currency, and when a finalized invoice exists for a
     period it would reach (a plan change never rewrites an issued invoice)."""
     now = checked_now(now)
-    day = parse_local_date(from_date, "--from")
+    day = parse_local_date(from_date, "from")
     customer = require_customer(conn, customer_id)
     stored_preview = parse_book_text(book_text, source_name)
     if stored_preview.book.currency != customer.currency:

@@ -12,6 +12,7 @@ Routers declare those answers in the OpenAPI document with `error_responses(...)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any
 
@@ -50,6 +51,14 @@ ERROR_MEANINGS = {
 }
 
 
+# What a parameter's schema declares that the service checks itself (answering 400 with its own
+# message): `json_schema_extra` of a Query or a Field.
+DATE_TIME: dict[str, Any] = {"format": "date-time"}  # RFC 3339 with a zone (infermeter.times.parse_time)
+DATE: dict[str, Any] = {"format": "date"}  # YYYY-MM-DD
+# a billing period YYYY-MM, 1970-01 to 9998-12 (billing.periods)
+PERIOD: dict[str, Any] = {"pattern": "^(19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])$"}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for the error answers an operation gives, each an `ErrorResponse`."""
     return {status: {"model": ErrorResponse, "description": ERROR_MEANINGS[status]} for status in statuses}
@@ -64,9 +73,28 @@ def error(status: int, message: str, code: str) -> HTTPException:
     return HTTPException(status_code=status, detail={"message": message, "code": code})
 
 
-async def error_handler(_request: Request, exc: HTTPException) -> JSONResponse:
+async def error_handler(request: Request, exc: HTTPException) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail), "code": "error"}
-    return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        headers = {**(headers or {}), **_allowed_methods(request)}
+    return JSONResponse({"error": detail}, status_code=exc.status_code, headers=headers)
+
+
+def _allowed_methods(request: Request) -> dict[str, str]:
+    """`Allow` for a 405: every method the OpenAPI document declares for the path (Starlette names
+    only those of the first route that matches it, e.g. GET where GET and POST are served)."""
+    app = request.app
+    if not isinstance(app, FastAPI) or app.openapi_url is None:
+        return {}
+    path = request.url.path
+    methods: set[str] = set()
+    for template, operations in app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods.update(method.upper() for method in operations)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return {"Allow": ", ".join(sorted(methods))} if methods else {}
 
 
 def _validation_message(exc: RequestValidationError) -> str:

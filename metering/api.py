@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from infermeter.auth import Principal
-from infermeter.http import AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
+from infermeter.http import DATE_TIME, AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
 from metering import ops_reads, queries
 from metering.contract import (
@@ -239,8 +239,10 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
 def get_usage(
     request: Request,
     principal: PrincipalDep,
-    from_: Annotated[str, Query(alias="from", description="RFC 3339", examples=["2026-11-02T00:00:00Z"])],
-    to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"])],
+    from_: Annotated[str, Query(alias="from", description="RFC 3339", examples=["2026-11-02T00:00:00Z"],
+                                json_schema_extra=DATE_TIME)],
+    to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"],
+                             json_schema_extra=DATE_TIME)],
     group_by: Annotated[str | None, Query(description="comma-separated: model, deployment, day or hour",
                                           examples=["model,day"])] = None,
     customer_id: str | None = None,
@@ -256,8 +258,13 @@ def get_usage(
     return {"from": window.start.isoformat(), "to": window.end.isoformat(), "rows": rows}
 
 
+# a customer key reads its own customer; the admin token must name one (400 without)
+CustomerParam = Annotated[str | None, Query(description="required with the admin token; a customer key reads "
+                                                        "its own customer (another's answers 404)")]
+
+
 @router.get("/v1/tasks", responses=_answers(TaskList))
-def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | None = None, limit: int = 1000) -> dict[str, Any]:
+def list_tasks(request: Request, principal: PrincipalDep, customer_id: CustomerParam = None, limit: int = 1000) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     if customer is None:
         raise error(400, "customer_id is required for admin credentials", "invalid_query")
@@ -266,7 +273,7 @@ def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | Non
 
 
 @router.get("/v1/tasks/{task_id}", responses=_answers(Task))
-def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_id: str | None = None) -> dict[str, Any]:
+def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_id: CustomerParam = None) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     if customer is None:
         raise error(400, "customer_id is required for admin credentials", "invalid_query")

@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
-from infermeter.http import AdminDep, CredentialsFirst, error, error_responses
+from infermeter.http import DATE_TIME, AdminDep, CredentialsFirst, error, error_responses
 from infermeter.times import TimeInputError, parse_time
 from serving.capacity_service import HISTORY_MIN, capacity_reports, policy_from_settings
 
@@ -27,7 +27,8 @@ router = APIRouter(tags=["capacity"], responses=error_responses(400, 401, 403, 4
 
 
 @router.get("/v1/deployments/{deployment_id}/capacity")
-def get_capacity(request: Request, _admin: AdminDep, deployment_id: str, at: str | None = None,
+def get_capacity(request: Request, _admin: AdminDep, deployment_id: str,
+                 at: Annotated[str | None, Query(description="RFC 3339; default now", json_schema_extra=DATE_TIME)] = None,
                  history: bool = False) -> dict[str, Any]:
     try:
         now = parse_time(at, "at") if at else datetime.now(UTC)
