@@ -37,7 +37,6 @@ from prediction.periods import (
     DAY,
     PlatformForecast,
     SpendForecast,
-    day_draws,
     forecast_platform,
     forecast_spend,
     remaining_slots,
@@ -45,6 +44,7 @@ from prediction.periods import (
     spend_of,
 )
 from pricing.book import PriceBook
+from pricing.bootstrap import day_draws
 from pricing.cost import CostModel, attribute
 from pricing.money import Currency
 from pricing_service.rate_period import load_period_usages, priced_meters
