@@ -16,7 +16,7 @@ Public API (the gateway and the replica agent code against this):
 
 Semantics:
 - `emit` encodes the event (`metering.contract.encode_event`) and appends it to the spool
-  (`metering.outbox.Spool`, SQLite WAL) BEFORE returning. With the default
+  (`metering.spool.Spool`, SQLite WAL) BEFORE returning. With the default
   INFERMETER_SPOOL_SYNC=normal the append is a write(2) into the WAL, no fsync: `kill -9` of
   the process loses nothing already emitted; only a power loss / kernel crash can lose the
   last appends since the previous checkpoint. Set INFERMETER_SPOOL_SYNC=full to fsync every
@@ -29,7 +29,7 @@ Semantics:
   anything that arrives later. A `kill -9` can fall between `emit_batched` and that append only
   inside that one iteration, as it always could between vLLM finishing and the append. Without
   a running event loop it is `emit`. `close` appends whatever is still gathered.
-- A background thread (`metering.outbox.Outbox`) reads the spool oldest first in batches
+- A background thread (`metering.publisher.Outbox`) reads the spool oldest first in batches
   (INFERMETER_EMITTER_BATCH_MAX_EVENTS), produces each event to `settings.events_topic` with
   key = the event's `subject` (the customer id), acks=all, waits for every delivery report of
   the batch and retries the failed ones (with backoff; the producer is re-created after failures).
@@ -62,7 +62,9 @@ from pathlib import Path
 from typing import Any
 
 from infermeter.settings import Settings, get_settings
-from metering.outbox import MeteringConfirmer, Outbox, Spool, SpooledEvent, ack_mode, identity_of, spool_dir
+from metering.confirmer import MeteringConfirmer
+from metering.publisher import Outbox, ack_mode
+from metering.spool import Spool, SpooledEvent, identity_of, spool_dir
 from serving import metrics
 
 log = logging.getLogger("serving.emitter")
@@ -104,7 +106,7 @@ class Emitter:
         self.ack = ack or ack_mode(self.settings)
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
         # The appends run on the gateway's event loop: SQLite's checkpoints (1-9 ms each, with an
-        # fsync) are left to the publisher thread (metering/outbox.py, "Checkpoints").
+        # fsync) are left to the publisher thread (metering/spool.py, "Checkpoints").
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync, checkpoints="publisher")
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
         self._producer_factory = producer_factory

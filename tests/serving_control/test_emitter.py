@@ -14,7 +14,7 @@ from infermeter.settings import Settings
 from infermeter.stack import free_port, start_tansu
 from metering.contract import encode_event
 from metering.kafka import ensure_topics
-from metering.outbox import Spool
+from metering.spool import Spool
 from serving import metrics
 from serving.emitter import Emitter
 from tests.serving_control.emit_child import request_event
