@@ -133,8 +133,11 @@ class GatewayApp:
             # The event of a non-streamed request is built here, in the same event-loop step that
             # handed the response to the kernel (uvicorn's send does not yield): the client is not
             # kept waiting for it. The emitter spools it at the end of this loop iteration.
-            if ctx is not None and ctx.after_send is not None:
-                await ctx.after_send()
+            if ctx is not None and (after_send := ctx.after_send) is not None:
+                # It holds the context (a closure or partial over it): dropped first, the request's
+                # objects form no cycle and are freed by reference counting, not by the cyclic GC.
+                ctx.after_send = None
+                await after_send()
 
 
 def create_app(
