@@ -32,7 +32,7 @@ from typing import Any
 from infermeter.settings import Settings
 from metering.confirmer import Confirm, Confirmer, MeteringConfirmer
 from metering.kafka import publish_and_wait
-from metering.spool import Spool, SpooledEvent, spool_dir
+from metering.spool import Intake, Spool, SpooledEvent, spool_dir
 
 log = logging.getLogger("metering.publisher")
 
@@ -63,6 +63,12 @@ class Outbox:
 
     `min_age_s` > 0: only rows spooled at least that long ago are published (a stack-side replayer
     that leaves fresh rows to the process that wrote them and is publishing them itself).
+    `intake`: the spool's `Intake` (its producers append there). With broker ack and nothing waiting
+    in the spool itself, a round produces the intake's events straight from it and moves into the
+    spool only those it failed to publish (the acknowledged ones never touch SQLite); otherwise
+    each round first moves the intake into the spool.
+    `idle_wait_s`: how long the publisher sleeps with nothing to publish and no `wake` (other
+    processes' appends to a shared spool are found no later than that).
     `hooks`: optional callables on_published(n), on_confirmed(n), on_failure(message, n).
     """
 
@@ -87,6 +93,7 @@ class Outbox:
         max_event_bytes: int | None = None,
         min_age_s: float = 0.0,
         idle_wait_s: float = 0.05,
+        intake: Intake | None = None,
         hooks: dict[str, Callable] | None = None,
     ) -> None:
         if ack not in ACK_MODES:
@@ -108,6 +115,7 @@ class Outbox:
         self._confirm_every_s = confirm_every_s
         self._min_age_s = min_age_s
         self._idle_wait_s = idle_wait_s
+        self._intake = intake
         hooks = hooks or {}
         self._on_published = hooks.get("on_published") or (lambda n: None)
         self._on_failure = hooks.get("on_failure")
@@ -163,13 +171,17 @@ class Outbox:
     def wake(self) -> None:
         self._wakeup.set()
 
+    def depth(self) -> int:
+        """Events not yet forgotten: in the spool, and in its intake."""
+        return self.spool.depth() + (0 if self._intake is None else self._intake.pending())
+
     def wait_drained(self, timeout_s: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.spool.depth() == 0:
+            if self.depth() == 0:
                 return True
             time.sleep(0.02)
-        return self.spool.depth() == 0
+        return self.depth() == 0
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop both threads (the publisher gets up to `timeout_s` for its round); rows stay spooled."""
@@ -213,14 +225,19 @@ class Outbox:
                 if self._rescan.is_set():
                     self._rescan.clear()
                     cursor = 0
-                batch = self._take(cursor, peek=True)
-                if not batch:
+                self._wakeup.clear()  # before looking: a `wake` from here on is not lost
+                direct = self._direct()
+                if direct:
+                    waiting = self._intake.pending()
+                else:
+                    self._take_in()
+                    waiting = len(self._take(cursor, peek=True))
+                if not waiting:
                     self._wakeup.wait(self._idle_wait_s)
-                    self._wakeup.clear()
                     continue
-                if len(batch) < self.batch_max_events and self._linger_s > 0:
+                if waiting < self.batch_max_events and self._linger_s > 0:
                     # One publish round for a burst, not one per event: far less work per event on
-                    # the producer's cores. The events are already durable in the spool meanwhile.
+                    # the producer's cores. The events are already durable meanwhile.
                     self._stopping.wait(self._linger_s)
                     self._wakeup.clear()
                 if producer is None:
@@ -232,23 +249,25 @@ class Outbox:
                             self._topic_ready_for = self.bootstrap
                         producer = self._producer_factory(self.bootstrap)
                     except Exception as exc:  # noqa: BLE001 - any client failure means: retry later
-                        self._note_failure(f"cannot create producer: {exc}", len(batch))
+                        self._note_failure(f"cannot create producer: {exc}", waiting)
+                        self._take_in()  # a backlog waits in the spool, not in the intake
                         self._stopping.wait(backoff)
                         backoff = min(backoff * 2, 5.0)
                         continue
-                batch = self._take(cursor, peek=False)
-                if not batch:
-                    continue
-                acked, failed = self.publish(producer, batch)
-                if self.ack == "broker":
-                    if acked:
-                        self.spool.ack(acked)
+                if direct:
+                    batch, end = self._intake.read(self.batch_max_events)
+                    if not batch:
+                        continue
+                    acked, failed = self.publish(producer, batch)
+                    published = set(acked)
+                    self._intake.settle(batch, end, keep=[e.seq for e in batch if e.seq not in published])
                 else:
-                    failed_seqs = set(e.seq for e in batch) - set(acked)
-                    if failed_seqs:
-                        self.spool.release(failed_seqs)
-                    if acked and (forget := self.confirmer.unconfirmable_rows(batch, set(acked))):
-                        self.spool.ack(forget)
+                    self._take_in()
+                    batch = self._take(cursor, peek=False)
+                    if not batch:
+                        continue
+                    acked, failed = self.publish(producer, batch)
+                    self._forget(batch, acked)
                 if acked:
                     self._on_published(len(acked))
                 if failed:
@@ -271,11 +290,34 @@ class Outbox:
             if producer is not None:
                 _close_quietly(producer, 2.0)
 
+    def _forget(self, batch: list[SpooledEvent], acked: list[int]) -> None:
+        """After a round from the spool: broker ack forgets the acknowledged rows; metered ack puts the
+        failed ones back to pending and forgets only those no confirmation can name."""
+        if self.ack == "broker":
+            if acked:
+                self.spool.ack(acked)
+            return
+        failed_seqs = set(e.seq for e in batch) - set(acked)
+        if failed_seqs:
+            self.spool.release(failed_seqs)
+        if acked and (forget := self.confirmer.unconfirmable_rows(batch, set(acked))):
+            self.spool.ack(forget)
+
+    def _direct(self) -> bool:
+        """Publish straight from the intake this round: broker ack, and nothing waiting in the spool
+        itself (a backlog goes first). The rows a round fails to publish go into the spool; the
+        acknowledged ones never touch it."""
+        return self._intake is not None and self.ack == "broker" and self._min_age_s <= 0 and self.spool.empty()
+
+    def _take_in(self) -> None:
+        if self._intake is not None:
+            self._intake.move()
+
     def _take(self, cursor: int, *, peek: bool) -> list[SpooledEvent]:
         before = time.time() - self._min_age_s if self._min_age_s > 0 else None
         if self.ack == "broker" and before is None:
             # One publisher per file (the emitter's): no claim needed, rows are deleted on ack.
-            return self.spool.peek(self.batch_max_events, cursor)
+            return self.spool.peek(1 if peek else self.batch_max_events, cursor)
         if peek:  # is there anything to take? (the claim below reads the rows)
             return [e for e in self.spool.peek(1, cursor, pending_only=True) if before is None or e.enqueued_at < before]
         return self.spool.claim(self.batch_max_events, cursor, enqueued_before=before)
