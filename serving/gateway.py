@@ -46,14 +46,16 @@ serving/proxy.py (proxy and admission), serving/relay.py (the one event, the SSE
 serving/task_endpoints.py, and this module (the ASGI app and its wiring).
 
 Hot path notes: the two proxy routes are dispatched straight from the ASGI entry (`GatewayApp`:
-no middleware stack, router scan or dependency solving); one keep-alive pool of upstream
-connections (serving/upstream_http.py: httptools parsing, ~0.3-0.4 ms a request cheaper here than
-aiohttp's client, docs/benchmarks.md; aiohttp's client itself measured ~7x cheaper than httpx
-here, a run not kept in the repository); raw bodies parsed with orjson; no Pydantic models. A
+no middleware stack, router scan or dependency solving; uvicorn without proxy-header rewriting);
+the request is read through `ProxyRequest` (headers and body, no Starlette `Request`) and a
+success answered with `JsonAnswer` (two ASGI messages, no header objects); one keep-alive pool of
+upstream connections (serving/upstream_http.py: httptools parsing, one timer handle per wait);
+raw bodies parsed with orjson; no Pydantic models; request ids from a seeded generator, not the
+OS per request; the request metrics kept as plain numbers until scraped (serving/metrics.py). A
 non-streamed request's event is built right after its response is handed to the kernel, in the
 same event-loop step (`RequestContext.after_send`), not before; the emitter appends the events of
-one loop iteration in one spool transaction (`Emitter.emit_batched`). Numbers:
-docs/benchmarks.md, "Gateway overhead".
+one loop iteration with one write (`Emitter.emit_batched`). Measurements: docs/benchmarks.md,
+"Gateway overhead".
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from starlette.responses import Response
 
 from infermeter.settings import Settings, get_settings
 from serving import metrics
-from serving.gateway_context import GatewayState, authenticate
+from serving.gateway_context import GatewayState, ProxyRequest, authenticate
 from serving.gateway_contracts import (
     AdmissionControl,
     Authenticator,
@@ -116,10 +118,9 @@ class GatewayApp:
         if kind is None or scope["method"] != "POST":
             await self.fastapi(scope, receive, send)
             return
-        request = Request(scope, receive)
         ctx = None
         try:
-            response, ctx = await proxy(self.gateway, request, kind)
+            response, ctx = await proxy(self.gateway, ProxyRequest(scope, receive), kind)
         except ApiError as exc:
             response = exc.response()
         except Exception:  # before the request had a usage record (auth store down, ...)
@@ -339,7 +340,8 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) 
 
     port = port or free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools",
+                       proxy_headers=False)
     )
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()

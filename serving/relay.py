@@ -58,6 +58,25 @@ def with_headers(response: Response, ctx: RequestContext) -> Response:
     return response
 
 
+class JsonAnswer(Response):
+    """A 200 JSON answer with the request's headers, sent as two ASGI messages: what `Response` +
+    `with_headers` send, without building header objects (the proxy's success path)."""
+
+    def __init__(self, body: bytes, ctx: RequestContext) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [
+            (b"content-length", str(len(body)).encode()), (b"content-type", b"application/json"),
+            (REQUEST_ID_HEADER.encode(), ctx.request_id.encode()),
+            *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in ctx.extra_headers.items()),
+        ]
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
 # --- finishing a request: the one event -------------------------------------------------------
 
 
