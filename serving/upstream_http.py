@@ -6,6 +6,7 @@
     data = await response.read()            # the whole body (chunked transfer decoded)
     await response.first_data()             # or: wait for its first piece (a stream's first chunk)
     async for line in response.lines(): ... # or line by line as it arrives (SSE)
+    async for lines in response.line_batches(): ...  # or every complete line in at once (a burst: one list)
     response.release()                      # back to the pool once the body is read
     response.close()                        # drop the connection (vLLM aborts the request)
     await pool.close()
@@ -121,21 +122,29 @@ class UpstreamResponse:
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The body line by line, each with its b"\\n" (a last unterminated line as it is)."""
+        async for batch in self.line_batches():
+            for line in batch:
+                yield line
+
+    async def line_batches(self) -> AsyncIterator[list[bytes]]:
+        """The body as lists of lines: each list holds every complete line buffered when it was taken
+        (what the replica sent in a burst), each line with its b"\\n"; a last unterminated line
+        comes alone, as it is."""
         start = 0
         while True:
-            end = self._buffer.find(b"\n", start)
+            end = self._buffer.rfind(b"\n", start)
             if end >= 0:
-                line = bytes(self._buffer[: end + 1])
+                pieces = bytes(self._buffer[: end + 1]).split(b"\n")
                 del self._buffer[: end + 1]
                 start = 0
                 self._maybe_resume()
-                yield line
+                yield [piece + b"\n" for piece in pieces[:-1]]
                 continue
             if self.complete:
                 if self._buffer:
                     line = bytes(self._buffer)
                     self._buffer.clear()
-                    yield line
+                    yield [line]
                 return
             start = len(self._buffer)
             await self._wait()
