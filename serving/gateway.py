@@ -16,8 +16,9 @@ Endpoints
 - `POST /v1/events` `{"meter", "quantity", "task_id"?, "id"?}`: tool / verification usage as
   `infermeter.usage.v1` for the caller's customer (`id` makes client retries idempotent).
   Both in serving/task_endpoints.py.
-- `GET /metrics` (Prometheus, serving/metrics.py; the capacity gauges are recomputed from metering
-  every INFERMETER_CAPACITY_REFRESH_S by serving/capacity_service.py), `GET /health`.
+- `GET /metrics` (Prometheus, serving/metrics.py; a scrape recomputes the capacity gauges from
+  metering when they are INFERMETER_CAPACITY_REFRESH_S old, serving/capacity_service.py: nothing
+  runs in the background for them), `GET /health`.
 
 Errors always have the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
@@ -239,7 +240,10 @@ def create_app(
         return await post_usage_event(state, request)
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        refresher = getattr(request.app.state, "capacity_refresher", None)  # build_gateway's
+        if refresher is not None:
+            await refresher.refresh_if_stale()
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/health")
@@ -286,12 +290,12 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     if hasattr(authenticator, "residency"):
         authenticator.residency = residency
 
-    # the capacity gauges on /metrics, recomputed from metering every INFERMETER_CAPACITY_REFRESH_S
+    # the capacity gauges on /metrics, recomputed from metering by a scrape that finds them
+    # INFERMETER_CAPACITY_REFRESH_S old (no background task)
     refresher = CapacityRefresher(engine, settings)
 
     async def start() -> None:
         emitter.start()
-        refresher.start()
 
     async def stop() -> None:
         await refresher.aclose()
