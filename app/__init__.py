@@ -1,11 +1,13 @@
 """The roof: composition only — the `infermeter` CLI, the HTTP API app that mounts each package's
-router, and the demo and replay orchestration that start the whole local stack.
+router, the demo and replay orchestration that start the whole local stack, the serving tier of
+`up --serving`, and the dashboards' screenshots script.
 
-Layers (enforced by import-linter, see `[tool.importlinter]` in pyproject.toml):
+Tiers: a package imports only from the tiers below it (import-linter's contracts, `[tool.importlinter]`
+in pyproject.toml, check each package's rule; README.md, "Layout", lists them):
 
     app                                   roof: imports anything below, imported by nothing
     dashboards · billing_service          pages; billing's adapters (tables, runs, Stripe)
     serving · pricing_service · billing   the serving tier; pricing's adapters; the pure billing domain
-    metering · pricing                    the event contract and ledgers; pure rating
+    metering · pricing                    the event contract and ledgers; pure pricing (books, rating, cost)
     infermeter                            ground: settings, database, local stack, time, HTTP auth
 """

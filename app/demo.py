@@ -454,11 +454,9 @@ def _meter(settings: Settings, stack, events: list[bytes], console: Console):
 
 def analyze(database_url: str) -> None:
     """ANALYZE after the bulk load: until autovacuum gets to it, the planner's statistics describe
-    empty rollups. The plans read from them: `metering.queries.customers_with_usage` walks or reads
-    the rollups by its row estimate, and the month's pricing queries join thousands of
-    deployment-hours. (When first written, the pricing comparison planned without statistics ran
-    as nested loops for many minutes; today's queries finish without it, the demo in ~9 s measured
-    once, so this keeps the plans right rather than rescuing a slow one.)"""
+    empty rollups. The plans read from them: metering's `customers_with_usage` walks or reads the
+    rollups by its row estimate, and the month's pricing queries join thousands of
+    deployment-hours, which a planner without statistics may run as nested loops."""
     with psycopg.connect(to_libpq_url(database_url), autocommit=True) as conn:
         conn.execute("ANALYZE")
 
@@ -600,11 +598,13 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
 
 def _pricing(database_url: str, start: datetime, end: datetime, out_dir: Path, console: Console) -> dict | None:
     """The pricing comparison of the example books (pricing_service)."""
-    from pricing_service.compare import default_book_paths, render_console, run_comparison
+    from pricing_service.compare import default_book_paths, run_comparison
+    from pricing_service.comparison_report import render_console
+    from pricing_service.report_html import write_html
 
     report = run_comparison(database_url, start, end, default_book_paths())
     render_console(report, console)
     html = out_dir / "pricing.html"
-    report.write_html(html)
+    write_html(report, html)
     console.print(f"pricing report: {html}")
     return report.to_json()

@@ -1,13 +1,13 @@
 """The operations page's arrival-time reads, with and without raw_events' BRIN index on received_at.
 
-    python -m bench.arrival_reads --events 200000 --rows 3000000
+    python -m bench.arrival_reads [--events 200000] [--rows 3000000] [--json]
 
 In one run, on the embedded PostgreSQL (or DATABASE_URL's server):
 1. the write path's cost of the index: `--events` request events written by metering's BatchWriter in
    batches of 5,000 into two databases at head, one with the index dropped, alternating batch by batch
    (the order flips every batch); prints both medians as events/s and their ratio;
 2. the reads: `--rows` raw events spread over November 2026, each received 2 s after its event time,
-   then `metering.queries.ingest_rate` + `metering.queries.metering_delay` for the month's last hour
+   then metering's `ingest_rate` + `metering_delay` reads for the month's last hour
    (what `/admin/ops` asks), median of 5, without the index and with it.
 """
 
@@ -25,8 +25,8 @@ import psycopg
 from bench.ingest import generate, new_database
 from bench.write_path import alternating_write_rates
 from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
-from metering import queries
-from metering.kafka import Message
+from metering import ops_reads
+from metering.kafka_types import Message
 
 INDEX = "raw_events_received_brin"
 MONTH_START, MONTH_S = datetime(2026, 11, 1, tzinfo=UTC), 30 * 86_400
@@ -68,8 +68,8 @@ def _run(args: argparse.Namespace, server: str) -> dict:
             times = []
             for _ in range(5):
                 t = time.perf_counter()
-                queries.ingest_rate(conn, since, until)
-                queries.metering_delay(conn, since, until)
+                ops_reads.ingest_rate(conn, since, until)
+                ops_reads.metering_delay(conn, since, until)
                 times.append(time.perf_counter() - t)
             return statistics.median(times) * 1000
 

@@ -8,7 +8,7 @@ request_rollup_hourly rows, written hour by hour, then VACUUM ANALYZE). Every cu
 billing record (UTC, USD, anchor day 1) and the example per-token book from 2026-11-01. Then, in
 the same run:
 - rating: `pricing_service.rate_period.rate_period` over the month (every customer's lines);
-- billing: `billing_service.run.billing_run` for 2026-11 with the clock past the grace window, so
+- billing: billing_service's `billing_run` for 2026-11 with the clock past the grace window, so
   each customer's draft is created and finalized (gapless number, history, credits check): the
   bulk path (its own `rate_period` pass, then batches of customers written with COPY).
 Prints invoices/s and the ratio billing time / rating time (wall clock; and, with a local server,

@@ -2,6 +2,7 @@
 needs, in one run (target: p95 <= 2x the bare SQL's p95 and <= 50 ms).
 
     python -m bench.dashboards [--customers 10000] [--models 5] [--active-hours 72] [--calls 200]
+    DATABASE_URL=... python -m bench.dashboards --no-generate   # time again on an earlier run's data
 
 Rows as in bench.rating (its `generate`: 10k customers x 5 models x 72 active hours of November 2026
 = 3.6M request_rollup_hourly rows, written hour by hour, then VACUUM ANALYZE). On top, through
@@ -11,8 +12,8 @@ interval every hour; for 200 other customers one dedicated deployment each, hour
 
 Endpoints are called in-process, in one event loop, for the month
 (`?from=2026-11-01T00:00:00Z&to=2026-12-01T00:00:00Z`, daily buckets) with the customer's API key as
-a bearer token, the async read pool the app's lifespan opens in a server
-(`dashboards.web.open_read_pool`) opened in the same loop, two ways each call: straight into the API
+a bearer token, the async read pool the app's lifespan opens in a server (dashboards'
+`open_read_pool`) opened in the same loop, two ways each call: straight into the API
 app of app.api.create_app as an ASGI server (uvicorn) calls it once it has parsed a request (a fresh
 scope; what is timed is the app: its middleware and routing, authentication, the query functions,
 JSON encoding), then through httpx's ASGI client (the same plus the client building the request and
@@ -24,7 +25,7 @@ httpx client too ("httpx p95 ratio", "httpx target").
 The bare SQL of an endpoint is the cheapest statement (or statements) that return the data the
 endpoint answers; where the endpoint's own statement is that, it is the same statement run bare:
 usage charts (tokens, requests, cache_hit): the customer's rollups summed per day
-(metering.queries.CUSTOMER_USAGE_BUCKETS_SQL, the endpoints' statement); gpu: the GPU ledger's
+(metering's `CUSTOMER_USAGE_BUCKETS_SQL`, the endpoints' statement); gpu: the GPU ledger's
 GPU-ms per dedicated deployment and day (the endpoint's statement); tasks: the finished tasks per
 day with their attempts (the endpoint's statement); summary: the rollups' sums per model (the usage
 totals and the per-token book's rating input), the GPU ledger's one sum, the tasks' totals (one row)
@@ -52,7 +53,7 @@ from rich.table import Table
 from bench.rating import END, HOURS, START, generate
 from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, encode_event, make_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.queries import CUSTOMER_USAGE_BUCKETS_SQL, _dedicated_gpu_sql, _task_summary_sql
 
 CUSTOMER = "cust-00042"
@@ -204,7 +205,7 @@ async def time_pair(app, client, key: str, name: str, conn: psycopg.Connection, 
 async def time_all(app, key: str, url: str, calls: int) -> dict[str, tuple[list, list, list]]:
     import httpx
 
-    from dashboards.web import close_read_pool, open_read_pool
+    from dashboards.web.read_pool import close_read_pool, open_read_pool
 
     out = {}
     transport = httpx.ASGITransport(app=app)

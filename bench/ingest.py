@@ -3,6 +3,8 @@
     python -m bench.ingest --events 200000 --json
     python -m bench.ingest --events 200000 --processes 1,2 --backends confluent,kafka-python
     python -m bench.ingest --events 100000 --processes 1 --backends confluent --ack broker,metered
+    (options: --events N, --processes 1,2, --backends confluent,kafka-python, --partitions 8,
+     --ack broker[,metered], --json)
 
 For each backend and each number of consumer processes, in one run:
 1. produce N pre-generated request events (~330 bytes each) to a fresh topic;
@@ -18,7 +20,7 @@ broker: the events are produced straight from memory (what `events ingest` does 
 INFERMETER_ACK=broker). metered: they are appended to an outbox spool (SQLite) and published from
 it (`metering.ingest.spool_lines` + `publish_spooled`, what `events ingest` does by default with
 the embedded broker), and while the metering processes run, a confirmer asks their database every
-0.5 s which events are recorded and deletes those from the spool (`Outbox.confirm_round`, the work
+0.5 s which events are recorded and deletes those from the spool (the outbox's confirm round, the work
 `infermeter up` does). Reported in addition: `spool_append_events_per_s`, and `confirmed_s_after`,
 how long after the last event was metered the spool was empty.
 """

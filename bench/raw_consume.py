@@ -1,6 +1,7 @@
 """Raw consume-only rate of a Kafka client backend: the ceiling the metering consumer is measured against.
 
-    python -m bench.raw_consume --events 200000 --size 300 [--backend confluent|kafka-python|both] [--json]
+    python -m bench.raw_consume [--events 200000] [--size 300] [--partitions 8]
+                                [--backend confluent|kafka-python|both] [--json]
 
 Produces N messages of SIZE bytes (keyed over 1,000 customers, confluent producer) to a fresh
 8-partition topic, then for each backend reads them back, outside any consumer group, with every

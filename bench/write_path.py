@@ -1,6 +1,6 @@
 """The metering write path in parts, in one run: where an event's time goes.
 
-    python -m bench.write_path --events 60000 --json
+    python -m bench.write_path [--events 60000] [--region] [--json]
 
 - `decode_events_per_s`: metering.processor.process (validation, staging rows), pure Python;
 - `postgres_events_per_s`: one BatchWriter transaction per 5,000 events (COPY + the one
@@ -27,7 +27,7 @@ import psycopg
 
 from bench.ingest import generate, new_database
 from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.processor import process
 from metering.writer import BatchWriter
 

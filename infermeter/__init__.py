@@ -1,0 +1,8 @@
+"""The ground: what every other package of the project stands on, importing none of them.
+
+- `infermeter.settings`: every setting, one environment variable each, with a documented default;
+- `infermeter.db`: the shared MetaData, the project-wide NUMERIC scale, engines and migrations;
+- `infermeter.stack`: the local stack (embedded PostgreSQL, the Tansu broker) and its processes;
+- `infermeter.times`: aware UTC instants, half-open windows, hours and months, UTC text;
+- `infermeter.auth`, `infermeter.http`: who is calling, and the HTTP plumbing every router shares.
+"""

@@ -224,7 +224,7 @@ class Settings(BaseSettings):
         default=100,
         validation_alias="INFERMETER_EMITTER_LINGER_MS",
         description="How long the emitter lets events gather before a publish round (adds to publish lag, not to request latency; "
-        "each round costs the gateway ~0.4 ms of CPU, docs/benchmarks.md).",
+        "fewer, larger rounds cost the gateway less CPU).",
     )
     emitter_stall_timeout_ms: int = Field(
         default=20000,

@@ -14,6 +14,9 @@ No orphans (docs/metering.md, "Processes and shutdown"):
   `serve_http` runs uvicorn so that SIGHUP also shuts it down gracefully;
 - `infermeter up` records what it started in INFERMETER_HOME/pids.json (`PidFile`); the next `up`
   on the same home finds what a killed run left behind (`clean_stale`) and stops or reuses it.
+  A record names a process by pid, start time and argv (`process_record`), so a reused pid is
+  never taken for it; `process_stat` and `process_cpu_s` read a process's state and CPU seconds
+  from /proc.
 """
 
 from __future__ import annotations
@@ -138,10 +141,8 @@ def wait_for_signal(poll_s: float = 1.0) -> None:
     Not `signal.pause()`: Python runs a handler only between bytecodes, so a signal that arrives
     after the interpreter's last check and before the pause(2) call (a window of milliseconds when
     this thread is preempted there, e.g. by the thread that releasing the GIL woke) leaves pause()
-    waiting for a second signal. A harness with two busy Python threads and a SIGTERM sent 0-4 ms
-    after the child's "ready" lost it in 13 of 150 and 5 of 100 tries; `up --no-api` once ignored
-    its SIGTERM for over 60 s in CI. A timed sleep returns, and the pending handler runs, within
-    `poll_s` either way (tests/cli/test_signals.py)."""
+    waiting for a second signal, so a SIGTERM could be ignored. A timed sleep returns, and the
+    pending handler runs, within `poll_s` either way (tests/cli/test_signals.py)."""
     while True:
         time.sleep(poll_s)
 

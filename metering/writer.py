@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from infermeter.times import month_start, next_month
-from metering.kafka import Message, TopicPartition
+from metering.kafka_types import Message, TopicPartition
 from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
 STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload")

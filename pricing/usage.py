@@ -76,7 +76,7 @@ class Usage:
         cls, customer_id: str, period_start: datetime, period_end: datetime, quantities: dict[UsageKey, Decimal | int]
     ) -> Usage:
         """Without the per-quantity checks: for adapters whose quantities come from non-negative
-        integer and NUMERIC sums (the rating benchmark's hot path)."""
+        integer and NUMERIC sums (rating a period for every customer reads its usages this way)."""
         usage = object.__new__(cls)
         object.__setattr__(usage, "customer_id", customer_id)
         object.__setattr__(usage, "period_start", period_start)

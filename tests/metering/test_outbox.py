@@ -14,10 +14,11 @@ import pytest
 from infermeter.stack import free_port, start_tansu, to_libpq_url
 from metering.confirmer import MeteringConfirmer
 from metering.consumer import MeteringConsumer, run_in_thread
-from metering.kafka import DeliveryFailed, ensure_topics, make_producer
+from metering.event_lookups import handled_event_keys
+from metering.kafka import ensure_topics, make_producer
+from metering.kafka_types import DeliveryFailed
 from metering.processor import INGEST_ID_HEADER as PROCESSOR_INGEST_ID_HEADER
 from metering.publisher import INGEST_ID_HEADER, Outbox
-from metering.queries import handled_event_keys
 from metering.spool import NO_IDENTITY, Intake, Spool, event_identity, intake_depth
 from tests.metering.conftest import request_event
 
