@@ -77,6 +77,7 @@ class RequestContext:
     kind: str  # chat | completion
     route: ModelRoute  # the model asked for; after a failover, the model of the replica tried last
     body: dict
+    raw_body: bytes | None  # the body as the client sent it (forwarded as is when nothing changes)
     started_at: datetime
     started_mono: float
     task_id: str | None

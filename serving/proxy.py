@@ -79,7 +79,8 @@ async def proxy(state: GatewayState, request: ProxyRequest, kind: str) -> tuple[
     principal = await authenticate(state, request)
     customer_id = acting_customer(principal, request)
     task_id, attempt = task_headers(request)
-    body = parse_body(await request.body(), kind)
+    raw_body = await request.body()
+    body = parse_body(raw_body, kind)
     route = state.upstreams.route(body["model"])
     if route is None:
         raise ApiError(
@@ -96,6 +97,7 @@ async def proxy(state: GatewayState, request: ProxyRequest, kind: str) -> tuple[
         kind=kind,
         route=route,
         body=body,
+        raw_body=raw_body,
         started_at=started_at,
         started_mono=started_mono,
         task_id=task_id,
@@ -180,9 +182,12 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
 
 
 def upstream_payload(ctx: RequestContext, stream: bool, route: ModelRoute | None = None) -> bytes:
-    """The body sent to a replica of `route` (default: the model asked for)."""
+    """The body sent to a replica of `route` (default: the model asked for): the client's own bytes
+    when nothing in it changes (not a stream, the replica's model name the same)."""
     body = ctx.body
     route = route or ctx.route
+    if not stream and route.upstream_model == body["model"] and ctx.raw_body is not None:
+        return ctx.raw_body
     if stream:
         body = dict(body)
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
