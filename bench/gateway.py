@@ -242,15 +242,16 @@ def _forwarder(upstream: str):
 
 def _usage_recorder():
     """`record(body, status, usage, started_at)`: the least a metering proxy adds to the floor
-    (`--floor`'s metered pass-through): the request's model read from its body (JSON), its
-    `request.v1` event with the reply's usage built by the gateway's own builder
-    (`serving.usage.build_request_event`) and kept by the gateway's emitter exactly as the gateway
-    keeps it (`emit_batched`: one append per event-loop iteration, then the broker; settings from
-    the environment, as the gateway's)."""
-    import uuid
+    (`--floor`'s metered pass-through): the request's model read from its body (orjson, as the
+    gateway parses), its `request.v1` event with the reply's usage and an id from the gateway's own
+    generator, built by the gateway's own builder (`serving.usage.build_request_event`) and kept by
+    the gateway's emitter exactly as the gateway keeps it (`emit_batched`: one append per
+    event-loop iteration, then the broker; settings from the environment, as the gateway's)."""
+    import orjson
 
     from infermeter.settings import get_settings
     from serving.emitter import Emitter, default_spool_dir
+    from serving.gateway_context import new_request_id
     from serving.usage import RequestOutcome, build_request_event
 
     settings = get_settings()
@@ -259,8 +260,8 @@ def _usage_recorder():
 
     def record(body: bytes, status: int, usage: dict | None, started_at: datetime) -> None:
         outcome = RequestOutcome(
-            request_id=str(uuid.uuid4()), customer_id="bench-customer", api_key_id=None,
-            model=json.loads(body)["model"], deployment_id="bench", replica_id="stub",
+            request_id=new_request_id("chat"), customer_id="bench-customer", api_key_id=None,
+            model=orjson.loads(body)["model"], deployment_id="bench", replica_id="stub",
             status="ok" if status == 200 else "error", started_at=started_at, finished_at=datetime.now(UTC),
             usage=usage, usage_final=usage is not None,
         )  # fmt: skip
@@ -270,8 +271,10 @@ def _usage_recorder():
 
 
 def _reply_usage(status: int, reply: bytes) -> dict | None:
+    import orjson
+
     try:
-        return json.loads(reply).get("usage") if status == 200 else None
+        return orjson.loads(reply).get("usage") if status == 200 else None
     except ValueError:
         return None
 
@@ -280,8 +283,10 @@ def _last_usage(tail: bytes) -> dict | None:
     """The usage of the last SSE event in `tail` that carries one (a stream's end)."""
     for line in reversed(tail.split(b"\n")):
         if line.startswith(b"data: {") and b'"usage"' in line:
+            import orjson
+
             try:
-                return json.loads(line[6:]).get("usage")
+                return orjson.loads(line[6:]).get("usage")
             except ValueError:
                 return None
     return None
@@ -759,11 +764,10 @@ def measure_capture(settings, *, rate: float, events: int, batch: int = 8) -> li
     encoding and the intake write) on the event loop's thread, and of publishing it (the
     publisher thread, and librdkafka's threads). Twice: one event per loop iteration at `rate`
     events/s (the open-loop point), and back to back in batches of `batch` per iteration (c=8)."""
-    import uuid
-
     import uvloop
 
     from serving.emitter import Emitter
+    from serving.gateway_context import new_request_id
     from serving.usage import RequestOutcome, build_request_event
 
     before = _threads()
@@ -773,7 +777,7 @@ def measure_capture(settings, *, rate: float, events: int, batch: int = 8) -> li
 
     def build() -> dict:
         outcome = RequestOutcome(
-            request_id=f"chatcmpl-{uuid.uuid4().hex}", customer_id="bench-customer", api_key_id="bench-key",
+            request_id=new_request_id("chat"), customer_id="bench-customer", api_key_id="bench-key",
             model=STUB_MODEL, deployment_id="bench-stub", replica_id="stub-0", status="ok", started_at=started_at,
             finished_at=datetime.now(UTC), first_token_at=started_at, upstream_attempts=1, prefix_seen=False,
             usage={"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28,
