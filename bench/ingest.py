@@ -117,7 +117,8 @@ def produce(bootstrap: str, topic: str, events, ingest_id: str) -> float:
 def produce_via_outbox(bootstrap: str, topic: str, events, ingest_id: str, spool_path: Path) -> tuple[float, float]:
     """`events ingest` with metered ack: spool, then publish from the spool. (append rate, produce rate)."""
     from metering.ingest import publish_spooled, spool_lines
-    from metering.outbox import Outbox, Spool
+    from metering.publisher import Outbox
+    from metering.spool import Spool
 
     spool = Spool(spool_path)
     started = time.perf_counter()
@@ -140,7 +141,9 @@ class Confirming:
         import shutil
         import threading
 
-        from metering.outbox import MeteringConfirmer, Outbox, Spool
+        from metering.confirmer import MeteringConfirmer
+        from metering.publisher import Outbox
+        from metering.spool import Spool
 
         copy = spool_path.with_name(f"{spool_path.stem}-{uuid.uuid4().hex[:6]}.sqlite3")
         shutil.copy(spool_path, copy)
