@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Coroutine, Iterator
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -25,6 +26,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 
 from infermeter.auth import AuthError, Forbidden, Principal, bearer_token
+from infermeter.times import utc_now
 
 
 class ErrorDetail(BaseModel):
@@ -197,6 +199,16 @@ class CredentialsFirst(APIRoute):
             return await handler(request)
 
         return checked
+
+
+def now(request: Request) -> datetime:
+    """The instant a request acts at, every router's one clock: the app's `clock` (`app.state.clock`,
+    what `create_app(clock=...)` is given; the demo and the tests give one), else the current time."""
+    clock = getattr(request.app.state, "clock", None)
+    return clock() if clock is not None else utc_now()
+
+
+Now = Annotated[datetime, Depends(now)]
 
 
 def scope(principal: Principal, customer_id: str | None) -> str | None:
