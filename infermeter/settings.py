@@ -357,6 +357,14 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_SESSION_TTL_S",
         description="Seconds a dashboard sign-in lasts; then the browser is sent back to sign in.",
     )
+    session_cache_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        validation_alias="INFERMETER_SESSION_CACHE_TTL_S",
+        description="Seconds a process serving the dashboards trusts its last check that a session is live "
+        "(dashboard_sessions in PostgreSQL): a sign-out ends the session at once in the process that signed out, "
+        "within this in the others. 0: checked on every request.",
+    )
     session_secret_configured: str | None = Field(
         default=None,
         validation_alias="INFERMETER_SESSION_SECRET",

@@ -6,6 +6,7 @@ from sqlalchemy import MetaData
 
 import billing_service.stripe_tables  # noqa: F401
 import billing_service.tables  # noqa: F401
+import dashboards.sessions  # noqa: F401
 import metering.tables  # noqa: F401
 import pricing_service.tables  # noqa: F401
 import serving.tables  # noqa: F401
