@@ -2,6 +2,18 @@
 // endpoints return), with the plotly.js served from /static/plotly.min.js. No inline script.
 (function () {
   "use strict";
+  // Nothing on the toolbar may send the chart's data off the machine: no "Share chart..." (an upload to
+  // Plotly Cloud, on by default in plotly.js), no Chart Studio link, no logo linking to plotly.com, and
+  // no server to send to. Downloading the chart as a PNG stays (it is saved locally).
+  var CONFIG = {
+    displaylogo: false,
+    responsive: true,
+    showSendToCloud: false,
+    showEditInChartStudio: false,
+    showLink: false,
+    plotlyServerURL: "",
+    modeBarButtonsToRemove: ["sendChartToCloud", "sendDataToCloud", "editInChartStudio"]
+  };
   function num(v) {
     if (v === null || v === undefined || v === "") return null;
     var n = Number(v);
@@ -29,7 +41,7 @@
       plot_bgcolor: "#fff"
     };
     if (spec.x_type) layout.xaxis.type = spec.x_type;
-    return Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
+    return Plotly.newPlot(el, traces, layout, CONFIG);
   }
   function start() {
     var charts = Array.prototype.slice.call(document.querySelectorAll("[data-chart]"));
