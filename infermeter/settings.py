@@ -371,6 +371,21 @@ class Settings(BaseSettings):
         description="Secret that signs dashboard session cookies and CSRF tokens. Unset: generated on first "
         "start and kept in INFERMETER_HOME/credentials.json (set it when several API processes serve the pages).",
     )
+    auth_failures_allowed: int = Field(
+        default=5,
+        ge=0,
+        validation_alias="INFERMETER_AUTH_FAILURES_ALLOWED",
+        description="Failed authentications (a 401 to a wrong API key, admin or producer token, or a failed dashboard "
+        "sign-in) a client address may make before it must wait; then each failure doubles its wait, from 1 s up to "
+        "INFERMETER_AUTH_BACKOFF_MAX_S (dashboards/web/backoff.py; kept per process).",
+    )
+    auth_backoff_max_s: float = Field(
+        default=300.0,
+        ge=0,
+        validation_alias="INFERMETER_AUTH_BACKOFF_MAX_S",
+        description="Longest wait a client address is given after failed authentications (429 with Retry-After to "
+        "whatever credentials it presents meanwhile; other addresses are not affected). 0: no backoff.",
+    )
     gateway_metrics_urls: str = Field(
         default="",
         validation_alias="INFERMETER_GATEWAY_METRICS_URLS",

@@ -57,6 +57,13 @@ def render(request: Request, template: str, status: int = 200, *, viewer: Viewer
     return response
 
 
+def plain_page(template: str, status: int, headers: dict[str, str], **context: Any) -> HTMLResponse:
+    """A page answered without the request's session or forms (no viewer, no CSRF token): a refusal
+    made before the app runs (dashboards.web.backoff)."""
+    body = _templates.get_template(template).render(viewer=None, csrf_field=CSRF_FIELD, csrf="", path="", **context)
+    return HTMLResponse(body, status_code=status, headers={**SECURITY_HEADERS, **headers})
+
+
 def error_json(status: int, message: str, code: str) -> JSONResponse:
     """An error in the API's shape: {"error": {"message", "code"}}."""
     return JSONResponse({"error": {"message": message, "code": code}}, status_code=status)

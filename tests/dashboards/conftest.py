@@ -117,6 +117,9 @@ def site(pg_server_url, kafka_bootstrap, tmp_path_factory) -> Site:
         INFERMETER_HOME=tmp_path_factory.mktemp("dash-home"), DATABASE_URL=new_database(pg_server_url),
         KAFKA_BOOTSTRAP=kafka_bootstrap, INFERMETER_TOPIC_PREFIX=name, INFERMETER_CONSUMER_GROUP=f"{name}-group",
         INFERMETER_BATCH_MAX_WAIT_MS=50, INFERMETER_SESSION_TTL_S=600,
+        # the package's tests sign in wrongly and present revoked keys from one address, far more than
+        # the backoff allows; test_backoff.py serves an app of its own with the default allowance
+        INFERMETER_AUTH_FAILURES_ALLOWED=10_000,
     )
     recent = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
     counts = meter(settings, stream(recent), raw=[b"this is not json", b'{"specversion": "1.0"}'])
