@@ -19,8 +19,14 @@
     var n = Number(v);
     return isFinite(n) ? n : null;
   }
+  var DAY_MS = 24 * 3600 * 1000;
   function draw(el) {
     var spec = JSON.parse(document.getElementById("data-" + el.dataset.chart).textContent);
+    if (!spec.rows.length) {
+      // nothing to draw: the card says "No data in this window." (no empty axes from -1 to 6)
+      el.dataset.empty = "true";
+      return Promise.resolve();
+    }
     var x = spec.rows.map(function (r) { return r[spec.x]; });
     var traces = spec.series.map(function (s) {
       var y = spec.rows.map(function (r) { return num(r[s.key]); });
@@ -41,6 +47,12 @@
       plot_bgcolor: "#fff"
     };
     if (spec.x_type) layout.xaxis.type = spec.x_type;
+    if (spec.y_percent) layout.yaxis.tickformat = ".0%";  // shares read as percent, like the page's cards
+    if (spec.x === "day") {  // daily bars: dated ticks, one a day (not plotly's 12-hour ticks) up to a fortnight
+      var days = x.map(function (t) { return Date.parse(t); });
+      layout.xaxis.tickformat = "%b %d";
+      if (Math.max.apply(null, days) - Math.min.apply(null, days) <= 14 * DAY_MS) layout.xaxis.dtick = DAY_MS;
+    }
     return Plotly.newPlot(el, traces, layout, CONFIG);
   }
   function start() {

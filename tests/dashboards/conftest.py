@@ -39,6 +39,7 @@ WINDOW = {"from": "2026-11-02T00:00:00Z", "to": "2026-11-03T00:00:00Z"}
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_AT = datetime(2026, 10, 25, tzinfo=UTC)
 BILLED_AT = datetime(2026, 12, 3, tzinfo=UTC)  # after November and its grace window: invoices finalize
+CREDITED_AT = datetime(2026, 12, 3, 9, 15, 42, 250_000, tzinfo=UTC)  # a credit note, shown to the second
 PERIOD = "2026-11"
 # The sizes the pages are checked at: a laptop and a phone (as the phone's browser lays it out: mobile, touch).
 VIEWPORTS = {"desktop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
@@ -224,14 +225,17 @@ def infermeter(site, *args: str) -> dict:
 @pytest.fixture(scope="package")
 def billed(site) -> dict:
     """cust-a and cust-b billed for November on the per-token book (cust-b with 0.05 USD of prepaid
-    credit); cust-a's first invoice voided and reissued, then paid; cust-a has a monthly budget."""
+    credit); cust-a's first invoice voided and reissued, then paid, then credited on its first line
+    (CREDITED_AT); cust-a has a monthly budget."""
     from billing_service.run import (
         assign_plan,
         billing_run,
         grant_credits,
+        issue_credit_note,
         list_invoices,
         record_payment_status,
         set_customer,
+        show_invoice,
         void_invoice,
     )
     from pricing_service.books import EXAMPLE_BOOKS_DIR
@@ -253,6 +257,9 @@ def billed(site) -> dict:
         conn.commit()
         reissued = [i for i in list_invoices(conn, customer_id="cust-a", period=PERIOD) if i["status"] == "open"][0]
         record_payment_status(conn, reissued["id"], "paid", BILLED_AT, now=BILLED_AT)
+        conn.commit()
+        first_line = show_invoice(conn, reissued["id"])["lines"][0]["id"]
+        issue_credit_note(conn, reissued["id"], reason="goodwill", now=CREDITED_AT, line_ids=[first_line])
         conn.commit()
         invoices = {c: list_invoices(conn, customer_id=c) for c in ("cust-a", "cust-b")}
     set_budget(create_engine(site.settings.database_url), "cust-a", monthly_cap=Decimal("50.00"), mode="soft")

@@ -51,7 +51,7 @@ def test_customer_page_invoices_and_spend_equal_the_cli(web, site, billed):
     shown_lines = p.page.eval_on_selector_all(f"tr[data-invoice='{paid['number']}'] details tbody tr",
                                               "rows => rows.map(r => r.children[4].innerText)")
     full = infermeter(site, "invoices", "show", paid["id"])
-    assert shown_lines == [x["amount"] for x in full["lines"]] and shown_lines
+    assert shown_lines == [f"{x['amount']} USD" for x in full["lines"]] and shown_lines
     body = p.page.inner_text("main").lower()
     assert "margin" not in body and "cost" not in body
     shoot(p, "customer")
@@ -199,7 +199,7 @@ def test_billing_views_have_the_shape_the_pages_need():
 
     wanted = {name: inspect.signature(f) for name, f in vars(BillingViews).items()
               if inspect.isfunction(f) and not name.startswith("_")}
-    assert sorted(wanted) == ["current_period_spend", "customer_price_book", "finance_export", "finance_page",
+    assert sorted(wanted) == ["current_period_spend", "customer_name", "customer_price_book", "finance_export", "finance_page",
                               "invoice", "invoices"]
     for name, signature in wanted.items():
         assert list(inspect.signature(getattr(DashboardViews, name)).parameters) == list(signature.parameters), name

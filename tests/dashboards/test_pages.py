@@ -288,7 +288,7 @@ def test_pricing_experiments_page(web, site):
     text = (ROOT / "pricing_books" / "per-token.yaml").read_text().replace("id: per-token-2026-11", "id: cheaper-2026-11") \
         .replace('amount: "7.00"', 'amount: "5.00"')
     p.page.fill("[data-yaml-text]", text)
-    p.page.fill("input[name=effective_from]", "2026-11-01T00:00:00Z")
+    p.page.fill("input[name=effective_from]", "2026-11-01T00:00")  # the date picker: UTC, to the minute
     with p.page.expect_navigation():
         p.page.click("[data-testid=upload] button")
     assert "cheaper-2026-11" in p.text("uploaded")
