@@ -24,7 +24,8 @@ import msgspec
 import psycopg
 
 from metering.contract import event_partition_key
-from metering.kafka import Producer, publish_and_wait
+from metering.kafka import publish_and_wait
+from metering.kafka_types import Producer
 from metering.outbox import Outbox, Spool, identity_of
 from metering.processor import INGEST_ID_HEADER
 
@@ -64,6 +65,16 @@ def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
             stripped = line.strip()
             if stripped:
                 yield number, stripped
+
+
+def read_events(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(number, event JSON) of a file to ingest: a raw-events archive of `infermeter metering archive`
+    (`.parquet`: its events as stored, numbered by row), else JSON Lines (numbered by line)."""
+    if path.suffix.lower() == ".parquet":
+        from metering.archive import archived_lines
+
+        return archived_lines(path)
+    return read_lines(path)
 
 
 def publish_lines(

@@ -227,17 +227,10 @@ def billed(site) -> dict:
     """cust-a and cust-b billed for November on the per-token book (cust-b with 0.05 USD of prepaid
     credit); cust-a's first invoice voided and reissued, then paid, then credited on its first line
     (CREDITED_AT); cust-a has a monthly budget."""
-    from billing_service.run import (
-        assign_plan,
-        billing_run,
-        grant_credits,
-        issue_credit_note,
-        list_invoices,
-        record_payment_status,
-        set_customer,
-        show_invoice,
-        void_invoice,
-    )
+    from billing_service.credits import grant_credits, issue_credit_note
+    from billing_service.customers import assign_plan, set_customer
+    from billing_service.invoices import list_invoices, record_payment_status, show_invoice, void_invoice
+    from billing_service.run import billing_run
     from pricing_service.books import EXAMPLE_BOOKS_DIR
     from serving.budgets import set_budget
 

@@ -11,7 +11,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from metering import queries
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.processor import process
 from metering.writer import BatchWriter
 from tests.metering.conftest import dsn, meter, mixed_stream, request_event, snapshot
@@ -73,6 +73,7 @@ def test_writing_a_batch_twice_changes_nothing(settings):
 
 
 def test_late_events_land_in_their_own_hour_and_day(settings):
+    settings = settings.model_copy(update={"retention_months": 120})  # backfills of any age inside the retention
     on_time = [request_event(i, at=datetime(2026, 11, 2, 10, 15, tzinfo=UTC)) for i in range(3)]
     meter(settings, on_time)
     late = [
