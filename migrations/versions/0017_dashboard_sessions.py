@@ -1,7 +1,7 @@
 """dashboards: the sessions' record, so that signing out ends a session in every process
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 
 dashboard_sessions (dashboards/sessions.py): one row per dashboard sign-in, named by the id its signed
 cookie carries; signing out sets ended_at, and every process serving the pages checks a request's
@@ -13,8 +13,8 @@ to sign in.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
