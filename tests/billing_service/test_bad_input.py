@@ -57,6 +57,9 @@ CASES = [
      "cannot read the price book"),
     (["plans", "assign", "--customer", "acme", "--price-book", "{tmp}/broken.yaml", "--from", "2026-03-01"],
      "charges"),
+    (["plans", "assign", "--customer", "acme", "--price-book", "{tmp}/usd.yaml", "--from", "2026-01-01"],
+     "customer acme's first plan is in force from period 2026-02; a plan from 2026-01-01 (period 2026-01) would "
+     "bill the periods before it: pass --backdate to do so"),
     (["credits", "grant", "--customer", "acme", "--amount", "10.005"], "has more decimals than USD allows"),
     (["credits", "grant", "--customer", "yen", "--amount", "100.5"], "has more decimals than JPY allows"),
     (["credits", "grant", "--customer", "acme", "--amount", "-5"], "must be greater than zero"),
@@ -103,6 +106,8 @@ def test_bad_input_over_http_is_a_400_and_writes_nothing(conn, setup, api):
         ("POST", "/v1/billing/customers/nobody/plans", {"price_book": BOOK_YAML, "from": "2026-03-01"}, 404,
          "unknown customer"),
         ("POST", "/v1/billing/customers/acme/credits", {"amount": "1.001"}, 400, "more decimals"),
+        ("POST", "/v1/billing/customers/acme/plans", {"price_book": BOOK_YAML, "from": "2026-01-01"}, 400,
+         "would bill the periods before it: send \"backdate\": true to do so"),
         ("POST", "/v1/billing/customers/acme/credits", {"amount": "1e3"}, 400, "is not a decimal number"),
         ("POST", "/v1/billing/customers/acme/credits", {"amount": "9" * 32}, 400, "at most 26 fit"),
         ("POST", "/v1/billing/runs", {"period": "2026-1"}, 400, "YYYY-MM"),
