@@ -286,6 +286,10 @@ def events_ingest(
     (already metered), rejected (dead-lettered, plus bad lines). When this command had to start
     its own broker, it also runs the metering consumer and waits, since that broker dies with it.
 
+    Exit status 1 when no event of the file is metered: with --wait, none accepted nor already
+    metered (duplicates), i.e. every line rejected or the file empty; without it, none published.
+    The counts are printed all the same, then one `error:` line.
+
     With metered acknowledgement (INFERMETER_ACK; the default with the embedded broker) the events
     go to INFERMETER_HOME/spool/ingest.sqlite3 first and stay there until metering has recorded
     them: if the stack dies with events its broker had acknowledged, the next `infermeter up`
@@ -391,6 +395,12 @@ def events_ingest(
         _print_json(result)
     else:
         console.print(" ".join(f"{k}={v}" for k, v in result.items()))
+    metered = result["accepted"] + result["duplicates"] if "accepted" in result else result["published"]
+    if metered == 0:
+        err_console.print(f"[red]error:[/] no event of the file was {'metered' if 'accepted' in result else 'published'} "
+                          f"({result['rejected']} rejected): see the lines above and `infermeter events dead-letters`",
+                          soft_wrap=True, highlight=False)
+        raise typer.Exit(1)
 
 
 @events_app.command("dead-letters")

@@ -120,6 +120,8 @@ async def get_customer(request: Request, principal: PrincipalDep, customer_id: s
 class PlanBody(BaseModel):
     price_book: str = Field(description="the price book YAML text")
     from_: str = Field(alias="from", description="local date YYYY-MM-DD")
+    backdate: bool = Field(default=False, description="allow `from` before the customer's first plan "
+                           "(the periods in between are billed too)")
     source_name: str = "api"
 
 
@@ -130,7 +132,8 @@ async def post_plan(request: Request, principal: PrincipalDep, at: Now, customer
     _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
-        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at)
+        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at,
+                             backdate=body.backdate, backdate_hint='send "backdate": true')
         return {"customer_id": customer_id, "price_book": result.book.book.id,
                 "price_book_version": result.book.version, "effective_period": result.effective.label,
                 "created": result.created}

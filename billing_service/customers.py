@@ -117,11 +117,14 @@ class PlanAssignment:
 
 
 def assign_plan(
-    conn: psycopg.Connection, customer_id: str, book_text: str, source_name: str, from_date: str, *, now: datetime
+    conn: psycopg.Connection, customer_id: str, book_text: str, source_name: str, from_date: str, *, now: datetime,
+    backdate: bool = False, backdate_hint: str = "pass --backdate",
 ) -> PlanAssignment:
     """Give the customer a price book from a local date (in force from the first period boundary at
-    or after it). Refused for a book in another currency, and when a finalized invoice exists for a
-    period it would reach (a plan change never rewrites an issued invoice)."""
+    or after it). Refused for a book in another currency, when a finalized invoice exists for a
+    period it would reach (a plan change never rewrites an issued invoice), and, unless `backdate`,
+    from a period before the customer's first plan (it would bill those periods too; the refusal ends
+    with `backdate_hint`, how the caller's user says yes)."""
     now = checked_now(now)
     day = parse_local_date(from_date, "--from")
     customer = require_customer(conn, customer_id)
@@ -135,6 +138,12 @@ def assign_plan(
     with conn.transaction():
         lock_customer(conn, customer_id)
         assigned = plans(conn, customer_id)
+        first = min(assigned, key=lambda p: p.effective_at, default=None)
+        if first is not None and effective.start < first.effective_at and not backdate:
+            raise BillingServiceError(
+                f"customer {customer_id}'s first plan is in force from period {first.effective_period}; a plan from "
+                f"{from_date} (period {effective.label}) would bill the periods before it: {backdate_hint} to do so"
+            )
         finalized = conn.execute(
             "SELECT period, number, period_start FROM billing_invoices WHERE customer_id = %s AND status = ANY(%s) "
             "AND period_start >= %s ORDER BY period_start",
