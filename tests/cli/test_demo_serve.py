@@ -94,3 +94,21 @@ def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
     assert _left_behind(home) == {}
     with pytest.raises(OSError):  # nothing listens any more
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_demo_serve_on_a_port_taken_says_so_in_one_line_before_any_work():
+    home = Path(tempfile.mkdtemp(prefix="infermeter-demo-port-")) / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP")}
+    env.update(INFERMETER_HOME=str(home))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--requests", "10", "--serve", "--port",
+                               str(port)], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: port {port} on 127.0.0.1 (--port) is already in use: stop what listens there or set --port to a free port"
+    ], done.stderr
+    assert not (home / "pg").exists()
+    assert _left_behind(home, wait_s=0) == {}
