@@ -86,8 +86,9 @@ def up(
     `kill -9`; what such a kill leaves behind (PostgreSQL) is found and reused by the next `up`.
 
     With --serving it also starts N vLLM CPU replicas (--replicas), a replica agent for each and
-    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; they
-    stop first, before the broker (docs/serving.md, "One command").
+    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; a replica
+    that dies is restarted (with backoff); they stop first, before the broker (docs/serving.md,
+    "One command").
     """
     settings = get_settings()
     if not serving and (replicas != 1 or model is not None or customer != "local"):
@@ -203,8 +204,10 @@ def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serv
     if api:
         from app.api import create_app
 
-        serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
-                   host=settings.api_host, port=settings.api_port, log_level="warning")
+        api_app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)
+        if serving_stack is not None:
+            serving_stack.add_metrics_route(api_app)  # GET /metrics/serving: the replica restarts
+        serve_http(api_app, host=settings.api_host, port=settings.api_port, log_level="warning")
     else:
         console.print("running; Ctrl-C stops")
         wait_for_signal()

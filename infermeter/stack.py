@@ -261,19 +261,62 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return ""
 
 
-def stop_process_group(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    """SIGTERM a child started in its own process group, SIGKILL the group if it has not exited
-    within `timeout_s`."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
+def stop_process_group(process: subprocess.Popen, timeout_s: float = 15.0, grace_s: float = 5.0) -> list[int]:
+    """Stop a child started in a session of its own (`start_new_session=True`: its pid is its process
+    group's and its session's id) and everything left in that session; returns the pids of what was
+    left after the child itself had exited (`stop_session`).
+
+    A live child gets SIGTERM to its process group and `timeout_s` to exit (then SIGKILL). What is
+    still running in its session afterwards, or everything in it when the child had already died
+    (`kill -9`, a crash: vLLM's engine core, its workers and multiprocessing's resource tracker
+    outlive their server), gets SIGTERM, then SIGKILL after `grace_s`. A pid is not reused while a
+    process of its session lives, so the session of a child reaped here is still the child's; one
+    reaped earlier whose pid another process now holds has no session left to stop."""
+    if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+    elif process_stat(process.pid) is not None:
+        return []  # reaped before this call, and its pid is now another process's (so its session is empty)
+    return stop_session(process.pid, grace_s)
+
+
+def process_session(pid: int) -> int | None:
+    """The session id of a live process (None when it is gone or a zombie)."""
+    fields = process_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[3])  # field 6
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes (zombies left out) of session `sid`, read from /proc ([] without /proc)."""
+    with contextlib.suppress(OSError):
+        return [int(entry.name) for entry in Path("/proc").iterdir()
+                if entry.name.isdigit() and process_session(int(entry.name)) == sid]
+    return []
+
+
+def stop_session(sid: int, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM every live process of session `sid`, SIGKILL those still there after `grace_s`, and wait
+    (10 s at most) until none is left; returns the pids found at first. Only for a session this
+    process started (`stop_process_group`)."""
+    found = session_members(sid)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        left = session_members(sid)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = session_members(sid)
+        if not left:
+            break
+    return found
 
 
 def embedded_pgdata(settings: Settings) -> Path:
