@@ -88,23 +88,31 @@ def _run(args: argparse.Namespace, server: str) -> dict:
     return report
 
 
-def alternating_write_rates(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False) -> dict[str, float]:
+def alternating_write_rates(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False,
+                            setup=None, around=None) -> dict[str, float]:
     """Metering's BatchWriter rate (events/s, median over batches) for each name's (database URL,
     messages), written batch by batch in turn so all see the same minutes of this shared machine
     (`flip`: the order reverses every batch); the first batch of each warms partitions, temp tables
-    and plans and is not timed."""
+    and plans and is not timed. `setup(name, writer)` runs once per writer; `around(name)`, a context
+    manager, wraps each of that name's writes (a variant of the write path)."""
+    import contextlib
+
     writers = {name: BatchWriter(to_libpq_url(url), group_id=f"b{uuid.uuid4().hex[:6]}", max_bytes=65536,
                                  future_tolerance_s=300) for name, (url, _) in targets.items()}
+    for name, writer in writers.items():
+        if setup is not None:
+            setup(name, writer)
     seconds: dict[str, list[float]] = {name: [] for name in targets}
     order = list(targets)
     try:
         for n, start in enumerate(range(0, len(next(iter(targets.values()))[1]), BATCH)):
             for name in reversed(order) if flip and n % 2 else order:
                 ready = writers[name].prepare(targets[name][1][start:start + BATCH])
-                t = time.perf_counter()
-                writers[name].write(ready)
-                if n:
-                    seconds[name].append(time.perf_counter() - t)
+                with around(name) if around is not None else contextlib.nullcontext():
+                    t = time.perf_counter()
+                    writers[name].write(ready)
+                    if n:
+                        seconds[name].append(time.perf_counter() - t)
     finally:
         for writer in writers.values():
             writer.close()

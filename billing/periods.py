@@ -29,6 +29,9 @@ from infermeter.times import Window, ceil_hour, floor_hour  # noqa: F401 - Windo
 _LABEL = re.compile(r"(\d{4})-(\d{2})")
 MIN_YEAR = 1970
 MAX_YEAR = 9998  # the period of 9998-12 ends in 9999; one more would overflow datetime
+# (time zone, anchor day) of usage that no customer record places: unbilled usage of a customer
+# without a record, and the usage export's rows of such customers, are in UTC periods from day 1
+UTC_SCHEDULE = ("UTC", 1)
 
 
 @dataclass(frozen=True)
@@ -207,3 +210,13 @@ def whole_hours(period: Period | Window) -> Window | None:
     """The span of whole UTC hours inside a period (what the hourly rollups can serve), or None."""
     start, end = ceil_hour(period.start), floor_hour(period.end)
     return Window(start, end) if start < end else None
+
+
+# ---------------------------------------------------------------- the grace window
+
+
+def grace_over(period: Period, now: datetime, grace: timedelta) -> bool:
+    """True from the instant the grace window after the period ends: [period.end, period.end + grace)
+    is the window in which late usage still refreshes the draft, and at period.end + grace exactly the
+    invoice is due for finalization."""
+    return now >= period.end + grace

@@ -54,15 +54,18 @@ SCHEMA_SNAPSHOT = {
         SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, ''),
                coalesce(collation_name, ''), coalesce(numeric_precision, 0), coalesce(numeric_scale, 0)
         FROM information_schema.columns
-        WHERE table_schema = 'public' AND table_name <> 'alembic_version' AND table_name NOT LIKE 'raw\\_events\\_%'""",
+        WHERE table_schema = 'public' AND table_name <> 'alembic_version' AND table_name NOT LIKE 'raw\\_events\\_%'
+          AND table_name NOT LIKE 'event\\_keys\\_%'""",
     "constraints": """
         SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
         FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
         WHERE n.nspname = 'public' AND c.conrelid::regclass::text NOT IN ('alembic_version')
-          AND c.conrelid::regclass::text NOT LIKE 'raw\\_events\\_%'""",
+          AND c.conrelid::regclass::text NOT LIKE 'raw\\_events\\_%'
+          AND c.conrelid::regclass::text NOT LIKE 'event\\_keys\\_%'""",
     "indexes": """
         SELECT tablename, indexname, indexdef FROM pg_indexes
-        WHERE schemaname = 'public' AND tablename <> 'alembic_version' AND tablename NOT LIKE 'raw\\_events\\_%'""",
+        WHERE schemaname = 'public' AND tablename <> 'alembic_version' AND tablename NOT LIKE 'raw\\_events\\_%'
+          AND tablename NOT LIKE 'event\\_keys\\_%'""",
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid)
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'""",
@@ -73,7 +76,7 @@ SCHEMA_SNAPSHOT = {
 
 
 def _schema(url: str) -> dict[str, list[tuple]]:
-    """The public schema as the catalog sees it (runtime partitions of raw_events left out)."""
+    """The public schema as the catalog sees it (runtime partitions of raw_events and event_keys left out)."""
     with psycopg.connect(to_libpq_url(url)) as conn:
         return {part: sorted(conn.execute(sql).fetchall()) for part, sql in SCHEMA_SNAPSHOT.items()}
 
@@ -106,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -136,6 +139,9 @@ def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drif
                          "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
             conn.execute("INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload) "
                          "VALUES ('2026-11-02T00:00:00Z', 's', 'e', 't', 'c', '{}')")
+            conn.execute("CREATE TABLE event_keys_2026_11 PARTITION OF event_keys (PRIMARY KEY (source, event_id)) "
+                         "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
+            conn.execute("INSERT INTO event_keys VALUES ('s', 'e', '2026-11-02T00:00:00Z')")
             conn.execute("INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour) "
                          "VALUES ('c', 'm', 'd', '2026-11-01T00:00:00Z')")
             conn.execute("INSERT INTO api_keys (key_id, customer_id, secret_sha256, display_prefix) "
