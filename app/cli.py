@@ -116,7 +116,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
     pid_file.start_run()
     try:
         with open_stack(settings, pid_file=pid_file) as stack:
-            from metering.outbox import ack_mode, outbox_for
+            from metering.publisher import ack_mode, outbox_for
 
             # The acknowledgement mode follows what was configured, not the broker this stack filled in.
             ack = ack_mode(settings)
@@ -243,7 +243,7 @@ def serve_api(
 ) -> None:
     """Serve the HTTP API alone (events, usage, tasks, dead letters, pricing shadow)."""
     from app.api import create_app
-    from metering.outbox import ack_mode
+    from metering.publisher import ack_mode
 
     settings = get_settings()
     settings.check_listen_address(host or settings.api_host)  # no development credentials off loopback
@@ -317,7 +317,8 @@ def events_ingest(
         wait_for_receipt,
     )
     from metering.kafka import ensure_topics, make_producer
-    from metering.outbox import Spool, ack_mode, outbox_for, spool_dir
+    from metering.publisher import ack_mode, outbox_for
+    from metering.spool import Spool, spool_dir
 
     if not file.is_file():
         raise CliError(f"{file}: no such file")

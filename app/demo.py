@@ -359,7 +359,7 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
         if serve:
             from app.api import create_app
             from infermeter.stack import serve_http
-            from metering.outbox import ack_mode
+            from metering.publisher import ack_mode
 
             run_settings = run_settings.model_copy(update={"ack": ack_mode(settings)})
             app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)

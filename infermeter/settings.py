@@ -369,7 +369,7 @@ class Settings(BaseSettings):
         description="Issuer prefix of invoice numbers (PREFIX-YYYY-NNNNNN, gapless per prefix and year).",
     )
 
-    # --- billing: Stripe adapter and webhooks (billing_service/stripe_*.py, docs/billing-stripe.md) --
+    # --- billing: Stripe adapter and webhooks (billing_service/stripe/, docs/billing-stripe.md) --
     stripe_api_key: str | None = Field(
         default=None,
         validation_alias="INFERMETER_STRIPE_API_KEY",
