@@ -148,6 +148,9 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             from prediction_service.schedule import RefitSchedule
 
             refits = RefitSchedule(run_settings, stack.database_url).start()  # INFERMETER_PREDICT_REFIT_INTERVAL_S
+            from alerts.schedule import AlertSchedule
+
+            alerting = AlertSchedule(run_settings, stack.database_url).start()  # INFERMETER_ALERT_INTERVAL_S
             serving_stack = None
             if serving is not None:  # after the stack file: the agents and the gateway find the stack by it
                 from app.serving_stack import ServingStack
@@ -161,6 +164,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             finally:
                 guard.stopping = True  # no signal may cut the clean-up short
                 refits.stop()
+                alerting.stop()
                 if serving_stack is not None:  # before the broker stops: the gateway's last events go out
                     serving_stack.stop()
                 if retention is not None:  # stops between two batches of a file: the month stays whole
@@ -685,6 +689,7 @@ def _mount_optional_apps() -> None:
     """The other packages' command groups (imported here, not at module load, to keep start-up light)."""
     if getattr(_mount_optional_apps, "done", False):
         return
+    from alerts.cli import app as alerts_cli
     from app.replay import replay_app
     from billing_service.cli import APPS as billing_apps
     from prediction_service.cli import app as predict_cli
@@ -698,6 +703,7 @@ def _mount_optional_apps() -> None:
 
     app.add_typer(pricing_cli, name="pricing")
     app.add_typer(predict_cli, name="predict")
+    app.add_typer(alerts_cli, name="alerts")
     app.command("quote")(quote_command)
     app.add_typer(cost_app, name="cost")
     app.add_typer(serve_app, name="serve")
