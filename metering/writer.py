@@ -20,9 +20,21 @@ import psycopg
 
 from infermeter.times import month_start, next_month
 from metering.kafka import Message, TopicPartition
+from metering.period_totals import (
+    BATCH_TASK_CHANGES,
+    LOCK_CALENDARS_SHARED,
+    REQUEST_COUNTS,
+    REQUEST_FIELDS,
+    REQUEST_SUMS,
+    USAGE_FIELDS,
+    add_counts,
+    located,
+    move_tasks,
+    period_of,
+)
 from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
-STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload")
+STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload", "task_id")
 GPU_STAGE_COLUMNS = (
     "seq", "customer_id", "deployment_id", "replica_id", "gpu_type", "hour",
     "gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms",
@@ -31,7 +43,8 @@ GPU_STAGE_COLUMNS = (
 CREATE_STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS stage (
     seq int NOT NULL, source text COLLATE "C" NOT NULL, event_id text COLLATE "C" NOT NULL, type text NOT NULL,
-    customer_id text COLLATE "C" NOT NULL, occurred_at timestamptz NOT NULL, payload text NOT NULL
+    customer_id text COLLATE "C" NOT NULL, occurred_at timestamptz NOT NULL, payload text NOT NULL,
+    task_id text COLLATE "C"
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
     seq int NOT NULL, customer_id text COLLATE "C" NOT NULL, deployment_id text COLLATE "C" NOT NULL,
@@ -41,19 +54,51 @@ CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
 ) ON COMMIT DELETE ROWS;
 """
 
-_ADD = lambda table, cols: ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in cols)  # noqa: E731
-_REQUEST_COUNTS = (
-    "requests", "requests_ok", "requests_error", "requests_cancelled", "requests_rejected",
-    "input_tokens", "cached_input_tokens", "output_tokens",
-    "retry_requests", "retry_input_tokens", "retry_cached_input_tokens", "retry_output_tokens",
-)
+_ADD = add_counts
+_REQUEST_COUNTS = REQUEST_COUNTS
 _REGION_COUNTS = ("requests", "requests_rejected", "input_tokens", "cached_input_tokens", "output_tokens")
 _GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals",
                "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms")
 
+# The period totals (metering.period_totals), extra CTEs of the same statement: each distinct
+# (customer, UTC hour) of the fresh request and usage events and dedicated GPU slices is located among
+# its customer's periods once, then each event counts in the period of its occurred_at, each GPU slice
+# in the period of its hour's start.
+PERIOD_TOTALS_CTES = f"""
+), period_hours AS (
+    SELECT DISTINCT customer_id, hour FROM fresh WHERE type IN ('infermeter.request.v1', 'infermeter.usage.v1')
+    UNION
+    SELECT g.customer_id, g.hour FROM stage_gpu g JOIN fresh f USING (seq) WHERE g.customer_id <> ''
+), located AS (
+    {located("period_hours")}
+), request_periods AS (
+    INSERT INTO request_period_totals AS rp (customer_id, period_start, model, deployment_id, project,
+                                             {", ".join(_REQUEST_COUNTS)})
+    SELECT r.customer_id, {period_of("r.occurred_at")}, r.model, r.deployment_id, r.project,
+           {REQUEST_SUMS}
+    FROM req r JOIN located l USING (customer_id, hour)
+    GROUP BY 1, 2, 3, 4, 5
+    ORDER BY 1, 2, 3, 4, 5
+    ON CONFLICT (customer_id, period_start, model, deployment_id, project) DO UPDATE SET {_ADD("rp", _REQUEST_COUNTS)}
+), usage_periods AS (
+    INSERT INTO usage_period_totals AS up (customer_id, period_start, meter, quantity, events)
+    SELECT u.customer_id, {period_of("u.occurred_at")}, u.meter, sum(u.quantity), count(*)
+    FROM used u JOIN located l USING (customer_id, hour)
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3
+    ON CONFLICT (customer_id, period_start, meter) DO UPDATE SET {_ADD("up", ("quantity", "events"))}
+), gpu_periods AS (
+    INSERT INTO gpu_period_totals AS gp (customer_id, period_start, deployment_id, gpu_type, gpu_ms)
+    SELECT g.customer_id, {period_of("g.hour")}, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
+    FROM stage_gpu g JOIN fresh f USING (seq) JOIN located l ON l.customer_id = g.customer_id AND l.hour = g.hour
+    GROUP BY 1, 2, 3, 4
+    ORDER BY 1, 2, 3, 4
+    ON CONFLICT (customer_id, period_start, deployment_id, gpu_type) DO UPDATE SET {_ADD("gp", ("gpu_ms",))}
+"""
+
 # One statement: claim identities, then every table fed from the fresh events only. Every upsert
 # visits its rows in key order, so concurrent writers lock shared rows in one order (no deadlock).
-WRITE_BATCH = f"""
+WRITE_BATCH_TEMPLATE = f"""
 WITH fresh_keys AS (
     INSERT INTO event_keys (source, event_id, occurred_at)
     SELECT source, event_id, occurred_at FROM stage
@@ -66,13 +111,7 @@ WITH fresh_keys AS (
     FROM stage s JOIN fresh_keys k USING (source, event_id)
 ), req AS (
     SELECT customer_id, occurred_at, hour,
-           payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
-           payload->'data'->>'status' AS status, payload->'data'->>'task_id' AS task_id,
-           payload->'data'->>'region' AS region,
-           coalesce((payload->'data'->>'attempt')::int, 1) AS attempt,
-           (payload->'data'->>'input_tokens')::bigint AS input_tokens,
-           (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
-           (payload->'data'->>'output_tokens')::bigint AS output_tokens
+           {REQUEST_FIELDS}
     FROM fresh WHERE type = 'infermeter.request.v1'
 ), outcome AS (
     SELECT customer_id, source, event_id, payload->'data'->>'task_id' AS task_id,
@@ -80,8 +119,7 @@ WITH fresh_keys AS (
            payload->'data'->>'failure_cause' AS failure_cause
     FROM fresh WHERE type = 'infermeter.task.v1'
 ), used AS (
-    SELECT customer_id, hour, payload->'data'->>'meter' AS meter, payload->'data'->>'task_id' AS task_id,
-           (payload->'data'->>'quantity')::numeric AS quantity
+    SELECT customer_id, occurred_at, hour, {USAGE_FIELDS}
     FROM fresh WHERE type = 'infermeter.usage.v1'
 ), raw AS (
     INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload)
@@ -89,16 +127,7 @@ WITH fresh_keys AS (
 ), requests AS (
     INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, {", ".join(_REQUEST_COUNTS)})
     SELECT customer_id, model, deployment_id, hour,
-           count(*),
-           count(*) FILTER (WHERE status = 'ok'),
-           count(*) FILTER (WHERE status = 'error'),
-           count(*) FILTER (WHERE status = 'cancelled'),
-           count(*) FILTER (WHERE status = 'rejected'),
-           sum(input_tokens), sum(cached_input_tokens), sum(output_tokens),
-           count(*) FILTER (WHERE attempt > 1),
-           coalesce(sum(input_tokens) FILTER (WHERE attempt > 1), 0),
-           coalesce(sum(cached_input_tokens) FILTER (WHERE attempt > 1), 0),
-           coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)
+           {REQUEST_SUMS}
     FROM req
     GROUP BY customer_id, model, deployment_id, hour
     ORDER BY customer_id, model, deployment_id, hour
@@ -161,9 +190,12 @@ WITH fresh_keys AS (
     GROUP BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ORDER BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ON CONFLICT (customer_id, deployment_id, replica_id, gpu_type, hour) DO UPDATE SET {_ADD("g", _GPU_COUNTS)}
-)
+{{period_totals}})
 SELECT seq FROM fresh
 """
+WRITE_BATCH = WRITE_BATCH_TEMPLATE.replace("{period_totals}", PERIOD_TOTALS_CTES)
+# Without the period totals: the write as it was before them (bench.ingest's comparison only).
+WRITE_BATCH_WITHOUT_TOTALS = WRITE_BATCH_TEMPLATE.replace("{period_totals}", "")
 
 LOCK_OFFSETS = """
 SELECT partition, next_offset FROM consumer_offsets
@@ -217,8 +249,11 @@ class WriteResult:
 class BatchWriter:
     """Owns one Postgres connection; `write(messages)` commits one batch or raises."""
 
-    def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None):
+    def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None,
+                 period_totals: bool = True):
         self.dsn = dsn
+        # False only to measure what the totals cost (bench.ingest): the totals are then left behind.
+        self.period_totals = period_totals
         self.group_id = group_id
         self.max_bytes = max_bytes
         self.future_tolerance_s = future_tolerance_s
@@ -369,8 +404,15 @@ class BatchWriter:
             with cur.copy(f"COPY stage_gpu ({', '.join(GPU_STAGE_COLUMNS)}) FROM STDIN") as copy:
                 for row in batch.gpu_rows:
                     copy.write_row(row)
+        if not self.period_totals:
+            cur.execute(WRITE_BATCH_WITHOUT_TOTALS)
+            return [row[0] for row in cur.fetchall()]
+        cur.execute(LOCK_CALENDARS_SHARED)  # before the statement: its snapshot sees the committed calendars
         cur.execute(WRITE_BATCH)
-        return [row[0] for row in cur.fetchall()]
+        fresh = [row[0] for row in cur.fetchall()]
+        if batch.names_tasks:
+            move_tasks(cur, BATCH_TASK_CHANGES)  # sees the outcomes and attempts the statement just wrote
+        return fresh
 
     def _dead_letters(self, cur: psycopg.Cursor, batch: ProcessedBatch) -> None:
         if batch.dead_letters:
