@@ -338,3 +338,53 @@ def test_kill_9_between_the_totals_write_and_the_commit_counts_nothing_twice(set
         assert totals_snapshot(conn) == once
     assert snapshot(settings) == rollups
 
+
+# --- `infermeter metering rebuild-totals` --------------------------------------------------------
+
+
+def rebuild_cli(db_url: str, *args: str):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"}
+    env["DATABASE_URL"] = db_url
+    return subprocess.run([sys.executable, "-m", "app.cli", "metering", "rebuild-totals", *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_rebuild_totals_command_restores_lost_totals_and_says_what_it_did(db_url, conn):
+    import json
+
+    give_calendar(conn, "kol", *SCHEDULES["kol"])
+    ev = Events("cli")
+    first, late = scenario(ev, "kol")
+    other_first, other_late = scenario(ev, "plain")
+    writer = writer_for(db_url)
+    writer.write(ev.messages(first + late + other_first + other_late))
+    writer.close()
+    kept_by_ingest = totals_snapshot(conn)
+    for table in ("request_period_totals", "usage_period_totals", "task_period_totals", "gpu_period_totals"):
+        conn.execute(f"DELETE FROM {table}")
+    conn.execute("UPDATE task_outcomes SET counted_period = NULL, counted_outcome = NULL, counted_attempts = 0")
+    conn.commit()
+
+    one = rebuild_cli(db_url, "--customer", "kol", "--customer", "nobody", "--json")
+    assert one.returncode == 0, one.stderr
+    report = json.loads(one.stdout)
+    assert [c["customer_id"] for c in report["customers"]] == ["kol", "nobody"]
+    assert report["customers"][1] == {"customer_id": "nobody", "request_rows": 0, "usage_rows": 0, "task_rows": 0,
+                                      "gpu_rows": 0}
+    assert report["rows"] == sum(row[0] == "kol" for table, rows in kept_by_ingest.items() if table != "task_outcomes"
+                                 for row in rows) > 0
+    check_customer(conn, "kol", SCHEDULES["kol"])
+
+    every = rebuild_cli(db_url, "--all")
+    assert every.returncode == 0, every.stderr
+    assert "period totals rebuilt: 2 customers" in every.stdout
+    assert totals_snapshot(conn) == kept_by_ingest
+
+    for args, message in (((), "name the customers to rebuild with --customer C"),
+                          (("--all", "--customer", "kol"), "name the customers to rebuild with --customer C")):
+        refused = rebuild_cli(db_url, *args)
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines() == [f"error: {message} (repeatable), or give --all"]
