@@ -52,16 +52,20 @@ REQUEST_FIELDS = """payload->'data'->>'model' AS model, payload->'data'->>'deplo
            (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
            (payload->'data'->>'output_tokens')::bigint AS output_tokens"""
 # REQUEST_COUNTS of a group of request rows (REQUEST_FIELDS), in that order.
-REQUEST_SUMS = """count(*),
-           count(*) FILTER (WHERE status = 'ok'),
-           count(*) FILTER (WHERE status = 'error'),
-           count(*) FILTER (WHERE status = 'cancelled'),
-           count(*) FILTER (WHERE status = 'rejected'),
-           sum(input_tokens), sum(cached_input_tokens), sum(output_tokens),
-           count(*) FILTER (WHERE attempt > 1),
-           coalesce(sum(input_tokens) FILTER (WHERE attempt > 1), 0),
-           coalesce(sum(cached_input_tokens) FILTER (WHERE attempt > 1), 0),
-           coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)"""
+_REQUEST_SUM_OF = (
+    "count(*)",
+    "count(*) FILTER (WHERE status = 'ok')",
+    "count(*) FILTER (WHERE status = 'error')",
+    "count(*) FILTER (WHERE status = 'cancelled')",
+    "count(*) FILTER (WHERE status = 'rejected')",
+    "sum(input_tokens)", "sum(cached_input_tokens)", "sum(output_tokens)",
+    "count(*) FILTER (WHERE attempt > 1)",
+    "coalesce(sum(input_tokens) FILTER (WHERE attempt > 1), 0)",
+    "coalesce(sum(cached_input_tokens) FILTER (WHERE attempt > 1), 0)",
+    "coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)",
+)
+REQUEST_SUMS = ",\n           ".join(_REQUEST_SUM_OF)
+REQUEST_SUMS_NAMED = ",\n           ".join(f"{e} AS {c}" for e, c in zip(_REQUEST_SUM_OF, REQUEST_COUNTS, strict=True))
 USAGE_FIELDS = """payload->'data'->>'meter' AS meter, payload->'data'->>'task_id' AS task_id,
            (payload->'data'->>'quantity')::numeric AS quantity"""
 
@@ -105,6 +109,56 @@ def period_of(instant: str, hour: str = "l") -> str:
 def whole(hour: str = "l") -> str:
     """Whether every instant of the `located` row's hour is in one period (the hourly rollup row is enough)."""
     return (f"({hour}.p2_start IS NULL AND ({hour}.p1_end IS NULL OR {hour}.p1_end >= {hour}.hour + interval '1 hour'))")
+
+
+# --- requests and usage meters per period ------------------------------------------------------
+# The rows to add up per period, from a relation of hourly sums (`hourly`: customer_id, hour and the
+# counts) for the hours inside one period, and from a relation of events (`events`: customer_id, hour,
+# occurred_at and the fields) for the hours a period boundary splits, both joined to a CTE `located`
+# over their hours. Hours are grouped first, so only a split hour's events are placed one by one
+# (ingest: the batch's rows; a rebuild: the rollups and the split hours' raw events).
+
+
+def request_period_rows(hourly: str, events: str) -> str:
+    """SELECT (customer_id, period_start, model, deployment_id, project, *REQUEST_COUNTS), in key order."""
+    return f"""SELECT customer_id, period_start, model, deployment_id, project,
+           {", ".join(f"sum({c})" for c in REQUEST_COUNTS)}
+    FROM (
+        SELECT h.customer_id, {period_of("h.hour")} AS period_start, h.model, h.deployment_id, h.project,
+               {", ".join(f"h.{c}" for c in REQUEST_COUNTS)}
+        FROM {hourly} h JOIN located l USING (customer_id, hour) WHERE {whole()}
+        UNION ALL
+        SELECT e.customer_id, {period_of("e.occurred_at")}, e.model, e.deployment_id, e.project,
+               {REQUEST_SUMS}
+        FROM {events} e JOIN located l USING (customer_id, hour) WHERE NOT {whole()}
+        GROUP BY 1, 2, 3, 4, 5
+    ) AS p
+    GROUP BY 1, 2, 3, 4, 5
+    ORDER BY 1, 2, 3, 4, 5"""
+
+
+def usage_period_rows(hourly: str, events: str) -> str:
+    """SELECT (customer_id, period_start, meter, quantity, events), in key order."""
+    return f"""SELECT customer_id, period_start, meter, sum(quantity), sum(events)
+    FROM (
+        SELECT h.customer_id, {period_of("h.hour")} AS period_start, h.meter, h.quantity, h.events
+        FROM {hourly} h JOIN located l USING (customer_id, hour) WHERE {whole()}
+        UNION ALL
+        SELECT e.customer_id, {period_of("e.occurred_at")}, e.meter, sum(e.quantity), count(*)
+        FROM {events} e JOIN located l USING (customer_id, hour) WHERE NOT {whole()}
+        GROUP BY 1, 2, 3
+    ) AS p
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3"""
+
+
+def gpu_period_rows(slices: str) -> str:
+    """SELECT (customer_id, period_start, deployment_id, gpu_type, gpu_ms) from hourly GPU slices (an
+    hour's slice counts in the period of the hour's start), in key order."""
+    return f"""SELECT g.customer_id, {period_of("g.hour")}, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
+    FROM {slices} g JOIN located l USING (customer_id, hour)
+    GROUP BY 1, 2, 3, 4
+    ORDER BY 1, 2, 3, 4"""
 
 
 # --- tasks at outcome time -------------------------------------------------------------------------
@@ -183,68 +237,44 @@ def move_tasks(cur: psycopg.Cursor, statement: str, params: dict | None = None) 
 # events of those hours. raw_events has no index by customer (only by time), so reading a customer's
 # raw events alone would scan every customer's.
 
-_REBUILD_REQUESTS = f"""
-WITH hours AS (
-    SELECT DISTINCT customer_id, hour FROM request_rollup_hourly WHERE customer_id = %(customer)s
-), located AS (
-    {located("hours")}
-), whole_hours AS (
-    SELECT r.customer_id, {period_of("r.hour")} AS period_start, r.model, r.deployment_id, '' AS project,
-           {", ".join(f"r.{c}" for c in REQUEST_COUNTS)}
-    FROM request_rollup_hourly r JOIN located l USING (customer_id, hour)
-    WHERE r.customer_id = %(customer)s AND {whole()}
-), split_events AS (
-    SELECT e.customer_id, e.occurred_at, l.p1_start, l.p1_end, l.p2_start, {REQUEST_FIELDS}
+_SPLIT_RAW_EVENTS = """(
+    SELECT e.customer_id, l.hour, e.occurred_at, {fields}
     FROM located l JOIN raw_events e
       ON e.customer_id = l.customer_id AND e.occurred_at >= l.hour AND e.occurred_at < l.hour + interval '1 hour'
-    WHERE NOT {whole()} AND e.type = 'infermeter.request.v1'
-), split_hours AS (
-    SELECT customer_id, {period_of("occurred_at", "split_events")} AS period_start, model, deployment_id, project,
-           {REQUEST_SUMS}
-    FROM split_events GROUP BY 1, 2, 3, 4, 5
+    WHERE NOT {whole} AND e.type = '{type}'
+)"""
+_REBUILD_REQUESTS = f"""
+WITH hourly AS (
+    SELECT *, '' AS project FROM request_rollup_hourly WHERE customer_id = %(customer)s
+), hours AS (
+    SELECT DISTINCT customer_id, hour FROM hourly
+), located AS (
+    {located("hours")}
 )
 INSERT INTO request_period_totals (customer_id, period_start, model, deployment_id, project, {", ".join(REQUEST_COUNTS)})
-SELECT customer_id, period_start, model, deployment_id, project, {", ".join(f"sum({c})" for c in REQUEST_COUNTS)}
-FROM (SELECT * FROM whole_hours UNION ALL SELECT * FROM split_hours) AS u
-GROUP BY 1, 2, 3, 4, 5
-ORDER BY 1, 2, 3, 4, 5
+{request_period_rows("hourly", _SPLIT_RAW_EVENTS.format(fields=REQUEST_FIELDS, whole=whole(), type="infermeter.request.v1"))}
 """
 _REBUILD_USAGE = f"""
-WITH hours AS (
-    SELECT DISTINCT customer_id, hour FROM usage_rollup_hourly WHERE customer_id = %(customer)s
+WITH hourly AS (
+    SELECT * FROM usage_rollup_hourly WHERE customer_id = %(customer)s
+), hours AS (
+    SELECT DISTINCT customer_id, hour FROM hourly
 ), located AS (
     {located("hours")}
-), whole_hours AS (
-    SELECT u.customer_id, {period_of("u.hour")} AS period_start, u.meter, u.quantity, u.events
-    FROM usage_rollup_hourly u JOIN located l USING (customer_id, hour)
-    WHERE u.customer_id = %(customer)s AND {whole()}
-), split_events AS (
-    SELECT e.customer_id, e.occurred_at, l.p1_start, l.p1_end, l.p2_start, {USAGE_FIELDS}
-    FROM located l JOIN raw_events e
-      ON e.customer_id = l.customer_id AND e.occurred_at >= l.hour AND e.occurred_at < l.hour + interval '1 hour'
-    WHERE NOT {whole()} AND e.type = 'infermeter.usage.v1'
-), split_hours AS (
-    SELECT customer_id, {period_of("occurred_at", "split_events")} AS period_start, meter, sum(quantity), count(*)
-    FROM split_events GROUP BY 1, 2, 3
 )
 INSERT INTO usage_period_totals (customer_id, period_start, meter, quantity, events)
-SELECT customer_id, period_start, meter, sum(quantity), sum(events)
-FROM (SELECT * FROM whole_hours UNION ALL SELECT * FROM split_hours) AS u
-GROUP BY 1, 2, 3
-ORDER BY 1, 2, 3
+{usage_period_rows("hourly", _SPLIT_RAW_EVENTS.format(fields=USAGE_FIELDS, whole=whole(), type="infermeter.usage.v1"))}
 """
 _REBUILD_GPU = f"""
-WITH hours AS (
-    SELECT DISTINCT customer_id, hour FROM gpu_ledger_hourly WHERE customer_id = %(customer)s AND customer_id <> ''
+WITH slices AS (
+    SELECT * FROM gpu_ledger_hourly WHERE customer_id = %(customer)s AND customer_id <> ''
+), hours AS (
+    SELECT DISTINCT customer_id, hour FROM slices
 ), located AS (
     {located("hours")}
 )
 INSERT INTO gpu_period_totals (customer_id, period_start, deployment_id, gpu_type, gpu_ms)
-SELECT g.customer_id, {period_of("g.hour")}, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
-FROM gpu_ledger_hourly g JOIN located l USING (customer_id, hour)
-WHERE g.customer_id = %(customer)s
-GROUP BY 1, 2, 3, 4
-ORDER BY 1, 2, 3, 4
+{gpu_period_rows("slices")}
 """
 _FORGET_TASK_SHARES = """
 UPDATE task_outcomes SET counted_period = NULL, counted_outcome = NULL, counted_attempts = 0

@@ -26,11 +26,14 @@ from metering.period_totals import (
     REQUEST_COUNTS,
     REQUEST_FIELDS,
     REQUEST_SUMS,
+    REQUEST_SUMS_NAMED,
     USAGE_FIELDS,
     add_counts,
+    gpu_period_rows,
     located,
     move_tasks,
-    period_of,
+    request_period_rows,
+    usage_period_rows,
 )
 from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
@@ -65,34 +68,31 @@ _GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "inter
 # its customer's periods once, then each event counts in the period of its occurred_at, each GPU slice
 # in the period of its hour's start.
 PERIOD_TOTALS_CTES = f"""
+), gpu_slices AS (
+    SELECT g.customer_id, g.hour, g.deployment_id, g.gpu_type, g.gpu_ms
+    FROM stage_gpu g JOIN fresh f USING (seq) WHERE g.customer_id <> ''
+), usage_hours AS (
+    SELECT customer_id, hour, meter, sum(quantity) AS quantity, count(*) AS events FROM used GROUP BY 1, 2, 3
 ), period_hours AS (
-    SELECT DISTINCT customer_id, hour FROM fresh WHERE type IN ('infermeter.request.v1', 'infermeter.usage.v1')
+    SELECT customer_id, hour FROM request_hours
     UNION
-    SELECT g.customer_id, g.hour FROM stage_gpu g JOIN fresh f USING (seq) WHERE g.customer_id <> ''
+    SELECT customer_id, hour FROM usage_hours
+    UNION
+    SELECT customer_id, hour FROM gpu_slices
 ), located AS (
     {located("period_hours")}
 ), request_periods AS (
     INSERT INTO request_period_totals AS rp (customer_id, period_start, model, deployment_id, project,
                                              {", ".join(_REQUEST_COUNTS)})
-    SELECT r.customer_id, {period_of("r.occurred_at")}, r.model, r.deployment_id, r.project,
-           {REQUEST_SUMS}
-    FROM req r JOIN located l USING (customer_id, hour)
-    GROUP BY 1, 2, 3, 4, 5
-    ORDER BY 1, 2, 3, 4, 5
+    {request_period_rows("request_hours", "req")}
     ON CONFLICT (customer_id, period_start, model, deployment_id, project) DO UPDATE SET {_ADD("rp", _REQUEST_COUNTS)}
 ), usage_periods AS (
     INSERT INTO usage_period_totals AS up (customer_id, period_start, meter, quantity, events)
-    SELECT u.customer_id, {period_of("u.occurred_at")}, u.meter, sum(u.quantity), count(*)
-    FROM used u JOIN located l USING (customer_id, hour)
-    GROUP BY 1, 2, 3
-    ORDER BY 1, 2, 3
+    {usage_period_rows("usage_hours", "used")}
     ON CONFLICT (customer_id, period_start, meter) DO UPDATE SET {_ADD("up", ("quantity", "events"))}
 ), gpu_periods AS (
     INSERT INTO gpu_period_totals AS gp (customer_id, period_start, deployment_id, gpu_type, gpu_ms)
-    SELECT g.customer_id, {period_of("g.hour")}, g.deployment_id, g.gpu_type, sum(g.gpu_ms)
-    FROM stage_gpu g JOIN fresh f USING (seq) JOIN located l ON l.customer_id = g.customer_id AND l.hour = g.hour
-    GROUP BY 1, 2, 3, 4
-    ORDER BY 1, 2, 3, 4
+    {gpu_period_rows("gpu_slices")}
     ON CONFLICT (customer_id, period_start, deployment_id, gpu_type) DO UPDATE SET {_ADD("gp", ("gpu_ms",))}
 """
 
@@ -124,13 +124,9 @@ WITH fresh_keys AS (
 ), raw AS (
     INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload)
     SELECT occurred_at, source, event_id, type, customer_id, payload FROM fresh
-), requests AS (
+{{request_hours}}), requests AS (
     INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, {", ".join(_REQUEST_COUNTS)})
-    SELECT customer_id, model, deployment_id, hour,
-           {REQUEST_SUMS}
-    FROM req
-    GROUP BY customer_id, model, deployment_id, hour
-    ORDER BY customer_id, model, deployment_id, hour
+    {{request_rollup_rows}}
     ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
 ), regions AS (
     INSERT INTO request_region_hourly AS rg (customer_id, model, deployment_id, region, hour, {", ".join(_REGION_COUNTS)})
@@ -193,9 +189,40 @@ WITH fresh_keys AS (
 {{period_totals}})
 SELECT seq FROM fresh
 """
-WRITE_BATCH = WRITE_BATCH_TEMPLATE.replace("{period_totals}", PERIOD_TOTALS_CTES)
+
+# With the totals, the request events are grouped once per customer x hour x model x deployment x
+# project; the hourly rollup and the period totals both add up those groups.
+REQUEST_HOURS_CTE = f"""), request_hours AS (
+    SELECT customer_id, hour, model, deployment_id, project,
+           {REQUEST_SUMS_NAMED}
+    FROM req
+    GROUP BY customer_id, hour, model, deployment_id, project
+"""
+_ROLLUP_FROM_EVENTS = f"""SELECT customer_id, model, deployment_id, hour,
+           {REQUEST_SUMS}
+    FROM req
+    GROUP BY customer_id, model, deployment_id, hour
+    ORDER BY customer_id, model, deployment_id, hour"""
+_ROLLUP_FROM_HOURS = f"""SELECT customer_id, model, deployment_id, hour,
+           {", ".join(f"sum({c})" for c in _REQUEST_COUNTS)}
+    FROM request_hours
+    GROUP BY customer_id, model, deployment_id, hour
+    ORDER BY customer_id, model, deployment_id, hour"""
+
+
+def _write_batch(period_totals: bool) -> str:
+    parts = {"{request_hours}": REQUEST_HOURS_CTE if period_totals else "",
+             "{request_rollup_rows}": _ROLLUP_FROM_HOURS if period_totals else _ROLLUP_FROM_EVENTS,
+             "{period_totals}": PERIOD_TOTALS_CTES if period_totals else ""}
+    statement = WRITE_BATCH_TEMPLATE
+    for placeholder, text in parts.items():
+        statement = statement.replace(placeholder, text)
+    return statement
+
+
+WRITE_BATCH = _write_batch(period_totals=True)
 # Without the period totals: the write as it was before them (bench.ingest's comparison only).
-WRITE_BATCH_WITHOUT_TOTALS = WRITE_BATCH_TEMPLATE.replace("{period_totals}", "")
+WRITE_BATCH_WITHOUT_TOTALS = _write_batch(period_totals=False)
 
 LOCK_OFFSETS = """
 SELECT partition, next_offset FROM consumer_offsets
