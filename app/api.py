@@ -8,20 +8,24 @@
     serving          GET /v1/deployments/{id}/capacity, GET and PUT /v1/customers/{id}/residency (admin)
     dashboards       the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering;
                      billing's parts of them (invoices, current-period spend, the customer's own book, the
-                     finance page and its exports) come from billing_service and are plugged in here
-                     (dashboards never imports billing_service)
+                     finance page and its exports) come from billing_service, built by `dashboard_billing`
+                     and put on the state as `billing` (dashboards never imports billing_service: the pages
+                     declare what they need of billing as a protocol)
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
-resolves bearer tokens), `publisher` (the event-bus publisher, None without a broker),
-`stripe_webhook_events` (the webhook's event log), `stripe_status_port` (records paid / payment_failed /
-void through billing_service, on its own connection and transaction), and optionally `clock` (tests
-set it; the webhook's signature check and the status port read it).
+resolves bearer tokens), `billing` (billing's views for the dashboards), `clock` (now: the dashboards'
+windows, the webhook's signature check, the status port), `billing_clock` (None, or the instant the
+dashboards show a customer's billing figures as of), `publisher` (the event-bus publisher, None
+without a broker), `stripe_webhook_events` (the webhook's event log), `stripe_status_port` (records
+paid / payment_failed / void through billing_service, on its own connection and transaction).
+`create_app` takes the key store and the clocks as arguments (tests pass their own).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import asynccontextmanager
-from decimal import Decimal
+from datetime import datetime
 
 import psycopg
 import sqlalchemy.exc
@@ -34,8 +38,10 @@ from billing_service.stripe_api import router as stripe_router
 from billing_service.stripe_run import status_port
 from billing_service.stripe_state import PostgresWebhookEventLog
 from billing_service.stripe_webhook import utc_now
-from dashboards.web import DataFastPath, close_read_pool, open_read_pool
-from dashboards.web import router as dashboards_router
+from dashboards.billing_views import BillingViews
+from dashboards.web.app import router as dashboards_router
+from dashboards.web.fast_path import DataFastPath
+from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
 from infermeter.http import data_error_handler, error_handler
 from infermeter.settings import Settings
@@ -51,37 +57,25 @@ ROUTERS = (metering_router, pricing_router, billing_router, stripe_router, capac
            dashboards_router)
 
 
-def register_dashboard_billing(settings: Settings, database_url: str) -> None:
-    """Plug billing into the dashboards (dashboards.extensions): the customer's invoices and current-period
-    spend (the billing preview, with its budget from serving.budgets), its own price book, and the finance
-    page and its exports. Every provider is a billing_service.dashboard_views function."""
-    from billing_service import dashboard_views as billing_views
-    from billing_service.store import money_text
-    from dashboards import extensions
+def dashboard_billing(settings: Settings, database_url: str) -> BillingViews:
+    """Billing's parts of the dashboards: the customer's invoices and current-period spend (the billing
+    preview under the pricing cost model, with its budget from serving.budgets), its own price book, and
+    the finance page and its exports (billing_service.dashboard_views.DashboardViews)."""
+    from billing_service.dashboard_views import DashboardViews
     from pricing_service.books import read_cost_model
     from serving.budgets import get_budget
 
     engine = get_engine(database_url)
-
-    def current_period_spend(conn, customer_id: str, now, period: str | None = None) -> dict:
-        spend = billing_views.current_period_spend(conn, customer_id, now, period=period,
-                                                   cost_model=read_cost_model(settings.pricing_cost_model))
-        budget = get_budget(engine, customer_id)
-        if spend["available"] and budget is not None and budget.monthly_cap is not None:
-            cap = budget.monthly_cap
-            spend["budget"] = {"monthly_cap": money_text(cap, spend["currency"]), "mode": budget.mode,
-                               "used": None if not cap else round(float(Decimal(spend["subtotal"]) / cap), 6)}
-        return spend
-
-    extensions.register_invoices(billing_views.customer_invoices)
-    extensions.register_invoice(billing_views.customer_invoice)
-    extensions.register_current_period_spend(current_period_spend)
-    extensions.register_customer_price_book(billing_views.customer_price_book)
-    extensions.register_finance_page(billing_views.finance_view)
-    extensions.register_finance_export(billing_views.export_file)
+    return DashboardViews(cost_model=lambda: read_cost_model(settings.pricing_cost_model),
+                          budget=lambda customer_id: get_budget(engine, customer_id))
 
 
-def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> FastAPI:
+def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, keys: KeyStore | None = None,
+               clock: Callable[[], datetime] = utc_now, billing_clock: Callable[[], datetime] | None = None) -> FastAPI:
+    """The API app on `database_url` (`bootstrap`: the broker, None for none). `keys`: the key store
+    (default: one on the database, with the settings' key cache); `clock`: now; `billing_clock`: the
+    instant the dashboards show billing figures as of (None: now; the demo: the instant its billing
+    run is made as of)."""
     @asynccontextmanager
     async def lifespan(app_: FastAPI):
         await open_read_pool(app_)  # the customer dashboard's chart data endpoints read in the event loop
@@ -95,13 +89,15 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
     app.state.settings = settings
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
-    app.state.keys = KeyStore(get_engine(database_url), settings=settings)
+    app.state.keys = keys if keys is not None else KeyStore(get_engine(database_url), settings=settings)
+    app.state.billing = dashboard_billing(settings, database_url)
+    app.state.clock = clock
+    app.state.billing_clock = billing_clock
     app.state.publisher = (
         Publisher(bootstrap, settings) if bootstrap else None
     )
     app.state.stripe_webhook_events = PostgresWebhookEventLog(get_engine(database_url))
-    app.state.stripe_status_port = status_port(app.state.pool.connection,
-                                               lambda: getattr(app.state, "clock", utc_now)())
+    app.state.stripe_status_port = status_port(app.state.pool.connection, lambda: app.state.clock())
     # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method):
     # every error answers {"error": {"message", "code"}}, the shape the OpenAPI document declares.
     app.add_exception_handler(StarletteHTTPException, error_handler)
@@ -116,5 +112,4 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None) -> 
 
     for router in ROUTERS:
         app.include_router(router)
-    register_dashboard_billing(settings, database_url)
     return app

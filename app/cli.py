@@ -378,7 +378,7 @@ def events_dead_letters(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The newest dead-lettered events with their reasons."""
-    from metering.queries import dead_letters
+    from metering.ops_reads import dead_letters
 
     with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
         rows = dead_letters(conn, limit=limit, reason=reason)
@@ -667,18 +667,21 @@ def _serve_dashboards():
     from dashboards.cli import serve_command
 
     def key_store(settings, database_url):
-        from app.api import register_dashboard_billing
         from infermeter.db import get_engine
         from serving.keys import KeyStore
 
-        register_dashboard_billing(settings, database_url)  # billing's sections of the pages
         return KeyStore(get_engine(database_url), settings=settings)
 
-    return serve_command(key_store)
+    def billing(settings, database_url):  # billing's sections of the pages
+        from app.api import dashboard_billing
+
+        return dashboard_billing(settings, database_url)
+
+    return serve_command(key_store, billing)
 
 
 def main() -> None:
-    from metering.kafka import KafkaError
+    from metering.kafka_types import KafkaError
     from metering.queries import QueryError
 
     _mount_optional_apps()

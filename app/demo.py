@@ -598,11 +598,13 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
 
 def _pricing(database_url: str, start: datetime, end: datetime, out_dir: Path, console: Console) -> dict | None:
     """The pricing comparison of the example books (pricing_service)."""
-    from pricing_service.compare import default_book_paths, render_console, run_comparison
+    from pricing_service.compare import default_book_paths, run_comparison
+    from pricing_service.comparison_report import render_console
+    from pricing_service.report_html import write_html
 
     report = run_comparison(database_url, start, end, default_book_paths())
     render_console(report, console)
     html = out_dir / "pricing.html"
-    report.write_html(html)
+    write_html(report, html)
     console.print(f"pricing report: {html}")
     return report.to_json()

@@ -25,7 +25,7 @@ from infermeter.db import get_engine
 from infermeter.settings import get_settings
 from infermeter.stack import open_stack, to_libpq_url
 from metering.consumer import MeteringConsumer, run_in_thread
-from metering.queries import request_event_totals
+from metering.event_lookups import request_event_totals
 from serving.gateway import build_gateway, serve_in_thread
 from serving.keys import KeyStore
 from serving.replay import (

@@ -25,8 +25,8 @@ import psycopg
 from bench.ingest import generate, new_database
 from bench.write_path import alternating_write_rates
 from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
-from metering import queries
-from metering.kafka import Message
+from metering import ops_reads
+from metering.kafka_types import Message
 
 INDEX = "raw_events_received_brin"
 MONTH_START, MONTH_S = datetime(2026, 11, 1, tzinfo=UTC), 30 * 86_400
@@ -68,8 +68,8 @@ def _run(args: argparse.Namespace, server: str) -> dict:
             times = []
             for _ in range(5):
                 t = time.perf_counter()
-                queries.ingest_rate(conn, since, until)
-                queries.metering_delay(conn, since, until)
+                ops_reads.ingest_rate(conn, since, until)
+                ops_reads.metering_delay(conn, since, until)
                 times.append(time.perf_counter() - t)
             return statistics.median(times) * 1000
 

@@ -53,7 +53,7 @@ from rich.table import Table
 from bench.rating import END, HOURS, START, generate
 from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, encode_event, make_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.queries import CUSTOMER_USAGE_BUCKETS_SQL, _dedicated_gpu_sql, _task_summary_sql
 
 CUSTOMER = "cust-00042"
@@ -205,7 +205,7 @@ async def time_pair(app, client, key: str, name: str, conn: psycopg.Connection, 
 async def time_all(app, key: str, url: str, calls: int) -> dict[str, tuple[list, list, list]]:
     import httpx
 
-    from dashboards.web import close_read_pool, open_read_pool
+    from dashboards.web.read_pool import close_read_pool, open_read_pool
 
     out = {}
     transport = httpx.ASGITransport(app=app)

@@ -27,7 +27,7 @@ import psycopg
 
 from bench.ingest import generate, new_database
 from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.processor import process
 from metering.writer import BatchWriter
 

@@ -95,7 +95,7 @@ from billing_service.store import (
 )
 from billing_service.usage import meters_of, period_usage, unbilled_summary
 from infermeter.times import floor_hour
-from metering.queries import customers_with_usage
+from metering.customers_with_usage import customers_with_usage
 from pricing.cost import CostModel
 from pricing.money import Currency, UnknownCurrency
 from pricing.rating import Rating, rate

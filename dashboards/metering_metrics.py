@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from metering import queries
+from metering import ops_reads
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OFFSET_LABELS = ["group", "topic", "partition"]
@@ -55,13 +55,13 @@ class MeteringCollector:
         f = _families()
         now = datetime.now(UTC)
         with self.pool.connection() as conn:
-            for row in queries.consumer_progress(conn):
+            for row in ops_reads.consumer_progress(conn):
                 labels = [row["group_id"], row["topic"], str(row["partition"])]
                 f["consumed"].add_metric(labels, row["next_offset"])
                 f["commit"].add_metric(labels, datetime.fromisoformat(row["updated_at"].replace("Z", "+00:00")).timestamp())
-            for row in queries.dead_letter_reasons(conn):
+            for row in ops_reads.dead_letter_reasons(conn):
                 f["dead"].add_metric([row["reason"]], row["count"])
-            delay = queries.metering_delay(conn, now - timedelta(minutes=5), now)
+            delay = ops_reads.metering_delay(conn, now - timedelta(minutes=5), now)
         for quantile, key in (("0.5", "p50_s"), ("0.95", "p95_s"), ("1", "max_s")):
             if delay[key] is not None:
                 f["delay"].add_metric([quantile], delay[key])

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from infermeter.times import HOUR, TimeInputError, Window, floor_hour, parse_time, utc_text
-from metering import queries
+from metering import ops_reads, queries
 from pricing.book import PriceBook
 from pricing.rating import rate
 from pricing.usage import Usage
@@ -243,7 +243,7 @@ def _mtime(path: Path) -> int:
 
 @lru_cache(maxsize=16)
 def _read_book(path: str, _mtime_ns: int) -> PriceBook:
-    """A book file parsed once per version of the file (parsing and validating it took ~2 ms a call)."""
+    """A book file parsed and validated once per version of the file (its modification time)."""
     from pricing_service.books import read_price_book
 
     return read_price_book(Path(path))
@@ -421,19 +421,19 @@ def live_shadow(conn: psycopg.Connection, settings, now: datetime) -> dict:
 
 def ops_ingest(conn: psycopg.Connection, now: datetime, minutes: int = 60) -> dict[str, Any]:
     since = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
-    found = {r["minute"]: r for r in queries.ingest_rate(conn, since, now)}
+    found = {r["minute"]: r for r in ops_reads.ingest_rate(conn, since, now)}
     minutes_ = [utc_text(since + timedelta(minutes=m)) for m in range(minutes)]
     rows = [found.get(m) or {"minute": m, "events": 0, "dead_letters": 0} for m in minutes_]
     return {"since": utc_text(since), "until": utc_text(now), "rows": rows,
             "events": sum(r["events"] for r in rows), "dead_letters": sum(r["dead_letters"] for r in rows),
-            "delay": queries.metering_delay(conn, now - timedelta(minutes=15), now),
-            "consumers": queries.consumer_progress(conn)}
+            "delay": ops_reads.metering_delay(conn, now - timedelta(minutes=15), now),
+            "consumers": ops_reads.consumer_progress(conn)}
 
 
 def ops_dead_letters(conn: psycopg.Connection, samples: int = 3) -> list[dict]:
     out = []
-    for r in queries.dead_letter_reasons(conn):
-        rows = queries.dead_letters(conn, limit=samples, reason=r["reason"]) if len(out) < 20 else []
+    for r in ops_reads.dead_letter_reasons(conn):
+        rows = ops_reads.dead_letters(conn, limit=samples, reason=r["reason"]) if len(out) < 20 else []
         out.append({**r, "samples": rows})
     return out
 
@@ -442,7 +442,7 @@ def ops_deployments(conn: psycopg.Connection, window: Window) -> list[dict]:
     """Per deployment (and owner, GPU type): GPU-seconds, busy fraction and tokens per GPU-second,
     from the replica intervals in the GPU ledger."""
     out = []
-    for r in queries.gpu_usage(conn, window):
+    for r in ops_reads.gpu_usage(conn, window):
         gpu_s = Decimal(r["gpu_ms"]) / 1000
         tokens = r["prompt_tokens"] + r["generation_tokens"]
         out.append({

@@ -1,7 +1,8 @@
 """Time and windows, defined once: aware UTC instants, half-open windows [start, end), hours, months.
 
 Every package parses user-given times with `parse_time`, checks windows with `Window`, cuts hours
-and calendar months (UTC) with the helpers below, and writes an instant as text with `utc_text`.
+and calendar months (UTC) with the helpers below, and writes an instant as text with `utc_text`;
+`utc_now` is the default clock of what takes one.
 Errors are `TimeInputError` (a ValueError) with a message a person can act on.
 """
 
@@ -96,6 +97,11 @@ class Window:
     def on_hours(self) -> bool:
         """Both edges fall on whole UTC hours."""
         return floor_hour(self.start) == self.start and floor_hour(self.end) == self.end
+
+
+def utc_now() -> datetime:
+    """The current instant, aware UTC (the default clock of whatever takes one)."""
+    return datetime.now(UTC)
 
 
 def utc_text(moment: datetime) -> str:

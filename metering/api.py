@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from infermeter.auth import Principal
 from infermeter.http import PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
-from metering import queries
+from metering import ops_reads, queries
 from metering.contract import (
     REPLICA_V1,
     REQUEST_V1,
@@ -282,5 +282,5 @@ def get_dead_letters(request: Request, principal: PrincipalDep, limit: int = 100
     if not principal.is_admin:
         raise error(403, "dead letters are for admins", "forbidden")
     with request.app.state.pool.connection() as conn:
-        return {"dead_letters": queries.dead_letters(conn, limit=min(max(limit, 1), 1000), reason=reason)}
+        return {"dead_letters": ops_reads.dead_letters(conn, limit=min(max(limit, 1), 1000), reason=reason)}
 

@@ -19,7 +19,8 @@ import psycopg
 
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
-from metering.kafka import Consumer, Producer, TopicPartition, ensure_topics, make_consumer, make_producer
+from metering.kafka import ensure_topics, make_consumer, make_producer
+from metering.kafka_types import Consumer, Producer, TopicPartition
 from metering.writer import BatchWriter, Prepared, WriteResult
 
 log = logging.getLogger("infermeter.metering")
@@ -48,7 +49,10 @@ class ConsumerStats:
 
 class MeteringConsumer:
     def __init__(self, settings: Settings, database_url: str, bootstrap: str, *, backend: str | None = None,
-                 clock=None, publish_dead_letters: bool = True):
+                 clock=None, publish_dead_letters: bool = True,
+                 dead_letter_producer: Callable[[], Producer] | None = None):
+        """`dead_letter_producer` makes the producer that copies dead letters to their topic, once, when
+        the first copy is sent (default: `make_producer` on `bootstrap` and `backend`)."""
         self.settings = settings
         self.bootstrap = bootstrap
         self.backend = backend or settings.kafka_backend
@@ -74,6 +78,8 @@ class MeteringConsumer:
         self._last_error: BaseException | None = None
         self._dlq: Producer | None = None
         self._dlq_lock = threading.Lock()  # writer threads copy dead letters concurrently
+        self._make_dlq = dead_letter_producer or (
+            lambda: make_producer(self.bootstrap, self.backend, client_id="infermeter-dead-letter"))
 
     # --- assignment: seek to the offsets stored in Postgres ------------------------------------
     def _on_assign(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -159,7 +165,7 @@ class MeteringConsumer:
         try:
             with self._dlq_lock:  # one producer: a second one would replace the first and drop its queue
                 if self._dlq is None:
-                    self._dlq = make_producer(self.bootstrap, self.backend, client_id="infermeter-dead-letter")
+                    self._dlq = self._make_dlq()
                 dlq = self._dlq
             positions = {(m.topic, m.partition, m.offset): m for m in messages}
             with psycopg.connect(self.writer.dsn) as conn:

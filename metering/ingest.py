@@ -24,7 +24,8 @@ import msgspec
 import psycopg
 
 from metering.contract import event_partition_key
-from metering.kafka import Producer, publish_and_wait
+from metering.kafka import publish_and_wait
+from metering.kafka_types import Producer
 from metering.outbox import Outbox, Spool, identity_of
 from metering.processor import INGEST_ID_HEADER
 

@@ -407,7 +407,7 @@ def identity_of(event: Any) -> Key:
 
 
 class MeteringConfirmer:
-    """A `Confirm` on metering's database: `metering.queries.handled_event_keys` on one connection,
+    """A `Confirm` on metering's database: `metering.event_lookups.handled_event_keys` on one connection,
     reopened after a failure. `dsn` may be a callable (re-read after a failure: the URL of a
     restarted local stack)."""
 
@@ -422,7 +422,7 @@ class MeteringConfirmer:
     def __call__(self, keys: Sequence[Key], since: float) -> set[Key]:
         import psycopg
 
-        from metering.queries import handled_event_keys
+        from metering.event_lookups import handled_event_keys
 
         if self._conn is None or self._conn.closed:
             dsn = self._dsn() if callable(self._dsn) else self._dsn

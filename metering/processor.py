@@ -23,7 +23,7 @@ from metering.contract import (
     ReplicaData,
     decode_event,
 )
-from metering.kafka import Message
+from metering.kafka_types import Message
 
 INGEST_ID_HEADER = "infermeter-ingest-id"
 HOUR = timedelta(hours=1)

@@ -1,13 +1,17 @@
-"""Usage and task queries (read side), shared by the CLI and the HTTP API.
+"""Usage and task reads, shared by the CLI, the HTTP API, the dashboards, billing and budgets.
 
 Windows are half-open [start, end) on event time. Whole hours come from the hourly rollups; a
 window edge inside an hour is answered exactly from raw events for that part.
+
+Metering's other reads: `metering.ops_reads` (ingestion, consumers, dead letters, the fleet),
+`metering.event_lookups` (which events are recorded), `metering.customers_with_usage` (whom to
+bill) and `metering.period_reads` (rating a period).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 
 import psycopg
@@ -47,6 +51,17 @@ def parse_group_by(text: str | Sequence[str] | None) -> list[str]:
     if "day" in parts and "hour" in parts:
         raise QueryError("group_by: choose day or hour, not both")
     return list(dict.fromkeys(parts))
+
+
+_BUCKETS = {"hour": "hour", "day": "day", "minute": "minute"}
+
+
+def bucket_expr(bucket: str | None, column: str) -> str | None:
+    if bucket is None:
+        return None
+    if bucket not in _BUCKETS:
+        raise QueryError(f"bucket: choose hour, day or minute, not {bucket!r}")
+    return f"date_trunc('{_BUCKETS[bucket]}', {column})"
 
 
 def _dimensions(group_by: list[str]) -> list[tuple[str, str, str]]:
@@ -350,35 +365,6 @@ def tasks(conn: psycopg.Connection, customer_id: str, *, task_id: str | None = N
     return out
 
 
-def dead_letters(conn: psycopg.Connection, *, limit: int = 100, reason: str | None = None) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            'SELECT id, received_at, topic, partition, "offset", reason, detail, event_source, event_id, customer_id, '
-            "octet_length(payload) AS payload_bytes, encode(substring(payload from 1 for 512), 'escape') AS payload_head "
-            "FROM dead_letters WHERE (%s::text IS NULL OR reason = %s) ORDER BY id DESC LIMIT %s",
-            (reason, reason, limit),
-        )
-        rows = cur.fetchall()
-    for row in rows:
-        row["received_at"] = utc_text(row["received_at"])
-    return rows
-
-
-def request_event_totals(conn: psycopg.Connection, request_ids: Sequence[str]) -> dict[str, int]:
-    """What metering recorded for these request events (by event id): how many, and their tokens.
-
-    Replay checks call it to compare metered tokens with the engine's own counters."""
-    count, input_tokens, cached, output_tokens = conn.execute(
-        "SELECT count(*), coalesce(sum((payload->'data'->>'input_tokens')::bigint), 0),"
-        " coalesce(sum((payload->'data'->>'cached_input_tokens')::bigint), 0),"
-        " coalesce(sum((payload->'data'->>'output_tokens')::bigint), 0)"
-        " FROM raw_events WHERE type = 'infermeter.request.v1' AND event_id = ANY(%s)",
-        (list(request_ids),),
-    ).fetchone()
-    return {"events": int(count), "input_tokens": int(input_tokens),
-            "cached_input_tokens": int(cached), "output_tokens": int(output_tokens)}
-
-
 def task_exists(conn: psycopg.Connection, customer_id: str, task_id: str) -> bool:
     """Has metering recorded any attempt of this task for this customer?"""
     return conn.execute(
@@ -427,19 +413,6 @@ def customer_token_sums(
         else:
             recorded.add((source, event_id))
     return sums, recorded
-
-
-def recorded_event_keys(conn: psycopg.Connection, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Which of these (source, event id) keys metering has recorded (accepted and deduplicated)."""
-    if not keys:
-        return set()
-    rows = conn.execute(
-        "SELECT k.source, k.event_id FROM event_keys k"
-        " JOIN unnest(%s::text[], %s::text[]) AS asked(source, event_id)"
-        " ON k.source = asked.source COLLATE \"C\" AND k.event_id = asked.event_id COLLATE \"C\"",
-        ([k[0] for k in keys], [k[1] for k in keys]),
-    ).fetchall()
-    return {(source, event_id) for source, event_id in rows}
 
 
 # ---------------------------------------------------------------- reads for billing periods
@@ -495,222 +468,7 @@ def task_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | 
     return [{"customer_id": c, "succeeded": int(s), "failed": int(f), "attempts": int(a)} for c, s, f, a in rows]
 
 
-# Customers with usage in a window. request_rollup_hourly holds a row per customer x model x deployment
-# x hour (3.6M for 10k customers x 5 models x 72 hours of a month): a DISTINCT over the window's rows
-# reads them all (0.85 s on bench.billing's month). The rollups' primary keys start with customer_id and
-# end with hour, so a loose index scan (a recursive CTE whose each step is the next customer above the
-# last one with a row in the window: ORDER BY customer_id LIMIT 1, one descent of the key) costs about
-# one descent per customer the table holds instead (0.09 s there; docs/benchmarks.md, "Billing a
-# month"). But a step also walks over the rows of customers with none in the window: for one hour of
-# that month (5,000 of the 10,000 customers active) the walk took 0.23 s and the plain read 2.5 ms.
-# So each rollup table is walked only when the planner's estimate of its rows in the window is at
-# least WALK_ROWS_PER_CUSTOMER x its estimated number of customers (pg_stats; no statistics: read).
-# task_outcomes has no key on (customer_id, finished_at): its rows of the window are read by
-# finished_at (one row per task). gpu_ledger_hourly's customer '' is the shared pool, not a customer.
-WALK_ROWS_PER_CUSTOMER = 60  # a descent ~15 us against ~0.25 us a row read (measured on that month)
-_ROLLUPS = (("request_rollup_hourly", ">= ''"), ("usage_rollup_hourly", ">= ''"), ("gpu_ledger_hourly", "> ''"))
-_NEXT_CUSTOMER = ("SELECT t.customer_id FROM {table} t WHERE t.customer_id {above} AND t.hour >= %(s)s "
-                  "AND t.hour < %(e)s ORDER BY t.customer_id LIMIT 1")
-_TABLE_CUSTOMERS_SQL = """
-SELECT s.tablename, CASE WHEN s.n_distinct < 0 THEN -s.n_distinct * greatest(c.reltuples, 0) ELSE s.n_distinct END
-FROM pg_stats s JOIN pg_class c ON c.relname = s.tablename AND c.relnamespace = to_regnamespace(s.schemaname)
-WHERE s.schemaname = current_schema() AND s.tablename = ANY(%s) AND s.attname = 'customer_id'
-"""
-
-
-def _walk(name: str, table: str, first: str) -> str:
-    """The recursive CTE `name`(customer_id): the customers of `table` with a row in the window, in
-    order, then one NULL (the step that found none)."""
-    return (f"{name}(customer_id) AS (({_NEXT_CUSTOMER.format(table=table, above=first)}) UNION ALL "
-            f"SELECT ({_NEXT_CUSTOMER.format(table=table, above='> ' + name + '.customer_id')}) "
-            f"FROM {name} WHERE {name}.customer_id IS NOT NULL)")
-
-
-def customers_with_usage_sql(walked: Sequence[str]) -> str:
-    """The statement of `customers_with_usage`, with the rollup tables in `walked` walked by their key
-    and the others read by hour."""
-    ctes, parts = [], []
-    for i, (table, first) in enumerate(_ROLLUPS):
-        pool = " AND customer_id <> ''" if first == "> ''" else ""
-        if table in walked:
-            ctes.append(_walk(f"w{i}", table, first))
-            parts.append(f"SELECT customer_id FROM w{i} WHERE customer_id IS NOT NULL")
-        else:
-            parts.append(f"SELECT customer_id FROM {table} WHERE hour >= %(s)s AND hour < %(e)s{pool}")
-    parts.insert(2, "SELECT customer_id FROM task_outcomes WHERE finished_at >= %(s)s AND finished_at < %(e)s")
-    return ("WITH RECURSIVE " + ", ".join(ctes) + " " if ctes else "") + " UNION ".join(parts) + " ORDER BY 1"
-
-
-def _tables_to_walk(conn: psycopg.Connection, params: dict) -> list[str]:
-    customers = dict(conn.execute(_TABLE_CUSTOMERS_SQL, ([t for t, _ in _ROLLUPS],)).fetchall())
-    out = []
-    for table, _ in _ROLLUPS:
-        if not customers.get(table):
-            continue
-        [[plan]] = conn.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE hour >= %(s)s AND hour < %(e)s",
-                                params).fetchall()[0]
-        if plan["Plan"]["Plan Rows"] >= WALK_ROWS_PER_CUSTOMER * customers[table]:
-            out.append(table)
-    return out
-
-
-# The same question for given customers: a few probes of each table's key per customer.
-CUSTOMERS_AMONG_WITH_USAGE_SQL = """
-SELECT c FROM unnest(%(ids)s::text[]) AS u(c)
-WHERE EXISTS (SELECT 1 FROM request_rollup_hourly t WHERE t.customer_id = u.c AND t.hour >= %(s)s AND t.hour < %(e)s)
-   OR EXISTS (SELECT 1 FROM usage_rollup_hourly t WHERE t.customer_id = u.c AND t.hour >= %(s)s AND t.hour < %(e)s)
-   OR EXISTS (SELECT 1 FROM task_outcomes t
-              WHERE t.customer_id = u.c AND t.finished_at >= %(s)s AND t.finished_at < %(e)s)
-   OR EXISTS (SELECT 1 FROM gpu_ledger_hourly t
-              WHERE t.customer_id = u.c AND u.c <> '' AND t.hour >= %(s)s AND t.hour < %(e)s)
-ORDER BY 1
-"""
-
-
-def customers_with_usage(conn: psycopg.Connection, window: Window, *, among: Sequence[str] | None = None) -> list[str]:
-    """Every customer with any metered usage in the UTC hours that overlap [start, end): requests,
-    usage meters, task outcomes, or GPU time of a dedicated deployment; sorted. A superset at the edges
-    (a whole edge hour counts); callers read the exact quantities with the functions above. `among`:
-    only those of these customers (a few key probes each, instead of reading the window)."""
-    params: dict = {"s": floor_hour(window.start), "e": window.end}
-    if among is not None:
-        if not among:
-            return []
-        params["ids"] = sorted(set(among))
-        return [r[0] for r in conn.execute(CUSTOMERS_AMONG_WITH_USAGE_SQL, params).fetchall()]
-    return [r[0] for r in conn.execute(customers_with_usage_sql(_tables_to_walk(conn, params)), params).fetchall()]
-
-
-# ---------------------------------------------------------------- reads for capacity (serving.capacity)
-# Minute-level demand and replica busy time over a short trailing window (an hour), from raw events.
-# Index-friendly: the only predicate on an indexed column is the range on `occurred_at` (the event
-# time), which prunes raw_events to its monthly partition(s) and lets the BRIN index skip to the block
-# ranges of the last hour (rows arrive roughly in event-time order, so the ranges are tight; on a small
-# partition the planner may prefer a plain scan); type, status and deployment are filtered on those
-# rows only. Minutes are UTC minutes (date_bin from a UTC origin, whatever the session time zone).
-
-_MINUTE_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
-
-REQUEST_MINUTES_SQL = """
-SELECT payload->'data'->>'deployment_id' AS deployment_id,
-       date_bin('1 minute', occurred_at, %(origin)s) AS minute,
-       count(*) AS requests,
-       sum((payload->'data'->>'input_tokens')::bigint) AS input_tokens,
-       sum((payload->'data'->>'output_tokens')::bigint) AS output_tokens,
-       percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM
-           (payload->'data'->>'first_token_at')::timestamptz - (payload->'data'->>'started_at')::timestamptz)
-       ) AS ttft_p90_s
-FROM raw_events
-WHERE occurred_at >= %(start)s AND occurred_at < %(end)s AND type = 'infermeter.request.v1'
-  AND payload->'data'->>'status' <> 'rejected'
-  AND (%(deployment)s::text IS NULL OR payload->'data'->>'deployment_id' = %(deployment)s::text)
-GROUP BY 1, 2 ORDER BY 1, 2
-"""
-
-
-def request_minutes(conn: psycopg.Connection, window: Window, *, deployment_id: str | None = None) -> list[dict]:
-    """Served demand per deployment and UTC minute of event time (a request's `finished_at`) in
-    [start, end): [{deployment_id, minute, requests, input_tokens, output_tokens, ttft_p90_s}], sorted.
-
-    Every request status but `rejected` counts (a refused request asked for nothing the engine did).
-    `input_tokens` are all prompt tokens, cached ones included (the engine's prompt token counter
-    counts them too). `ttft_p90_s`: the 90th percentile of `first_token_at - started_at` over the
-    minute's requests that have a first token (None if none has). Minutes without requests are absent."""
-    params = {"origin": _MINUTE_ORIGIN, "start": window.start, "end": window.end, "deployment": deployment_id}
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(REQUEST_MINUTES_SQL, params)
-        rows = cur.fetchall()
-    return [{"deployment_id": r["deployment_id"], "minute": r["minute"].astimezone(UTC), "requests": int(r["requests"]),
-             "input_tokens": int(r["input_tokens"]), "output_tokens": int(r["output_tokens"]),
-             "ttft_p90_s": None if r["ttft_p90_s"] is None else float(r["ttft_p90_s"])} for r in rows]
-
-
-REPLICA_SUMS_SQL = """
-SELECT payload->'data'->>'deployment_id' AS deployment_id, payload->'data'->>'replica_id' AS replica_id,
-       count(*) AS intervals,
-       sum(extract(epoch FROM (payload->'data'->>'interval_end')::timestamptz
-                              - (payload->'data'->>'interval_start')::timestamptz))::float8 AS interval_s,
-       sum((payload->'data'->>'busy_seconds')::numeric)::float8 AS busy_s,
-       sum((payload->'data'->>'prompt_tokens')::bigint) AS prompt_tokens,
-       sum((payload->'data'->>'generation_tokens')::bigint) AS generation_tokens,
-       max(occurred_at) AS last_interval_end
-FROM raw_events
-WHERE occurred_at >= %(start)s AND occurred_at < %(end)s AND type = 'infermeter.replica.v1'
-  AND (%(deployment)s::text IS NULL OR payload->'data'->>'deployment_id' = %(deployment)s::text)
-GROUP BY 1, 2 ORDER BY 1, 2
-"""
-
-
-def replica_interval_sums(conn: psycopg.Connection, window: Window, *, deployment_id: str | None = None) -> list[dict]:
-    """Per deployment and replica, the `infermeter.replica.v1` intervals whose event time (the
-    interval's end) is in [start, end): [{deployment_id, replica_id, intervals, interval_s, busy_s,
-    prompt_tokens, generation_tokens, last_interval_end}], sorted. Seconds are wall-clock seconds of
-    the replica (not multiplied by its GPU count) as floats: capacity planning, not billing."""
-    params = {"start": window.start, "end": window.end, "deployment": deployment_id}
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(REPLICA_SUMS_SQL, params)
-        rows = cur.fetchall()
-    return [{"deployment_id": r["deployment_id"], "replica_id": r["replica_id"], "intervals": int(r["intervals"]),
-             "interval_s": float(r["interval_s"]), "busy_s": float(r["busy_s"]),
-             "prompt_tokens": int(r["prompt_tokens"]), "generation_tokens": int(r["generation_tokens"]),
-             "last_interval_end": r["last_interval_end"].astimezone(UTC)} for r in rows]
-
-
-# --- dashboards' reads (dashboards/): GPU time, task outcomes, ingest health -----------------------
-
-_BUCKETS = {"hour": "hour", "day": "day", "minute": "minute"}
-
-
-def _bucket_expr(bucket: str | None, column: str) -> str | None:
-    if bucket is None:
-        return None
-    if bucket not in _BUCKETS:
-        raise QueryError(f"bucket: choose hour, day or minute, not {bucket!r}")
-    return f"date_trunc('{_BUCKETS[bucket]}', {column})"
-
-
-def gpu_usage(
-    conn: psycopg.Connection,
-    window: Window,
-    *,
-    customer_id: str | None = None,
-    bucket: str | None = None,
-) -> list[dict]:
-    """GPU time from the hourly GPU ledger (replica intervals split at hours), per owner, deployment
-    and GPU type (and `bucket`: hour or day): GPU-ms, busy GPU-ms, prompt and generation tokens, replicas.
-
-    The ledger is hourly: the hours counted are those starting in [floor(window.start), window.end).
-    `customer_id` limits it to that customer's dedicated deployments ('' is the shared pool)."""
-    sql, params = _gpu_statement(window, customer_id, bucket)
-    with conn.cursor(row_factory=dict_row) as cur:
-        utc_session(cur)
-        cur.execute(sql, params)
-        return _gpu_items(cur.fetchall(), bucket)
-
-
-def _gpu_statement(window: Window, customer_id: str | None, bucket: str | None) -> tuple[str, dict]:
-    b = _bucket_expr(bucket, "hour")
-    cols = ["customer_id", "deployment_id", "gpu_type"] + ([f"{b} AS {bucket}"] if b else [])
-    group = ["customer_id", "deployment_id", "gpu_type"] + ([b] if b else [])
-    sql = (
-        f"SELECT {', '.join(cols)}, sum(gpu_ms)::bigint AS gpu_ms, sum(busy_ms)::bigint AS busy_ms, "
-        "sum(prompt_tokens)::bigint AS prompt_tokens, sum(generation_tokens)::bigint AS generation_tokens, "
-        "count(DISTINCT replica_id) AS replicas, sum(intervals)::bigint AS intervals "
-        "FROM gpu_ledger_hourly WHERE hour >= date_trunc('hour', %(start)s::timestamptz) AND hour < %(end)s "
-        "AND (%(customer)s::text IS NULL OR customer_id = %(customer)s) "
-        f"GROUP BY {', '.join(group)} ORDER BY {', '.join(group)}"
-    )
-    return sql, {"start": window.start, "end": window.end, "customer": customer_id}
-
-
-def _gpu_items(rows: list[dict], bucket: str | None) -> list[dict]:
-    for row in rows:
-        for key in ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "replicas", "intervals"):
-            row[key] = int(row[key])
-        if bucket and isinstance(row.get(bucket), datetime):
-            row[bucket] = utc_text(row[bucket])
-    return rows
-
+# --- the customer dashboard's GPU and task charts ---------------------------------------------
 
 
 def dedicated_gpu_ms(conn: psycopg.Connection, window: Window, customer_id: str, *, bucket: str | None) -> list[dict]:
@@ -734,7 +492,7 @@ async def dedicated_gpu_ms_async(conn: psycopg.AsyncConnection, window: Window, 
 
 
 def _dedicated_gpu_sql(bucket: str | None) -> str:
-    b = _bucket_expr(bucket, "hour")
+    b = bucket_expr(bucket, "hour")
     if b is None:
         return ("SELECT deployment_id, sum(gpu_ms)::bigint AS gpu_ms FROM gpu_ledger_hourly "
                 "WHERE customer_id = %(customer)s AND hour >= date_trunc('hour', %(start)s::timestamptz) "
@@ -798,7 +556,7 @@ async def task_summary_async(
 
 
 def _task_summary_sql(bucket: str | None) -> str:
-    b = _bucket_expr(bucket, "f.finished_at")
+    b = bucket_expr(bucket, "f.finished_at")
     return TASK_SUMMARY_SQL.format(
         bucket_cols=f"{b} AS {bucket}," if b else "",
         group_by=f"GROUP BY {b} ORDER BY {b}" if b else "",
@@ -807,84 +565,6 @@ def _task_summary_sql(bucket: str | None) -> str:
 
 def _task_summary_items(rows: list[dict]) -> list[dict]:
     return [{k: (utc_text(v) if isinstance(v, datetime) else int(v)) for k, v in row.items()} for row in rows]
-
-
-def ingest_rate(
-    conn: psycopg.Connection, since: datetime, until: datetime, *, max_event_age_days: int = 62
-) -> list[dict]:
-    """Events metering wrote per minute of their arrival (raw_events.received_at, the write
-    transaction's time) and events dead-lettered per minute, over [since, until).
-
-    raw_events is partitioned by event time, not arrival: only events whose event time is at most
-    `max_event_age_days` before `since` are counted, so the scan stays within recent partitions."""
-    sql = """
-    SELECT minute, sum(events)::bigint AS events, sum(dead_letters)::bigint AS dead_letters FROM (
-        SELECT date_trunc('minute', received_at) AS minute, count(*) AS events, 0 AS dead_letters
-        FROM raw_events WHERE received_at >= %(since)s AND received_at < %(until)s
-          AND occurred_at >= %(since)s::timestamptz - make_interval(days => %(age)s)
-        GROUP BY 1
-        UNION ALL
-        SELECT date_trunc('minute', received_at), 0, count(*) FROM dead_letters
-        WHERE received_at >= %(since)s AND received_at < %(until)s GROUP BY 1
-    ) AS m GROUP BY minute ORDER BY minute
-    """
-    with conn.cursor(row_factory=dict_row) as cur:
-        utc_session(cur)
-        cur.execute(sql, {"since": since, "until": until, "age": max_event_age_days})
-        rows = cur.fetchall()
-    return [{"minute": utc_text(r["minute"]), "events": int(r["events"]), "dead_letters": int(r["dead_letters"])}
-            for r in rows]
-
-
-def metering_delay(
-    conn: psycopg.Connection, since: datetime, until: datetime, *, max_event_age_days: int = 62
-) -> dict:
-    """How long after their event time the events that arrived in [since, until) were written:
-    received_at - occurred_at, in seconds (p50, p95, max). Consumer lag as metering's own tables
-    see it (it includes time spent in the gateway's spool and on the bus)."""
-    row = conn.execute(
-        "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM received_at - occurred_at)),"
-        " percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM received_at - occurred_at)),"
-        " max(extract(epoch FROM received_at - occurred_at))"
-        " FROM raw_events WHERE received_at >= %(since)s AND received_at < %(until)s"
-        " AND occurred_at >= %(since)s::timestamptz - make_interval(days => %(age)s)",
-        {"since": since, "until": until, "age": max_event_age_days},
-    ).fetchone()
-    count, p50, p95, top = row
-    as_float = lambda v: None if v is None else round(float(v), 3)  # noqa: E731
-    return {"events": int(count), "p50_s": as_float(p50), "p95_s": as_float(p95), "max_s": as_float(top)}
-
-
-def consumer_progress(conn: psycopg.Connection) -> list[dict]:
-    """The metering consumers' committed positions (consumer_offsets, written in the same transaction
-    as the events): per group, topic and partition, the next offset and when it last moved."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            "SELECT group_id, topic, partition, next_offset, updated_at,"
-            " extract(epoch FROM clock_timestamp() - updated_at) AS seconds_since_commit"
-            " FROM consumer_offsets ORDER BY group_id, topic, partition"
-        )
-        rows = cur.fetchall()
-    for row in rows:
-        row["next_offset"] = int(row["next_offset"])
-        row["updated_at"] = utc_text(row["updated_at"])
-        row["seconds_since_commit"] = round(float(row["seconds_since_commit"]), 3)
-    return rows
-
-
-def dead_letter_reasons(conn: psycopg.Connection) -> list[dict]:
-    """Dead letters per reason: how many, first and last arrival."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            "SELECT reason, count(*) AS count, min(received_at) AS first_received_at,"
-            " max(received_at) AS last_received_at FROM dead_letters GROUP BY reason ORDER BY count(*) DESC, reason"
-        )
-        rows = cur.fetchall()
-    for row in rows:
-        row["count"] = int(row["count"])
-        row["first_received_at"] = utc_text(row["first_received_at"])
-        row["last_received_at"] = utc_text(row["last_received_at"])
-    return rows
 
 
 # ---------------------------------------------------------------- usage as known at a moment (finance exports)
@@ -953,51 +633,3 @@ def usage_as_of(
            for c, m, model, dep, q in rows if q]
     out.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"]))
     return out
-
-
-HANDLED_EVENT_IDS_SQL = """
-WITH asked AS (
-    SELECT a.event_id, a.n FROM jsonb_array_elements_text(%(ids)s::jsonb) WITH ORDINALITY AS a(event_id, n)
-), dead AS (
-    SELECT d.event_id FROM dead_letters d
-    WHERE d.received_at >= %(since)s AND d.event_source = %(source)s AND d.event_id IS NOT NULL
-)
-SELECT string_agg(
-    CASE WHEN EXISTS (SELECT 1 FROM event_keys k
-                      WHERE k.source = %(source)s COLLATE "C" AND k.event_id = a.event_id COLLATE "C")
-              OR a.event_id IN (SELECT event_id FROM dead)
-         THEN '1' ELSE '0' END, '' ORDER BY a.n)
-FROM asked a
-"""
-
-
-def handled_event_keys(
-    conn: psycopg.Connection, keys: Sequence[tuple[str, str]], *, since: float | datetime | None = None
-) -> set[tuple[str, str]]:
-    """Which of these (source, event id) keys metering has handled: recorded (in `event_keys`) or
-    dead-lettered. The producers' outbox asks this, in batches of thousands, to know which events
-    it may forget (metering/outbox.py).
-
-    `since` (unix seconds or a datetime): only dead letters received from then on are looked at
-    (dead_letters is indexed by received_at, not by key); None looks at all of them. One statement
-    per distinct source: the ids go as one JSON array and come back as one string of 0/1 flags,
-    which keeps the cost per key to the two index probes."""
-    from datetime import UTC
-
-    import msgspec
-
-    if not keys:
-        return set()
-    if isinstance(since, int | float):
-        since = datetime.fromtimestamp(since, UTC)
-    by_source: dict[str, list[str]] = {}
-    for source, event_id in keys:
-        by_source.setdefault(source, []).append(event_id)
-    handled: set[tuple[str, str]] = set()
-    for source, ids in by_source.items():
-        flags = conn.execute(HANDLED_EVENT_IDS_SQL, {
-            "ids": msgspec.json.encode(ids).decode(), "source": source,
-            "since": since or datetime(1970, 1, 1, tzinfo=UTC),
-        }).fetchone()[0] or ""
-        handled.update((source, event_id) for event_id, flag in zip(ids, flags, strict=True) if flag == "1")
-    return handled

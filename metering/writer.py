@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from infermeter.times import month_start, next_month
-from metering.kafka import Message, TopicPartition
+from metering.kafka_types import Message, TopicPartition
 from metering.period_totals import (
     BATCH_TASK_CHANGES,
     LOCK_CALENDARS_SHARED,

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import psycopg
 
+from infermeter.times import utc_text
 from metering import period_reads
 from pricing.anatomy import (
     Anatomy,
@@ -64,18 +65,14 @@ class FailureReport:
         grew = grew_most(self.now, self.before)
         return {
             "currency": self.now.currency,
-            "window": {"from": _iso(self.start), "to": _iso(self.end)},
-            "previous_window": {"from": _iso(self.start - (self.end - self.start)), "to": _iso(self.start)},
+            "window": {"from": utc_text(self.start), "to": utc_text(self.end)},
+            "previous_window": {"from": utc_text(self.start - (self.end - self.start)), "to": utc_text(self.start)},
             "by_cause": by_cause(self.now),
             "previous_by_cause": by_cause(self.before),
             "rows": [{"cause": r.cause, "kind": r.kind, "model": r.model, "customer_id": r.customer_id,
                       "cost": str(r.cost), "count": r.count} for r in self.now.rows],
             "grew_most": None if grew is None else {"cause": grew[0], "by": str(grew[1])},
         }
-
-
-def _iso(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
 
 
 def failure_report(conn: psycopg.Connection, start: datetime, end: datetime, cost_model: CostModel) -> FailureReport:

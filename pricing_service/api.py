@@ -16,10 +16,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.times import utc_now
 from pricing.book import PriceBookError
 from pricing.cost import CostModelError
 from pricing_service.books import book_paths, read_cost_model, read_price_book
-from pricing_service.shadow import shadow_rating_on, utc_now
+from pricing_service.shadow import shadow_rating_on
 
 router = APIRouter(tags=["pricing"], responses=error_responses(400, 401, 403, 404))
 

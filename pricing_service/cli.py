@@ -60,7 +60,8 @@ def compare_cmd(
 ) -> None:
     """Rate the same metered usage under each price book: revenue, cost, margin, risk, caching, retries."""
     from infermeter.times import parse_time
-    from pricing_service.compare import render_console, run_comparison
+    from pricing_service.compare import run_comparison
+    from pricing_service.comparison_report import render_console
 
     with _clear_errors():
         window = parse_time(start, "--from"), parse_time(end, "--to")

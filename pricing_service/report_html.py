@@ -12,8 +12,9 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from infermeter.times import utc_text
 from pricing.anatomy import TERMS
-from pricing_service.compare import ComparisonReport, _iso, _pct
+from pricing_service.comparison_report import ComparisonReport, gross_margin_pct
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;line-height:1.45}
@@ -64,7 +65,7 @@ def _figures(report: ComparisonReport) -> list[tuple[str, str, go.Figure]]:
     bucket = c.books[0].risk.bucket
     fig = go.Figure(
         [
-            go.Scatter(name=b.book.id, x=[_iso(x.start) for x in b.risk.buckets], y=[_f(x.margin) for x in b.risk.buckets],
+            go.Scatter(name=b.book.id, x=[utc_text(x.start) for x in b.risk.buckets], y=[_f(x.margin) for x in b.risk.buckets],
                        mode="lines+markers")
             for b in c.books
         ]
@@ -125,17 +126,17 @@ def write_html(report: ComparisonReport, path: Path) -> Path:
     c = report.comparison
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>Pricing experiment {html.escape(_iso(c.start))} .. {html.escape(_iso(c.end))}</title>",
+        f"<title>Pricing experiment {html.escape(utc_text(c.start))} .. {html.escape(utc_text(c.end))}</title>",
         f"<style>{CSS}</style></head><body>",
         "<h1>Pricing experiment: the same usage under several price books</h1>",
-        f"<p class='note'>Window [{_iso(c.start)}, {_iso(c.end)}), currency {c.currency}. Baseline book: "
+        f"<p class='note'>Window [{utc_text(c.start)}, {utc_text(c.end)}), currency {c.currency}. Baseline book: "
         f"<b>{html.escape(c.books[0].book.id)}</b>. Cost model: {html.escape(report.cost_model_source)}. "
         "Per GPU-hour pricing makes the customer carry utilisation; per-token pricing makes the platform carry "
         "production efficiency; per-task pricing makes the platform carry model quality and retries too.</p>",
     ]
     rows = []
     for b in c.books:
-        pct = _pct(b.margin, b.revenue)
+        pct = gross_margin_pct(b.margin, b.revenue)
         rows.append([b.book.id, b.revenue, b.cost, b.margin, "-" if pct is None else f"{pct}%", len(b.pays_more),
                      len(b.pays_less), b.risk.margin_stdev.quantize(Decimal("0.01")), b.risk.loss_making_customers])
     parts.append(_table(["book", "revenue", "cost", "margin", "margin %", "customers paying more than baseline",

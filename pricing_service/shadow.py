@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 
 import psycopg
 
+from infermeter.times import utc_now, utc_text
 from pricing.book import PriceBook
 from pricing.cost import CostModel
 from pricing.rating import rate
@@ -51,17 +52,12 @@ class ShadowReport:
                     "total_with_commitments": str(line.total_with_commitments),
                 }
             )
-        iso = lambda t: t.astimezone(UTC).isoformat().replace("+00:00", "Z")  # noqa: E731
         return {
-            "period": {"from": iso(self.period_start), "to": iso(self.period_end)},
-            "as_of": iso(self.as_of),
+            "period": {"from": utc_text(self.period_start), "to": utc_text(self.period_end)},
+            "as_of": utc_text(self.as_of),
             "live": True,
             "customers": [{"customer_id": c, "books": books} for c, books in sorted(by_customer.items())],
         }
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def shadow_rating(

@@ -90,7 +90,8 @@ from sqlalchemy.engine import Engine
 
 from infermeter.settings import Settings, get_settings
 from infermeter.times import Window
-from metering.queries import customer_token_sums, recorded_event_keys
+from metering.event_lookups import recorded_event_keys
+from metering.queries import customer_token_sums
 from serving import ratelimit
 from serving.gateway_contracts import Admitted, Rejected
 from serving.tables import budget_reservations, customer_budgets

@@ -43,7 +43,7 @@ underestimates what the replica can do and the recommendation errs on the side o
 Prompt tokens include cached ones (the engine's counter does), so the capacity also depends on the
 traffic's cache-hit mix.
 
-`serving.capacity_service` reads metering (metering.queries) and feeds these functions; the HTTP
+`serving.capacity_service` reads metering (metering.ops_reads) and feeds these functions; the HTTP
 endpoint, the CLI and the gateway's Prometheus gauges all show its `report`.
 """
 
@@ -237,7 +237,7 @@ def plan(minutes: Sequence[Minute], capacity_per_replica: float | None, policy: 
 
 
 def capacity_per_replica(replicas: Sequence[dict], min_busy_s: float = MIN_BUSY_S) -> float | None:
-    """Pooled tokens per busy second over the given replica sums (metering.queries.replica_interval_sums
+    """Pooled tokens per busy second over the given replica sums (metering.ops_reads.replica_interval_sums
     rows): sum(prompt + generation tokens) / sum(busy_s); None below `min_busy_s` of busy time."""
     busy = sum(r["busy_s"] for r in replicas)
     tokens = sum(r["prompt_tokens"] + r["generation_tokens"] for r in replicas)

@@ -1,4 +1,4 @@
-"""The capacity signal's I/O: read metering (metering.queries), build the reports (serving.capacity),
+"""The capacity signal's I/O: read metering (metering.ops_reads), build the reports (serving.capacity),
 set the Prometheus gauges, and the gateway's background refresher.
 
 Public API:
@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from infermeter.settings import Settings
-from metering import queries
+from metering import ops_reads, queries
 from serving import capacity, metrics
 
 log = logging.getLogger("serving.capacity")
@@ -53,10 +53,10 @@ def capacity_reports(conn: psycopg.Connection, *, now: datetime, policy: capacit
     (only `deployment_id` if given; [] when it has none), sorted by deployment."""
     as_of = as_of_for(now)
     start = as_of - timedelta(minutes=HISTORY_MIN)
-    request_rows = queries.request_minutes(conn, queries.Window(start, as_of), deployment_id=deployment_id)
-    capacity_rows = queries.replica_interval_sums(
+    request_rows = ops_reads.request_minutes(conn, queries.Window(start, as_of), deployment_id=deployment_id)
+    capacity_rows = ops_reads.replica_interval_sums(
         conn, queries.Window(as_of - timedelta(minutes=CAPACITY_WINDOW_MIN), as_of), deployment_id=deployment_id)
-    recent_rows = queries.replica_interval_sums(
+    recent_rows = ops_reads.replica_interval_sums(
         conn, queries.Window(as_of - timedelta(minutes=LIVE_WINDOW_MIN), as_of), deployment_id=deployment_id)
     deployments = sorted({r["deployment_id"] for r in request_rows} | {r["deployment_id"] for r in capacity_rows})
     reports = []

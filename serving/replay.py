@@ -284,7 +284,7 @@ def reconcile(report: ReplayReport, metered: dict[str, int]) -> dict[str, tuple[
     """(metered, vLLM) pairs for requests, prompt, cached and generated tokens; fills report.metered.
 
     `metered` is what metering recorded for the replay's request ids
-    (`metering.queries.request_event_totals`)."""
+    (`metering.event_lookups.request_event_totals`)."""
     report.metered = metered
     delta = report.vllm_delta
     return {

@@ -218,7 +218,7 @@ def test_dashboards_app_refuses_a_nul_in_a_filter(seeded_db: str, tmp_path) -> N
     as the API app does (found on the API app by schemathesis: it was a 500)."""
     from starlette.testclient import TestClient
 
-    from dashboards.web import create_dashboard_app
+    from dashboards.web.app import create_dashboard_app
 
     settings_ = Settings(INFERMETER_HOME=tmp_path / "home", DATABASE_URL=seeded_db, INFERMETER_ADMIN_TOKEN=ADMIN_TOKEN,
                          INFERMETER_PRODUCER_TOKEN=PRODUCER_TOKEN)

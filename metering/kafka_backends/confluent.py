@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from metering.kafka import (
+from metering.kafka_types import (
     MAX_MESSAGE_BYTES,
     AssignCallback,
     DeliveryCallback,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import kafka
 import kafka.errors as kerrors
 
-from metering.kafka import (
+from metering.kafka_types import (
     MAX_MESSAGE_BYTES,
     AssignCallback,
     DeliveryCallback,

@@ -3,7 +3,7 @@
 Revision ID: 0013
 Revises: 0012
 
-The operations page (`metering.queries.ingest_rate`, `metering.queries.metering_delay`) reads the
+The operations page (`metering.ops_reads.ingest_rate`, `metering.ops_reads.metering_delay`) reads the
 events that arrived in the last hour by `received_at`. raw_events is partitioned and BRIN-indexed by
 event time only, so those reads scanned every recent partition whole: on 3,000,000 events of one month
 the two reads took 200-260 ms, with this index 1.0-1.5 ms (`python -m bench.arrival_reads`,

@@ -14,7 +14,7 @@ import pytest
 
 from infermeter.stack import to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.writer import BatchWriter
 
 WRITER_NOW = datetime(2030, 1, 1, tzinfo=UTC)  # metering's clock: every test event is in its past

@@ -190,7 +190,7 @@ def _metered(settings, keys: list[tuple[str, str]]) -> None:
     import time
 
     from metering.consumer import MeteringConsumer, run_in_thread
-    from metering.queries import recorded_event_keys
+    from metering.event_lookups import recorded_event_keys
 
     consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
     thread = run_in_thread(consumer)

@@ -1,6 +1,6 @@
 """The capacity signal on real PostgreSQL: synthetic replays (tests/capacity/sim.py) written through
 metering's real write path (processor + BatchWriter: raw events, rollups, GPU ledger), read back
-through metering.queries by serving.capacity_service, minute by minute as a live gateway would
+through metering.ops_reads by serving.capacity_service, minute by minute as a live gateway would
 (each evaluation sees only the events whose event time is before it). Then the endpoint, the CLI
 and the gauges on the same data."""
 
@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.contract import encode_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.writer import BatchWriter
 from serving import metrics
 from serving.capacity import Policy

@@ -19,7 +19,8 @@ from metering.queries import Window
 from pricing.experiments import compare
 from pricing.records import AttemptRecord, Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord
 from pricing_service.books import read_cost_model, read_price_book
-from pricing_service.compare import ComparisonReport, default_book_paths, render_console
+from pricing_service.compare import default_book_paths
+from pricing_service.comparison_report import ComparisonReport, render_console
 from tests.pricing.usage_oracle import oracle_usages
 
 WIDTH = 80

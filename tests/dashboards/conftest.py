@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -78,6 +80,25 @@ class Site:
     app: object
 
 
+@contextmanager
+def served(app) -> Iterator[str]:
+    """`app` (an ASGI app) served by uvicorn on a free loopback port in a thread, its lifespan run:
+    its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
 @pytest.fixture(scope="package")
 def site(pg_server_url, kafka_bootstrap, tmp_path_factory) -> Site:
     name = f"dash{int(time.time() * 1000) % 10**8}"
@@ -94,19 +115,9 @@ def site(pg_server_url, kafka_bootstrap, tmp_path_factory) -> Site:
     store.revoke(revoked_id)
     keys = {"a": store.create("cust-a", project_id="proj-1")[1], "b": store.create("cust-b")[1],
             "revoked": revoked, "admin": settings.admin_token}
-    app = create_app(settings, settings.database_url, None)
-    app.state.keys = store  # no key cache: revocation is seen at once
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield Site(f"http://127.0.0.1:{port}", settings, keys, store, app)
-    server.should_exit = True
-    thread.join(15)
+    app = create_app(settings, settings.database_url, None, keys=store)  # no key cache: revocation is seen at once
+    with served(app) as url:
+        yield Site(url, settings, keys, store, app)
 
 
 @pytest.fixture(scope="package")
@@ -166,10 +177,11 @@ class Page:
 
 @pytest.fixture
 def web(browser, site):
+    """Opens a Page on the site (or on another Site given)."""
     pages: list[Page] = []
 
-    def open_page() -> Page:
-        pages.append(Page(browser, site))
+    def open_page(on: Site | None = None) -> Page:
+        pages.append(Page(browser, on or site))
         return pages[-1]
 
     yield open_page

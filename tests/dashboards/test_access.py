@@ -94,7 +94,7 @@ def test_the_pages_alone_serve_sign_in_and_data(site):
     """`infermeter serve dashboards` runs create_dashboard_app: pages and their data, no /v1 API."""
     from fastapi.testclient import TestClient
 
-    from dashboards.web import create_dashboard_app
+    from dashboards.web.app import create_dashboard_app
 
     app = create_dashboard_app(site.settings, site.settings.database_url, site.store)
     with TestClient(app) as client:

@@ -247,27 +247,47 @@ def test_bad_periods_and_exports_get_a_clear_error(web, site, billed):
                                                                     "void": 0}
 
 
-def test_billing_figures_are_shown_as_of_the_apps_billing_clock(site, billed, monkeypatch):
-    """The current period's preview and the credit balance are as of `app.state.billing_clock()` when
-    the app has one (the demo serves its pages as of the instant its billing run is made as of): before
-    the billing run cust-b's prepaid credit is whole, after it the invoice has used it, as
-    `billing_service.run.credits_view` says for the same instant."""
+def test_billing_views_have_the_shape_the_pages_need():
+    """billing_service.dashboard_views.DashboardViews has every operation of
+    dashboards.billing_views.BillingViews, with its parameters (the shape is not checked otherwise:
+    billing_service may not import dashboards)."""
+    import inspect
+
+    from billing_service.dashboard_views import DashboardViews
+    from dashboards.billing_views import BillingViews
+
+    wanted = {name: inspect.signature(f) for name, f in vars(BillingViews).items()
+              if inspect.isfunction(f) and not name.startswith("_")}
+    assert sorted(wanted) == ["current_period_spend", "customer_price_book", "finance_export", "finance_page",
+                              "invoice", "invoices"]
+    for name, signature in wanted.items():
+        assert list(inspect.signature(getattr(DashboardViews, name)).parameters) == list(signature.parameters), name
+
+
+def test_billing_figures_are_shown_as_of_the_apps_billing_clock(site, billed):
+    """The current period's preview and the credit balance are as of the app's billing clock when it
+    is built with one (`create_app(..., billing_clock=)`; the demo serves its pages as of the instant
+    its billing run is made as of): before the billing run cust-b's prepaid credit is whole, after it
+    the invoice has used it, as `billing_service.run.credits_view` says for the same instant."""
     from datetime import timedelta
 
-    import httpx
+    from fastapi.testclient import TestClient
 
+    from app.api import create_app
     from app.demo import BILLING_AS_OF, demo_billing_clock
     from billing_service.run import credits_view
 
     headers = {"Authorization": f"Bearer {site.keys['b']}"}
     shown = {}
     clock = {}
-    monkeypatch.setattr(site.app.state, "billing_clock", lambda: clock["at"], raising=False)
-    for at in (SETUP_AT + timedelta(days=1), BILLED_AT + timedelta(hours=1)):
-        clock["at"] = at
-        answer = httpx.get(f"{site.url}/dashboard/current-period.json?period={PERIOD}", headers=headers).json()
-        with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
-            assert answer["credit_balance"] == credits_view(conn, "cust-b", now=at)["balance"]
-        shown[at] = Decimal(answer["credit_balance"])
+    app = create_app(site.settings, site.settings.database_url, None, keys=site.store,
+                     billing_clock=lambda: clock["at"])
+    with TestClient(app) as client:
+        for at in (SETUP_AT + timedelta(days=1), BILLED_AT + timedelta(hours=1)):
+            clock["at"] = at
+            answer = client.get(f"/dashboard/current-period.json?period={PERIOD}", headers=headers).json()
+            with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
+                assert answer["credit_balance"] == credits_view(conn, "cust-b", now=at)["balance"]
+            shown[at] = Decimal(answer["credit_balance"])
     assert list(shown.values()) == [Decimal("0.05"), Decimal("0.00")]
     assert demo_billing_clock() >= BILLING_AS_OF

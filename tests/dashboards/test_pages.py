@@ -339,28 +339,28 @@ def test_signin_page_screenshot(site, web):
 def test_billing_sections_show_only_when_billing_is_registered(site, web):
     import dataclasses
 
-    from dashboards import extensions
+    from dashboards.web.app import create_dashboard_app
+    from tests.dashboards.conftest import served
 
     p = web()
     p.admin_sign_in(site.keys["admin"])
     p.goto(f"/dashboard?{Q}")  # an admin picks a customer first
     options = p.page.eval_on_selector_all("select[name=customer_id] option", "os => os.map(o => o.value)")
     assert options == ["cust-a", "cust-b"]
-    registered = dataclasses.replace(extensions.PROVIDERS)  # the API app registers billing's providers
-    assert registered.invoices is not None and registered.finance_page is not None
-    try:
-        extensions.reset()  # as a dashboards app without billing
-        p.goto(f"/dashboard?{Q}&customer_id=cust-b")
-        p.wait_for_charts(5)
-        assert num(p.text("total-output")) == 7 * 999
-        assert p.page.query_selector("[data-testid=invoices]") is None
-        assert p.page.query_selector("[data-testid=current-period]") is None
-        assert p.context.request.get(f"{site.url}/dashboard/invoices.json?customer_id=cust-b").status == 404
-        p.goto("/admin/finance")
-        assert "Billing is not wired yet" in p.text("finance-placeholder")
-    finally:
-        for f in dataclasses.fields(registered):
-            setattr(extensions.PROVIDERS, f.name, getattr(registered, f.name))
+    assert site.app.state.billing is not None  # the API app wires billing's views
+    unwired = create_dashboard_app(site.settings, site.settings.database_url, site.store)  # the pages without billing
+    with served(unwired) as url:
+        q = web(dataclasses.replace(site, url=url, app=unwired))
+        q.admin_sign_in(site.keys["admin"])
+        q.goto(f"/dashboard?{Q}&customer_id=cust-b")
+        q.wait_for_charts(5)
+        assert num(q.text("total-output")) == 7 * 999
+        assert q.page.query_selector("[data-testid=invoices]") is None
+        assert q.page.query_selector("[data-testid=current-period]") is None
+        assert q.context.request.get(f"{url}/dashboard/invoices.json?customer_id=cust-b").status == 404
+        q.goto("/admin/finance")
+        assert "Billing is not wired yet" in q.text("finance-placeholder")
+        assert q.problems == []
     p.goto(f"/dashboard?{Q}&customer_id=cust-b")
     p.wait_for_charts(5)
     assert p.page.query_selector("[data-testid=invoices]") is not None
@@ -439,27 +439,28 @@ def test_data_endpoints_answer_the_same_from_the_event_loop_and_from_a_worker_th
     assert in_loop.json()["spend"]["spend_per_successful_task"] is not None
 
 
-def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
+def test_chart_data_fast_path_answers_what_the_route_answers(site):
     """GET /dashboard/data/{chart}.json with a customer's bearer key is answered by dashboards.web's
     DataFastPath (before FastAPI's routing) in the server: the same status, body bytes and headers as
     the route (Starlette's TestClient calls the app from another event loop, where the fast path steps
     aside). Everything it does not answer (other credentials, another customer, bad times, CSV, no
-    bearer key) reaches the route and answers as before."""
+    bearer key) reaches the route and answers as before. The server is an API app of its own, served
+    behind a recorder of the requests no route handled (Starlette's router puts the matched route in
+    the request's scope; the fast path answers before it)."""
     import httpx
     from fastapi.testclient import TestClient
 
-    from dashboards import web
+    from app.api import create_app
+    from tests.dashboards.conftest import served
 
     answered: list[str] = []
-    real = web._fast_data
+    app = create_app(site.settings, site.settings.database_url, None, keys=site.store)
 
-    async def counted(scope, receive, chart):
-        body = await real(scope, receive, chart)
-        if body is not None:
-            answered.append(chart)
-        return body
+    async def recorded(scope, receive, send):
+        await app(scope, receive, send)
+        if scope["type"] == "http" and "route" not in scope:
+            answered.append(scope["path"])
 
-    monkeypatch.setattr(web, "_fast_data", counted)
     threaded = TestClient(site.app)
     a = {"Authorization": f"Bearer {site.keys['a']}"}
     cases = [(f"/dashboard/data/{chart}.json?{query}", a, 200)
@@ -478,36 +479,44 @@ def test_chart_data_fast_path_answers_what_the_route_answers(site, monkeypatch):
         (f"/dashboard/data/tokens.json?{Q}&customer_id=cust-b", admin, 200),  # admins: the route
         (f"/dashboard/data/tokens.json?{Q}", admin, 400),  # an admin without customer_id
     ]
-    for path, headers, status in cases:
-        served = httpx.get(f"{site.url}{path}", headers=headers)
-        routed = threaded.get(path, headers=headers)
-        assert (served.status_code, served.content) == (status, routed.content), path
-        assert routed.status_code == status, path
-        assert [(k, v) for k, v in served.headers.raw if k not in (b"date", b"server")] == routed.headers.raw, path
+    with served(recorded) as url:
+        for path, headers, status in cases:
+            answer = httpx.get(f"{url}{path}", headers=headers)
+            routed = threaded.get(path, headers=headers)
+            assert (answer.status_code, answer.content) == (status, routed.content), path
+            assert routed.status_code == status, path
+            assert [(k, v) for k, v in answer.headers.raw if k not in (b"date", b"server")] == routed.headers.raw, path
     assert len(answered) == fast  # the server's fast path answered every customer JSON request, nothing else
 
 
-def test_a_signed_in_session_reads_its_key_from_the_key_cache_and_ends_when_the_key_is_revoked(site, monkeypatch):
+def test_a_signed_in_session_reads_its_key_from_the_key_cache_and_ends_when_the_key_is_revoked(site):
     """A request signed in by session cookie takes its key from the key store's verified-key cache
-    (no database read while the entry lives, as for a bearer key); revoking the key ends the session."""
+    (no database read while the entry lives, as for a bearer key); revoking the key ends the session.
+    The server is an API app of its own, built with a key store that counts its database lookups."""
     import httpx
     from sqlalchemy import create_engine
 
+    from app.api import create_app
     from serving.keys import KeyStore
+    from tests.dashboards.conftest import served
 
-    store = KeyStore(create_engine(site.settings.database_url), settings=site.settings, cache_ttl_s=60)
-    monkeypatch.setattr(site.app.state, "keys", store)
-    key_id, _ = store.create("cust-a")
     lookups: list[tuple] = []
-    real = store._lookup
-    monkeypatch.setattr(store, "_lookup", lambda *a: lookups.append(a) or real(*a))
+
+    class CountedKeyStore(KeyStore):
+        def _lookup(self, *args):
+            lookups.append(args)
+            return super()._lookup(*args)
+
+    store = CountedKeyStore(create_engine(site.settings.database_url), settings=site.settings, cache_ttl_s=60)
+    key_id, _ = store.create("cust-a")
     cookie = Signer(site.settings.session_secret).sign(Session("customer", time.time() + 60, "cust-a", key_id).to_payload())
-    for path in (f"/dashboard/data/tokens.json?{Q}", f"/dashboard/data/summary.json?{Q}", f"/dashboard?{Q}"):
-        answer = httpx.get(f"{site.url}{path}", cookies={SESSION_COOKIE: cookie})
-        assert answer.status_code == 200, (path, answer.text)
-    assert len(lookups) == 1  # the first request read the key; the others used the cache
-    assert store.revoke(key_id)
-    answer = httpx.get(f"{site.url}/dashboard/data/tokens.json?{Q}", cookies={SESSION_COOKIE: cookie})
-    assert answer.status_code == 401 and "revoked" in answer.json()["error"]["message"]
-    answer = httpx.get(f"{site.url}/dashboard?{Q}", cookies={SESSION_COOKIE: cookie}, follow_redirects=False)
-    assert answer.status_code == 303 and "/signin" in answer.headers["location"]
+    with served(create_app(site.settings, site.settings.database_url, None, keys=store)) as url:
+        for path in (f"/dashboard/data/tokens.json?{Q}", f"/dashboard/data/summary.json?{Q}", f"/dashboard?{Q}"):
+            answer = httpx.get(f"{url}{path}", cookies={SESSION_COOKIE: cookie})
+            assert answer.status_code == 200, (path, answer.text)
+        assert len(lookups) == 1  # the first request read the key; the others used the cache
+        assert store.revoke(key_id)
+        answer = httpx.get(f"{url}/dashboard/data/tokens.json?{Q}", cookies={SESSION_COOKIE: cookie})
+        assert answer.status_code == 401 and "revoked" in answer.json()["error"]["message"]
+        answer = httpx.get(f"{url}/dashboard?{Q}", cookies={SESSION_COOKIE: cookie}, follow_redirects=False)
+        assert answer.status_code == 303 and "/signin" in answer.headers["location"]

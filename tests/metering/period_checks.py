@@ -21,7 +21,7 @@ from infermeter.times import ceil_hour
 from metering import period_reads, queries
 from metering.calendars import SPAN, set_calendar
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.period_totals import REQUEST_COUNTS
 
 UTC_MONTHS = ("UTC", 1)

@@ -149,7 +149,7 @@ def test_a_customer_key_cannot_report_an_outcome_under_a_producers_source(api, s
     import psycopg
 
     from metering.consumer import MeteringConsumer, run_in_thread
-    from metering.queries import recorded_event_keys
+    from metering.event_lookups import recorded_event_keys
     from tests.metering.conftest import dsn
 
     client, keys = api

@@ -1,4 +1,4 @@
-"""metering.queries.customers_with_usage: the customers with any usage in a window (requests, usage
+"""metering.customers_with_usage: the customers with any usage in a window (requests, usage
 meters, task outcomes, dedicated GPU time), whether each rollup table is walked by its key (a loose
 index scan) or read by hour, and for given customers only (`among`). Usage written through metering's
 real write path (BatchWriter) into a real PostgreSQL."""
@@ -12,7 +12,7 @@ import pytest
 
 from infermeter.stack import to_libpq_url
 from infermeter.times import Window
-from metering.queries import _ROLLUPS, customers_with_usage, customers_with_usage_sql
+from metering.customers_with_usage import _ROLLUPS, customers_with_usage, customers_with_usage_sql
 from tests.billing_service.conftest import Metering
 
 NOV = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))

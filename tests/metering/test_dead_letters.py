@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from metering.kafka import TopicPartition, make_assigned_consumer
+from metering.kafka import make_assigned_consumer
+from metering.kafka_types import TopicPartition
 from tests.metering.conftest import dsn, meter, request_event, task_event
 
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -96,24 +97,24 @@ def test_an_event_postgres_refuses_is_isolated_and_dead_lettered(settings):
     assert reason == "storage_error" and "overflow" in detail
 
 
-def test_writer_threads_copying_dead_letters_at_once_share_one_producer(settings, monkeypatch):
+def test_writer_threads_copying_dead_letters_at_once_share_one_producer(settings):
     """Each writer thread copies its batch's dead letters; two creating the producer at once used to
     leave one producer unreferenced, and its queued copies were dropped with it (seen in CI)."""
     import threading
     import time
 
-    from metering import consumer as consumer_module
+    from metering.consumer import MeteringConsumer
+    from metering.kafka import make_producer
 
     made = []
-    real_make_producer = consumer_module.make_producer
 
-    def slow_make_producer(*args, **kwargs):
+    def slow_make_producer():
         time.sleep(0.05)  # a real client takes a moment to build: the window the race needs
-        made.append(real_make_producer(*args, **kwargs))
+        made.append(make_producer(settings.kafka_bootstrap, settings.kafka_backend, client_id="infermeter-dead-letter"))
         return made[-1]
 
-    monkeypatch.setattr(consumer_module, "make_producer", slow_make_producer)
-    metering = consumer_module.MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    metering = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap,
+                                dead_letter_producer=slow_make_producer)
     start = threading.Barrier(4)
 
     def copy() -> None:

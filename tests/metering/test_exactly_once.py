@@ -11,7 +11,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from metering import queries
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.processor import process
 from metering.writer import BatchWriter
 from tests.metering.conftest import dsn, meter, mixed_stream, request_event, snapshot

@@ -11,10 +11,10 @@ import psycopg
 
 from infermeter.stack import free_port, start_tansu, to_libpq_url
 from metering.consumer import MeteringConsumer, run_in_thread
+from metering.event_lookups import handled_event_keys
 from metering.kafka import ensure_topics, make_producer
 from metering.outbox import INGEST_ID_HEADER, MeteringConfirmer, Outbox, Spool, event_identity
 from metering.processor import INGEST_ID_HEADER as PROCESSOR_INGEST_ID_HEADER
-from metering.queries import handled_event_keys
 from tests.metering.conftest import request_event
 
 

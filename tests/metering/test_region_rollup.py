@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from metering import queries
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.writer import BatchWriter
 from tests.metering.conftest import dsn, request_event, subprocess_env
 

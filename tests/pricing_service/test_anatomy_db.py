@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from infermeter.stack import to_libpq_url
 from metering.contract import REQUEST_V1, encode_event, make_event, replica_event, task_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.writer import BatchWriter
 from pricing.anatomy import TERMS
 from pricing.cost import CostModel

@@ -18,6 +18,7 @@ from metering.kafka import ensure_topics, make_producer
 from pricing.cost import attribute
 from pricing_service.books import read_cost_model
 from pricing_service.compare import default_book_paths, run_comparison
+from pricing_service.report_html import write_html
 from pricing_service.source import connect, load_dataset
 from tests.pricing_service.test_html_report import CHROMIUM
 
@@ -62,7 +63,7 @@ def test_demo_replay_pricing_reconciles_and_renders(settings, tmp_path):
     assert Decimal(data["usage"]["successful_tasks"]) == successes
     assert len(data["books"]) == 3 and all(Decimal(b["revenue"]) > 0 for b in data["books"])
 
-    page_path = report.write_html(tmp_path / "pricing.html")
+    page_path = write_html(report, tmp_path / "pricing.html")
     problems: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

@@ -6,7 +6,8 @@ import time
 
 import orjson
 
-from metering.kafka import TopicPartition, list_partitions, make_assigned_consumer
+from metering.kafka import list_partitions, make_assigned_consumer
+from metering.kafka_types import TopicPartition
 
 
 def read_events(bootstrap: str, topic: str, expected_unique: int, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from infermeter.stack import to_libpq_url
 from infermeter.times import Window
 from metering.contract import REQUEST_V1, encode_event, make_event
-from metering.kafka import Message
+from metering.kafka_types import Message
 from metering.writer import BatchWriter
 from serving.budgets import (
     WARNING_HEADER,

@@ -250,7 +250,7 @@ class ScriptedProducer:
         self.flush(timeout_s)
 
     def flush(self, timeout_s: float = 30) -> int:
-        from metering.kafka import DeliveryFailed
+        from metering.kafka_types import DeliveryFailed
 
         self.flushes.append(timeout_s)
         kept = []
