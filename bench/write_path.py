@@ -88,13 +88,15 @@ def _run(args: argparse.Namespace, server: str) -> dict:
     return report
 
 
-def alternating_write_rates(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False) -> dict[str, float]:
+def alternating_write_rates(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False,
+                            options: dict[str, dict] | None = None) -> dict[str, float]:
     """Metering's BatchWriter rate (events/s, median over batches) for each name's (database URL,
     messages), written batch by batch in turn so all see the same minutes of this shared machine
     (`flip`: the order reverses every batch); the first batch of each warms partitions, temp tables
-    and plans and is not timed."""
+    and plans and is not timed. `options`: BatchWriter keyword arguments per name."""
     writers = {name: BatchWriter(to_libpq_url(url), group_id=f"b{uuid.uuid4().hex[:6]}", max_bytes=65536,
-                                 future_tolerance_s=300) for name, (url, _) in targets.items()}
+                                 future_tolerance_s=300, **(options or {}).get(name, {}))
+               for name, (url, _) in targets.items()}
     seconds: dict[str, list[float]] = {name: [] for name in targets}
     order = list(targets)
     try:
