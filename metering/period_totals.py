@@ -35,6 +35,14 @@ import psycopg
 _CALENDAR_LOCK_KEY = "hashtext('infermeter.customer_calendars')"
 LOCK_CALENDARS_SHARED = f"SELECT pg_advisory_xact_lock_shared({_CALENDAR_LOCK_KEY})"
 LOCK_CALENDARS = f"SELECT pg_advisory_xact_lock({_CALENDAR_LOCK_KEY})"
+# A batch naming tasks also locks its customers' task buckets (64, in bucket order) before its statement:
+# a task's share is read, then moved, so two writers must not move the same task at once. Producers key
+# events by customer (one partition, one writer per customer), so the locks only ever wait when a
+# customer's events come through two partitions; then they order the two transactions.
+LOCK_TASK_CUSTOMERS = """
+SELECT pg_advisory_xact_lock(hashtext('infermeter.task_period_totals'), bucket)
+FROM (SELECT DISTINCT hashtext(customer_id) & 63 AS bucket FROM unnest(%s::text[]) AS customer_id ORDER BY 1) AS buckets
+"""
 
 REQUEST_COUNTS = (
     "requests", "requests_ok", "requests_error", "requests_cancelled", "requests_rejected",

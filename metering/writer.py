@@ -23,6 +23,7 @@ from metering.kafka_types import Message, TopicPartition
 from metering.period_totals import (
     BATCH_TASK_CHANGES,
     LOCK_CALENDARS_SHARED,
+    LOCK_TASK_CUSTOMERS,
     REQUEST_COUNTS,
     REQUEST_FIELDS,
     REQUEST_SUMS,
@@ -435,6 +436,8 @@ class BatchWriter:
             cur.execute(WRITE_BATCH_WITHOUT_TOTALS)
             return [row[0] for row in cur.fetchall()]
         cur.execute(LOCK_CALENDARS_SHARED)  # before the statement: its snapshot sees the committed calendars
+        if batch.names_tasks:
+            cur.execute(LOCK_TASK_CUSTOMERS, (sorted({row[4] for row in batch.stage_rows if row[7] is not None}),))
         cur.execute(WRITE_BATCH)
         fresh = [row[0] for row in cur.fetchall()]
         if batch.names_tasks:

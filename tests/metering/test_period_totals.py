@@ -388,3 +388,55 @@ def test_rebuild_totals_command_restores_lost_totals_and_says_what_it_did(db_url
         refused = rebuild_cli(db_url, *args)
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines() == [f"error: {message} (repeatable), or give --all"]
+
+
+def test_one_customers_task_events_on_two_partitions_written_concurrently_stay_exact(db_url, conn):
+    """Producers key events by customer, but the totals must not depend on it: two writers (two
+    partitions) write attempts and outcomes of the same tasks at the same time."""
+    import threading
+
+    from metering.kafka_types import Message
+
+    give_calendar(conn, "kol", *SCHEDULES["kol"])
+    b = boundary("kol", "2026-03")
+    ev = Events("two")
+    tasks = [f"kol-c{t}" for t in range(60)]
+    outcomes = [ev.task("kol", task, ("succeeded", "failed", "abandoned")[n % 3], b + (-1) ** n * MIN * (n + 1))
+                for n, task in enumerate(tasks)]
+    writer = writer_for(db_url, group="two")
+    writer.write(ev.messages(outcomes))  # partition 0, offsets from 0
+    writer.close()
+    # then rounds of attempts only (nothing in the batch's statement waits for the other writer), and
+    # every other round a replacing outcome for a third of the tasks
+    rounds: list[list[list[bytes]]] = [[], []]
+    for r in range(10):
+        for side in (0, 1):
+            # each side its own model: no rollup row is shared, so nothing else orders the two transactions
+            batch = [ev.request("kol", b - MIN * (r + 1), model=f"m{side}", task_id=task, attempt=2 + 2 * r + side)
+                     for task in tasks]
+            if r % 2 and side:
+                batch += [ev.task("kol", task, ("succeeded", "failed")[r % 4 // 2], b + HOUR * (r + 1) * (-1) ** n,
+                                  source=f"//later/{r}") for n, task in enumerate(tasks) if n % 3 == 0]
+            rounds[side].append(batch)
+    writers = [writer_for(db_url, group="two"), writer_for(db_url, group="two")]
+    start = threading.Barrier(2)
+    errors = []
+
+    def run(side: int) -> None:
+        try:
+            for r, batch in enumerate(rounds[side]):
+                messages = [Message("events", 2 + side, r * 1000 + i, None, line, {}, None) for i, line in enumerate(batch)]
+                start.wait(30)
+                writers[side].write(messages)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(side,)) for side in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for writer in writers:
+        writer.close()
+    assert not errors, errors
+    check_customer(conn, "kol", SCHEDULES["kol"])
