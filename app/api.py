@@ -6,6 +6,7 @@
     billing_service  GET /v1/invoices/preview, /v1/billing/... (customers, plans, runs, invoices, credits,
                      exports); POST /v1/stripe/webhook (Stripe-Signature is the credential)
     serving          GET /v1/deployments/{id}/capacity, GET and PUT /v1/customers/{id}/residency (admin)
+    prediction_service POST /v1/quotes (a customer's key, or admin), GET /v1/predictions/status (admin)
     dashboards       the web pages: /dashboard, /admin/ops, /admin/pricing, /admin/finance, /metrics/metering;
                      billing's parts of them (invoices, current-period spend, the customer's own book, the
                      finance page and its exports) come from billing_service, built by `dashboard_billing`
@@ -48,13 +49,14 @@ from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.api import Publisher
 from metering.api import router as metering_router
+from prediction_service.api import router as prediction_router
 from pricing_service.api import router as pricing_router
 from serving.capacity_api import router as capacity_router
 from serving.keys import KeyStore
 from serving.residency_api import router as residency_router
 
 ROUTERS = (metering_router, pricing_router, billing_router, stripe_router, capacity_router, residency_router,
-           dashboards_router)
+           prediction_router, dashboards_router)
 
 
 def dashboard_billing(settings: Settings, database_url: str) -> BillingViews:

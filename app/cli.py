@@ -134,6 +134,9 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             path = write_stack_file(
                 settings, stack, api=f"http://{settings.api_host}:{settings.api_port}" if api else None
             )
+            from prediction_service.schedule import RefitSchedule
+
+            refits = RefitSchedule(run_settings, stack.database_url).start()  # INFERMETER_PREDICT_REFIT_INTERVAL_S
             serving_stack = None
             if serving is not None:  # after the stack file: the agents and the gateway find the stack by it
                 from app.serving_stack import ServingStack
@@ -146,6 +149,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
                 _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serving)
             finally:
                 guard.stopping = True  # no signal may cut the clean-up short
+                refits.stop()
                 if serving_stack is not None:  # before the broker stops: the gateway's last events go out
                     serving_stack.stop()
                 for replayer in replayers:  # unconfirmed events stay spooled for the next up
@@ -638,6 +642,8 @@ def _mount_optional_apps() -> None:
         return
     from app.replay import replay_app
     from billing_service.cli import APPS as billing_apps
+    from prediction_service.cli import app as predict_cli
+    from prediction_service.cli import quote_command
     from pricing_service.cli import app as pricing_cli
     from pricing_service.cli import cost_app
     from serving.capacity_api import capacity_command
@@ -646,6 +652,8 @@ def _mount_optional_apps() -> None:
     from serving.residency_api import residency_command
 
     app.add_typer(pricing_cli, name="pricing")
+    app.add_typer(predict_cli, name="predict")
+    app.command("quote")(quote_command)
     app.add_typer(cost_app, name="cost")
     app.add_typer(serve_app, name="serve")
     app.add_typer(replay_app, name="replay")

@@ -219,3 +219,13 @@ def whole_hours(period: Period | Window) -> Window | None:
     """The span of whole UTC hours inside a period (what the hourly rollups can serve), or None."""
     start, end = ceil_hour(period.start), floor_hour(period.end)
     return Window(start, end) if start < end else None
+
+
+# ---------------------------------------------------------------- the grace window
+
+
+def grace_over(period: Period, now: datetime, grace: timedelta) -> bool:
+    """True from the instant the grace window after the period ends: [period.end, period.end + grace)
+    is the window in which late usage still refreshes the draft, and at period.end + grace exactly the
+    invoice is due for finalization."""
+    return now >= period.end + grace

@@ -363,6 +363,22 @@ class Settings(BaseSettings):
         description="Secret that signs dashboard session cookies and CSRF tokens. Unset: generated on first "
         "start and kept in INFERMETER_HOME/credentials.json (set it when several API processes serve the pages).",
     )
+    # --- prediction: the predictors learned from metered history (prediction_service/) -----------
+    predict_refit_interval_s: float = Field(
+        default=3600.0,
+        ge=0,
+        validation_alias="INFERMETER_PREDICT_REFIT_INTERVAL_S",
+        description="How often `infermeter up` fits the predictors again (request, task and spend forecasts; "
+        "docs/prediction.md), the first time at start-up. 0: never (`infermeter predict fit` still does).",
+    )
+    predict_window_days: int = Field(
+        default=28,
+        ge=1,
+        validation_alias="INFERMETER_PREDICT_WINDOW_DAYS",
+        description="Days of metered history before the current hour that a scheduled fit (and `infermeter "
+        "predict fit` without --from/--to) learns from.",
+    )
+
     gateway_metrics_urls: str = Field(
         default="",
         validation_alias="INFERMETER_GATEWAY_METRICS_URLS",

@@ -9,12 +9,14 @@ import pytest
 from billing.errors import BillingError, MinorUnitError
 from billing.stripe_keys import (
     credit_note_key,
+    customer_update_key,
     finalize_key,
     from_minor_units,
     idempotency_key,
     invoice_item_key,
     invoice_key,
     to_minor_units,
+    void_key,
 )
 from pricing.money import Currency
 
@@ -39,7 +41,7 @@ def test_to_minor_units(amount, currency, minor):
 @pytest.mark.parametrize(
     ("amount", "currency", "message"),
     [
-        (D("12.345"), "USD", "more decimals than USD allows"),
+        (D("12.345"), "USD", "^amount 12.345 USD has more decimals than USD allows"),
         (D("5.5"), "JPY", "JPY allows \\(no decimals\\)"),
         (D("1.2345"), "BHD", "at most 3 decimal places"),
         (D("1"), "XYZ", "unknown currency"),
@@ -65,3 +67,37 @@ def test_keys():
         idempotency_key("x", "a:b")
     with pytest.raises(BillingError, match="Stripe allows 255"):
         idempotency_key("x", "a" * 300)
+
+
+def test_a_key_of_exactly_255_characters_is_stripes_limit():
+    head = "infermeter:x:"
+    assert len(idempotency_key("x", "a" * (255 - len(head)))) == 255
+    with pytest.raises(BillingError, match="idempotency key is 256 characters; Stripe allows 255"):
+        idempotency_key("x", "a" * (256 - len(head)))
+
+
+@pytest.mark.parametrize("part", ["", "a b", "a\tb", "a:b"])
+def test_key_parts_are_non_empty_without_colons_or_spaces(part):
+    with pytest.raises(BillingError, match="must be non-empty, without ':' or spaces"):
+        idempotency_key("x", part)
+    with pytest.raises(BillingError, match="must be non-empty"):
+        idempotency_key(part or " ", "ok")
+
+
+def test_customer_update_and_void_keys():
+    assert customer_update_key("acme", 0, "v1") == "infermeter:customerupdate:acme:0:v1"
+    assert customer_update_key("acme", 3, "9f2c") == "infermeter:customerupdate:acme:3:9f2c"
+    assert void_key("inv_abc") == "infermeter:void:inv_abc"
+
+
+def test_minor_units_refuse_what_is_not_an_amount():
+    with pytest.raises(MinorUnitError, match="must be a Decimal, got bool"):
+        to_minor_units(True, "USD")
+    assert to_minor_units(7, "USD") == 700  # an int is a whole amount
+    with pytest.raises(MinorUnitError, match="minor units must be an int, got Decimal"):
+        from_minor_units(D("1"), "USD")
+    with pytest.raises(MinorUnitError, match="minor units must be an int, got bool"):
+        from_minor_units(True, "USD")
+    with pytest.raises(MinorUnitError, match="unknown currency 'XYZ'"):
+        from_minor_units(1, "XYZ")
+    assert from_minor_units(1234, Currency.of("BHD")) == D("1.234")
