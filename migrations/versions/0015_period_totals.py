@@ -1,7 +1,7 @@
 """metering: billing calendars as data and period totals kept at ingest
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 
 Metering keeps, in the same transaction as the hourly rollups, totals per customer x billing period
 (docs/metering.md, "Period totals"): request_period_totals (per model x deployment x project),
@@ -23,8 +23,8 @@ what this migration does.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
