@@ -33,9 +33,10 @@ does), so the period lookups find rows. Both variants then run through `consume`
 `metering run` whose writers may leave the totals out). The same run then measures the write floor
 (bench.write_path's PostgreSQL rate, the old statement and the new one alternating batch by batch,
 in-process), the same over the events as agent traffic (`with_tasks`: requests in tasks with
-attempts, outcome events, so the task statement runs), the calendar lock's own cost per batch, and
-prints `totals_ratio` (mean steady rate on / off) and `floor_ratio` (mean steady rate on / the old
-statement's PostgreSQL rate).
+attempts, outcome events, so the task statement runs), each also as CPU time per event (the
+PostgreSQL backend's and the writing thread's: what a busy shared machine disturbs least), the
+calendar lock's own cost per batch, and prints `totals_ratio` (mean steady rate on / off) and
+`floor_ratio` (mean steady rate on / the old statement's PostgreSQL rate).
 """
 
 from __future__ import annotations
@@ -347,6 +348,19 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
             broker.stop()
 
 
+def _floor_figures(name: str, costs: dict[str, dict[str, float]]) -> dict:
+    """Rates, CPU per event and their ratios (with the totals / without) of one floor measurement."""
+    without, with_ = costs["without"], costs["with"]
+    return {
+        f"{name}_without_totals_events_per_s": round(without["events_per_s"]),
+        f"{name}_with_totals_events_per_s": round(with_["events_per_s"]),
+        f"{name}_totals_ratio": round(with_["events_per_s"] / without["events_per_s"], 3),
+        f"{name}_without_totals_cpu_us_per_event": round(without["cpu_us_per_event"], 2),
+        f"{name}_with_totals_cpu_us_per_event": round(with_["cpu_us_per_event"], 2),
+        f"{name}_totals_cpu_ratio": round(with_["cpu_us_per_event"] / without["cpu_us_per_event"], 3),
+    }
+
+
 def _on_off(value: str) -> bool:
     if value not in ("on", "off"):
         raise SystemExit(f"--totals: on or off, not {value!r}")
@@ -385,7 +399,7 @@ def totals_comparison(server_url: str, results: list[dict], events: int = 60_000
     floor, and the calendar lock's own cost (the shared lock's statement alone, per batch)."""
     import statistics
 
-    from bench.write_path import BATCH, alternating_write_rates
+    from bench.write_path import BATCH, alternating_write_costs
     from metering.kafka_types import Message
     from metering.period_totals import LOCK_CALENDARS_SHARED
 
@@ -396,12 +410,12 @@ def totals_comparison(server_url: str, results: list[dict], events: int = 60_000
     console.print(f"write floor: {events} events, the old statement and the new one alternating…")
     generated = generate(events, seed=3)
     messages = [Message("events", i % 8, i // 8, key, value, {}, None) for i, (key, value) in enumerate(generated)]
-    floor = alternating_write_rates({"without": (new_database(server_url, calendars=True), messages),
+    floor = alternating_write_costs({"without": (new_database(server_url, calendars=True), messages),
                                      "with": (new_database(server_url, calendars=True), messages)},
                                     flip=True, options={"without": {"period_totals": False}})
     tasks = [Message("events", i % 8, i // 8, key, value, {}, None) for i, (key, value) in enumerate(with_tasks(generated))]
     console.print(f"write floor with tasks: {len(tasks)} events…")
-    task_floor = alternating_write_rates({"without": (new_database(server_url, calendars=True), tasks),
+    task_floor = alternating_write_costs({"without": (new_database(server_url, calendars=True), tasks),
                                           "with": (new_database(server_url, calendars=True), tasks)},
                                          flip=True, options={"without": {"period_totals": False}})
     lock_s = []
@@ -415,15 +429,11 @@ def totals_comparison(server_url: str, results: list[dict], events: int = 60_000
     out = {
         "ingest_steady_on_events_per_s": on and round(on), "ingest_steady_off_events_per_s": off and round(off),
         "totals_ratio": round(on / off, 3) if on and off else None,
-        "floor_without_totals_events_per_s": round(floor["without"]),
-        "floor_with_totals_events_per_s": round(floor["with"]),
-        "floor_totals_ratio": round(floor["with"] / floor["without"], 3),
-        "floor_ratio": round(on / floor["without"], 3) if on else None,
-        "tasks_floor_without_totals_events_per_s": round(task_floor["without"]),
-        "tasks_floor_with_totals_events_per_s": round(task_floor["with"]),
-        "tasks_floor_totals_ratio": round(task_floor["with"] / task_floor["without"], 3),
+        "floor_ratio": round(on / floor["without"]["events_per_s"], 3) if on else None,
+        **_floor_figures("floor", floor),
+        **_floor_figures("tasks_floor", task_floor),
         "calendar_lock_us": round(statistics.median(lock_s) * 1e6, 1),
-        "calendar_lock_share_of_a_batch": round(statistics.median(lock_s) / (BATCH / floor["with"]), 5),
+        "calendar_lock_share_of_a_batch": round(statistics.median(lock_s) / (BATCH / floor["with"]["events_per_s"]), 5),
     }
     console.print(out)
     return out
