@@ -123,6 +123,14 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             workers = [MeteringConsumer(run_settings, stack.database_url, stack.kafka_bootstrap)
                        for _ in range(consumers)]
             threads = [run_in_thread(w) for w in workers]
+            retention = None
+            if settings.archive_interval_h > 0:  # months that left the retention: archived, then dropped
+                from metering.archive import RetentionJob, archive_dir
+
+                retention = RetentionJob(
+                    to_libpq_url(stack.database_url), retention_months=settings.retention_months,
+                    directory=archive_dir(settings), interval_s=settings.archive_interval_h * 3600,
+                    report=lambda line: console.print(line, soft_wrap=True, highlight=False)).start()
             # Metered ack: events that `events ingest` (and the API) spooled in this home and metering
             # has not confirmed are published (again) to this broker: what a killed stack had
             # acknowledged is metered after all. Fresh rows are left to the process publishing them.
@@ -152,6 +160,8 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
                 refits.stop()
                 if serving_stack is not None:  # before the broker stops: the gateway's last events go out
                     serving_stack.stop()
+                if retention is not None:  # stops between two batches of a file: the month stays whole
+                    retention.close()
                 for replayer in replayers:  # unconfirmed events stay spooled for the next up
                     replayer.close(2.0)
                     replayer.spool.close()
@@ -257,7 +267,8 @@ def db_check() -> None:
 
 @events_app.command("ingest")
 def events_ingest(
-    file: Annotated[Path, typer.Argument(help="JSON Lines file: one CloudEvent per line.")],
+    file: Annotated[Path, typer.Argument(
+        help="JSON Lines file (one CloudEvent per line), or a raw-events archive (.parquet) of `metering archive`.")],
     wait: Annotated[bool, typer.Option(help="Return only when metering has handled every event.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print only {accepted, duplicates, rejected}.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 900,
@@ -265,7 +276,9 @@ def events_ingest(
     """Publish a file of events to Kafka (keyed by customer).
 
     Lines that are not JSON are reported with their line number and counted as rejected; the rest
-    of the file still goes through. With --wait, the counts are metering's: accepted, duplicates
+    of the file still goes through. A `.parquet` file is read as an archive of `infermeter metering
+    archive` and its events are published as they were stored (replay: its months must be inside the
+    retention of the consumer that meters them, e.g. INFERMETER_RETENTION_MONTHS=N for the replay). With --wait, the counts are metering's: accepted, duplicates
     (already metered), rejected (dead-lettered, plus bad lines). When this command had to start
     its own broker, it also runs the metering consumer and waits, since that broker dies with it.
 
@@ -279,7 +292,7 @@ def events_ingest(
         IngestCounts,
         publish_lines,
         publish_spooled,
-        read_lines,
+        read_events,
         spool_lines,
         wait_for_receipt,
     )
@@ -296,7 +309,7 @@ def events_ingest(
         # are metered whatever happens to this command, by it or by the next `infermeter up`.
         spool = Spool(spool_dir(settings) / "ingest.sqlite3", sync=settings.spool_sync)
         try:
-            spooled = spool_lines(spool, read_lines(file))
+            spooled = spool_lines(spool, read_events(file))
         finally:
             spool.close()
     with contextlib.ExitStack() as exit_stack:
@@ -329,7 +342,7 @@ def events_ingest(
                         raise CliError(f"{exc} ({publication.spooled} events spooled)") from None
                 else:
                     publication = publish_lines(
-                        producer, settings.events_topic, read_lines(file),
+                        producer, settings.events_topic, read_events(file),
                         on_progress=lambda n: progress.update(task, completed=n),
                     )
         finally:
@@ -465,6 +478,54 @@ def metering_rebuild_totals(
     console.print(table)
     if len(results) > 50:
         console.print(f"… and {len(results) - 50:,} more customers (--json lists them all)")
+
+
+@metering_app.command("archive")
+def metering_archive(
+    before: Annotated[str, typer.Option(help="Archive every month before this one (YYYY-MM, UTC) that still has "
+                                             "partitions; it may not be later than the oldest retained month.")],
+    directory: Annotated[Path | None, typer.Option(
+        "--dir", help="Folder of the Parquet files (default INFERMETER_ARCHIVE_DIR, else INFERMETER_HOME/archive).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only {\"before\": \"YYYY-MM\", \"archived\": [{month, file, events, key_checksum}]}.")] = False,
+) -> None:
+    """Archive the months that left the retention: raw events to Parquet, verified, then their partitions dropped.
+
+    For each month before --before that still has raw_events or event_keys partitions: its raw events
+    are written to DIR/raw_events_YYYY_MM.parquet (temporary name, fsync, rename), the file is read
+    back and its row count and checksum of every (source, id) compared with the partition's, and only
+    then the month's raw_events and event_keys partitions are dropped (one transaction per month).
+    A month inside the retention (INFERMETER_RETENTION_MONTHS) is refused: its keys still catch
+    duplicates. A second run finds nothing to do; after a crash the next run writes the file again.
+    Rollups, ledgers, invoices and their history are kept. `infermeter up` runs this daily
+    (INFERMETER_ARCHIVE_INTERVAL_H); `events ingest FILE.parquet` replays an archive.
+    """
+    from datetime import UTC, datetime
+
+    from metering.archive import archive_before, archive_dir, check_outside_retention, parse_month
+
+    settings = get_settings()
+    month = parse_month(before)
+    now = datetime.now(UTC)
+    check_outside_retention(month, now=now, retention_months=settings.retention_months)  # before anything starts
+    folder = directory or archive_dir(settings)
+    with open_stack(settings, broker=False) as stack, _progress(as_json) as progress:
+        tasks: dict = {}
+
+        def on_progress(m, done: int, total: int | None) -> None:
+            if m not in tasks:
+                tasks[m] = progress.add_task(f"archiving {m:%Y-%m}", total=total)
+            progress.update(tasks[m], completed=done, total=total)
+
+        done = archive_before(to_libpq_url(stack.database_url), month, directory=folder, now=now,
+                              retention_months=settings.retention_months, on_progress=on_progress)
+    if as_json:
+        _print_json({"before": f"{month:%Y-%m}", "archived": [m.to_json() for m in done]})
+        return
+    for m in done:
+        console.print(f"archived {m.month:%Y-%m}: {m.events:,} events -> {m.file} (verified; raw_events and "
+                      "event_keys partitions dropped)", soft_wrap=True, highlight=False)
+    if not done:
+        console.print(f"nothing to archive before {month:%Y-%m}", highlight=False)
 
 
 # --- queries -----------------------------------------------------------------------------------

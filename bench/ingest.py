@@ -16,6 +16,20 @@ Prints `metering_events_per_s`, `raw_consume_events_per_s` and their `ratio` for
 the steady rate (first commit to last, without process start and group join) with its ratio.
 Uses the embedded PostgreSQL and Tansu unless DATABASE_URL / KAFKA_BOOTSTRAP are set.
 
+`--stored-keys N` (bench.ingest --stored-keys 20000000 --events 200000 --processes 1 --backends confluent):
+ingest into a store that already holds N event keys against ingest into an empty one, in the same
+run. The keys are preloaded with SQL (generate_series) into the event_keys partitions of the 12
+UTC months before the current one (the retained months of INFERMETER_RETENTION_MONTHS=13); the
+ingested events fall in the current month. The same produced topic is metered into each store in
+turn (`--rounds` pairs, ABAB then BABA: the current month's partitions and every rollup are emptied
+before each measurement); the report gives each arm's median and `ratio` = stored / empty (target
+>= 0.9). Then, in-process and batch by batch in turn (bench.write_path's method, `--write-path-events`
+each): the write path into the empty store, into the stored one, into the stored one with every
+event also probed against every retained month's key (a design that catches an id reused in another
+month: `probe_all_months`), and into a database with the schema before migration 0014 (one
+unpartitioned key table, empty: `before_0014`); and the readers that look keys up without a time
+(`metering.event_lookups.handled_event_keys`, 5,000 keys) on the stored store against the empty one.
+
 `--ack broker,metered` measures both acknowledgement modes in one run (default: broker only).
 broker: the events are produced straight from memory (what `events ingest` does with
 INFERMETER_ACK=broker). metered: they are appended to an outbox spool (SQLite) and published from
@@ -57,6 +71,7 @@ from rich.console import Console
 from infermeter.db import upgrade
 from infermeter.settings import Settings, get_settings
 from infermeter.stack import scratch_folder, start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.times import add_months, month_start
 from metering.contract import REQUEST_V1, encode_event, make_event
 from metering.kafka import (
     create_topic,
@@ -69,24 +84,27 @@ from metering.processor import INGEST_ID_HEADER
 console = Console(stderr=True)
 
 
-def generate(n: int, seed: int = 7) -> list[tuple[bytes, bytes]]:
+def generate(n: int, seed: int = 7, *, base: datetime | None = None, step_us: int = 18_000,
+             prefix: str = "bench") -> list[tuple[bytes, bytes]]:
+    """N request events from //bench/gateway with ids PREFIX-i, one every `step_us` from `base`
+    (default 2026-11-02)."""
     import random
 
     rng = random.Random(seed)
-    base = datetime(2026, 11, 2, tzinfo=UTC)
+    base = base or datetime(2026, 11, 2, tzinfo=UTC)
     out = []
     for i in range(n):
         customer = f"cust-{min(int(rng.paretovariate(1.2)), 50):03d}"
-        finished = base + timedelta(microseconds=i * 18_000)
+        finished = base + timedelta(microseconds=i * step_us)
         input_tokens = rng.randint(50, 8000)
         event = make_event(
             REQUEST_V1,
             source="//bench/gateway",
             subject=customer,
-            event_id=f"bench-{i}",
+            event_id=f"{prefix}-{i}",
             time=finished,
             data={
-                "request_id": f"bench-{i}", "customer_id": customer, "model": rng.choice(("kimi-chat", "kimi-chat-lite")),
+                "request_id": f"{prefix}-{i}", "customer_id": customer, "model": rng.choice(("kimi-chat", "kimi-chat-lite")),
                 "deployment_id": rng.choice(("dep-a", "dep-b")), "replica_id": f"r{rng.randint(0, 7)}",
                 "status": "ok", "input_tokens": input_tokens, "cached_input_tokens": input_tokens // 2,
                 "output_tokens": rng.randint(1, 500), "attempt": 1,
@@ -184,15 +202,24 @@ def raw_consume_rate(bootstrap: str, backend: str, topic: str, expected: int) ->
     return expected / elapsed
 
 
-def new_database(server_url: str, *, calendars: bool = False) -> str:
-    """A fresh migrated database; with `calendars`, every third of generate()'s customers kept by
-    Asia/Kolkata periods (anchor day 1), handed to metering as billing does."""
+def copy_database(server_url: str, url: str) -> str:
+    """A copy of the database at `url` (nobody may be connected to it), as a SQLAlchemy URL."""
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    head, _, query = url.partition("?")
+    with psycopg.connect(to_libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {head.rsplit('/', 1)[1]} STRATEGY file_copy")
+    return head.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+def new_database(server_url: str, revision: str = "heads", *, calendars: bool = False) -> str:
+    """A fresh database migrated to `revision`; with `calendars`, every third of generate()'s customers
+    kept by Asia/Kolkata periods (anchor day 1), handed to metering as billing does."""
     name = f"bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(to_libpq_url(server_url), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     head, _, query = server_url.partition("?")
     url = head.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
-    upgrade(url)
+    upgrade(url, revision)
     if calendars:
         from billing.periods import periods_between
         from metering.calendars import SPAN, set_calendar
@@ -278,6 +305,11 @@ def main(argv: list[str] | None = None) -> dict:
                         help="comma-separated on/off: ingest with the period totals kept or without, one cell each "
                              "(e.g. on,off,on,off), then the write floor and the ratios")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--stored-keys", type=int, default=0,
+                        help="the stored-keys mode: ingest with N event keys already stored vs an empty store")
+    parser.add_argument("--rounds", type=int, default=2, help="stored-keys mode: measurement pairs per store")
+    parser.add_argument("--write-path-events", type=int, default=60_000,
+                        help="stored-keys mode: events per arm of the in-process write-path comparison")
     args = parser.parse_args(argv)
 
     with scratch_folder("infermeter-bench-") as workdir:
@@ -293,6 +325,8 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
         owned.append(broker)
         bootstrap = broker.bootstrap
     try:
+        if args.stored_keys:
+            return _stored_keys_run(args, server_url, bootstrap)
         console.print(f"generating {args.events} events…")
         events = generate(args.events)
         results = []
@@ -346,6 +380,14 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
     finally:
         for broker in owned:
             broker.stop()
+
+
+# --- period totals kept or not (--totals) ---------------------------------------------------------
+
+
+def _without_totals(name: str, writer) -> None:
+    """`alternating_write_costs`' setup: the writer named "without" leaves the period totals out."""
+    writer.period_totals = name != "without"
 
 
 def _floor_figures(name: str, costs: dict[str, dict[str, float]]) -> dict:
@@ -412,12 +454,12 @@ def totals_comparison(server_url: str, results: list[dict], events: int = 60_000
     messages = [Message("events", i % 8, i // 8, key, value, {}, None) for i, (key, value) in enumerate(generated)]
     floor = alternating_write_costs({"without": (new_database(server_url, calendars=True), messages),
                                      "with": (new_database(server_url, calendars=True), messages)},
-                                    flip=True, options={"without": {"period_totals": False}})
+                                    flip=True, setup=_without_totals)
     tasks = [Message("events", i % 8, i // 8, key, value, {}, None) for i, (key, value) in enumerate(with_tasks(generated))]
     console.print(f"write floor with tasks: {len(tasks)} events…")
     task_floor = alternating_write_costs({"without": (new_database(server_url, calendars=True), tasks),
                                           "with": (new_database(server_url, calendars=True), tasks)},
-                                         flip=True, options={"without": {"period_totals": False}})
+                                         flip=True, setup=_without_totals)
     lock_s = []
     with psycopg.connect(to_libpq_url(new_database(server_url))) as conn:
         for _ in range(200):
@@ -437,6 +479,171 @@ def totals_comparison(server_url: str, results: list[dict], events: int = 60_000
     }
     console.print(out)
     return out
+
+
+# --- the stored-keys mode ------------------------------------------------------------------------
+
+STORED_MONTHS = 12  # the retained months before the current one (INFERMETER_RETENTION_MONTHS=13)
+METERING_STATE = ("request_rollup_hourly", "request_region_hourly", "task_attempts", "task_outcomes",
+                  "task_outcome_reports", "task_usage", "usage_rollup_hourly", "gpu_ledger_hourly",
+                  "ingest_receipts", "consumer_offsets", "dead_letters")
+
+
+def current_month_events(n: int, now: datetime, prefix: str = "bench") -> list[tuple[bytes, bytes]]:
+    """`generate`'s events, all inside the current UTC month and before `now`."""
+    start = month_start(now)
+    room_us = (now - start - timedelta(minutes=1)) // timedelta(microseconds=1)
+    if room_us < n:
+        raise SystemExit("the current UTC month is too young for the stored-keys mode; run it a few minutes later")
+    return generate(n, base=start, step_us=min(18_000, room_us // n), prefix=prefix)
+
+
+def preload_keys(url: str, keys: int, month: datetime) -> float:
+    """`keys` event keys of //bench/gateway, spread evenly over the STORED_MONTHS months before `month`
+    and over each month's time, written with SQL into the partitions the writer creates (raw_events'
+    too, left empty); each month's key is built once its rows are in, then the partition is frozen
+    and analyzed so that autovacuum keeps out of the measurement. Seconds taken."""
+    started = time.perf_counter()
+    per_month, extra = divmod(keys, STORED_MONTHS)
+    first_id = 0
+    with psycopg.connect(to_libpq_url(url), autocommit=True) as conn:
+        for k in range(STORED_MONTHS):
+            first = add_months(month, k - STORED_MONTHS)
+            count = per_month + (k < extra)
+            bounds = f"FOR VALUES FROM ('{first.isoformat()}') TO ('{add_months(first, 1).isoformat()}')"
+            conn.execute(f"CREATE TABLE raw_events_{first:%Y_%m} PARTITION OF raw_events {bounds}")
+            conn.execute(f"CREATE TABLE event_keys_{first:%Y_%m} PARTITION OF event_keys {bounds}")
+            conn.execute(
+                f"INSERT INTO event_keys_{first:%Y_%m} (source, event_id, occurred_at) "
+                "SELECT '//bench/gateway', 'stored-' || g, %(first)s::timestamptz + make_interval(secs => "
+                "(g - %(lo)s) * %(step)s) FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g",
+                {"first": first, "lo": first_id, "hi": first_id + count - 1,
+                 "step": (add_months(first, 1) - first).total_seconds() / max(count, 1)})
+            conn.execute(f"ALTER TABLE event_keys_{first:%Y_%m} ADD PRIMARY KEY (source, event_id)")
+            conn.execute(f"VACUUM (FREEZE, ANALYZE) event_keys_{first:%Y_%m}")
+            first_id += count
+            console.print(f"  {first:%Y-%m}: {count:,} keys ({time.perf_counter() - started:.0f} s)")
+    return time.perf_counter() - started
+
+
+def reset_current_month(url: str, month: datetime) -> None:
+    """Empty what metering wrote into a store: the current month's partitions and every rollup."""
+    with psycopg.connect(to_libpq_url(url), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS raw_events_{month:%Y_%m}, event_keys_{month:%Y_%m}")
+        conn.execute(f"TRUNCATE {', '.join(METERING_STATE)}")
+
+
+def _stored_keys_run(args: argparse.Namespace, server_url: str, bootstrap: str) -> dict:
+    import statistics
+
+    now = datetime.now(UTC)
+    month = month_start(now)
+    events = current_month_events(args.events, now)
+    urls = {"empty": new_database(server_url), "stored": new_database(server_url)}
+    console.print(f"preloading {args.stored_keys:,} keys over the {STORED_MONTHS} months before {month:%Y-%m}…")
+    preload_s = preload_keys(urls["stored"], args.stored_keys, month)
+    backend = args.backends.split(",")[0]
+    processes = int(args.processes.split(",")[0])
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    topic = Settings(INFERMETER_TOPIC_PREFIX=prefix).events_topic
+    create_topic(bootstrap, topic, args.partitions)
+    ingest_id = uuid.uuid4().hex
+    produce(bootstrap, topic, events, ingest_id)
+    runs = []
+    for r in range(args.rounds):
+        for store in ("empty", "stored") if r % 2 == 0 else ("stored", "empty"):
+            reset_current_month(urls[store], month)
+            rate, steady, _ = metering_rate(bootstrap, backend, prefix, urls[store], processes, args.events, ingest_id)
+            runs.append({"store": store, "round": r, "metering_events_per_s": round(rate),
+                         "metering_steady_events_per_s": round(steady)})
+            console.print(runs[-1])
+
+    def median(store: str, key: str) -> float:
+        return statistics.median(run[key] for run in runs if run["store"] == store)
+
+    for store in urls:
+        reset_current_month(urls[store], month)
+    report = {
+        "benchmark": "ingest_stored_keys", "stored_keys": args.stored_keys, "preload_s": round(preload_s, 1),
+        "events": args.events, "backend": backend, "processes": processes, "runs": runs,
+        "empty_events_per_s": median("empty", "metering_events_per_s"),
+        "stored_events_per_s": median("stored", "metering_events_per_s"),
+        "ratio": round(median("stored", "metering_events_per_s") / median("empty", "metering_events_per_s"), 3),
+        "steady_ratio": round(median("stored", "metering_steady_events_per_s")
+                              / median("empty", "metering_steady_events_per_s"), 3),
+        **_write_path_arms(server_url, urls, month, now, args.write_path_events),
+    }
+    print(json.dumps(report, indent=None if args.json else 2))
+    return report
+
+
+def _write_path_arms(server_url: str, urls: dict[str, str], month: datetime, now: datetime, n: int) -> dict:
+    """The write path in-process (bench.write_path's alternation): empty store, stored store, stored
+    store probing every month's key per event, the schema before migration 0014; then the readers by
+    key alone."""
+    import contextlib
+    import statistics
+
+    import metering.writer as writer_module
+    from bench.write_path import alternating_write_rates
+    from metering.event_lookups import handled_event_keys
+    from metering.kafka_types import Message
+
+    # A probe of every retained month's key per event, as a scalar subquery (one index probe per
+    # partition and event: the plan a per-event check has, not a hash anti-join over all the keys).
+    keys_insert = "SELECT source, event_id, occurred_at FROM stage\n    ORDER BY source, event_id"
+    assert keys_insert in writer_module.WRITE_BATCH
+    probing = writer_module.WRITE_BATCH.replace(keys_insert, (
+        "SELECT source, event_id, occurred_at FROM stage s\n"
+        "    WHERE (SELECT 1 FROM event_keys k WHERE k.source = s.source AND k.event_id = s.event_id LIMIT 1) IS NULL\n"
+        "    ORDER BY source, event_id"))
+    before = new_database(server_url, "0013")
+    with psycopg.connect(to_libpq_url(before), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE raw_events_{month:%Y_%m} PARTITION OF raw_events FOR VALUES FROM "
+                     f"('{month.isoformat()}') TO ('{add_months(month, 1).isoformat()}')")
+
+    def messages(prefix: str) -> list[Message]:
+        return [Message("events", i % 8, i // 8, key, value, {}, None)
+                for i, (key, value) in enumerate(current_month_events(n, now, prefix))]
+
+    # each arm writes into a database of its own (the probing one into a copy of the stored store), so
+    # that no arm's rows, rollup updates or index growth land in another's
+    arms = {"empty": (urls["empty"], messages("wp-empty")), "stored": (urls["stored"], messages("wp-stored")),
+            "probe_all_months": (copy_database(server_url, urls["stored"]), messages("wp-probe")),
+            "before_0014": (before, messages("wp-before"))}
+
+    def setup(name: str, writer) -> None:
+        if name == "before_0014":  # its month's raw partition exists; 0013 knows no key partitions
+            writer.connection()  # (a new connection forgets the partitions it made)
+            writer._partitions.add(month)
+
+    @contextlib.contextmanager
+    def around(name: str):
+        saved = writer_module.WRITE_BATCH
+        writer_module.WRITE_BATCH = probing if name == "probe_all_months" else saved
+        try:
+            yield
+        finally:
+            writer_module.WRITE_BATCH = saved
+
+    rates = alternating_write_rates(arms, flip=True, setup=setup, around=around)
+    readers = {}
+    for store, prefix in (("empty", "wp-empty"), ("stored", "wp-stored")):
+        keys = [("//bench/gateway", f"{prefix}-{i}") for i in range(min(5000, n))]
+        with psycopg.connect(to_libpq_url(urls[store])) as conn:
+            seconds = []
+            for _ in range(7):
+                t = time.perf_counter()
+                assert len(handled_event_keys(conn, keys)) == len(keys)
+                seconds.append(time.perf_counter() - t)
+        readers[store] = statistics.median(seconds)
+    return {
+        "write_path_events_per_s": {name: round(rate) for name, rate in rates.items()},
+        "write_path_stored_ratio": round(rates["stored"] / rates["empty"], 3),
+        "write_path_probe_all_months_ratio": round(rates["probe_all_months"] / rates["stored"], 3),
+        "write_path_after_vs_before_0014": round(rates["empty"] / rates["before_0014"], 3),
+        "handled_event_keys_5000_ms": {store: round(s * 1000, 1) for store, s in readers.items()},
+    }
 
 
 if __name__ == "__main__":

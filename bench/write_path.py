@@ -89,22 +89,28 @@ def _run(args: argparse.Namespace, server: str) -> dict:
 
 
 def alternating_write_rates(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False,
-                            options: dict[str, dict] | None = None) -> dict[str, float]:
+                            setup=None, around=None) -> dict[str, float]:
     """Metering's BatchWriter rate (events/s, median over batches) for each name's (database URL,
     messages), written batch by batch in turn so all see the same minutes of this shared machine
     (`flip`: the order reverses every batch); the first batch of each warms partitions, temp tables
-    and plans and is not timed. `options`: BatchWriter keyword arguments per name."""
-    return {name: cost["events_per_s"] for name, cost in alternating_write_costs(targets, flip=flip, options=options).items()}
+    and plans and is not timed. `setup(name, writer)` runs once per writer; `around(name)`, a context
+    manager, wraps each of that name's writes (a variant of the write path)."""
+    costs = alternating_write_costs(targets, flip=flip, setup=setup, around=around)
+    return {name: cost["events_per_s"] for name, cost in costs.items()}
 
 
 def alternating_write_costs(targets: dict[str, tuple[str, list[Message]]], *, flip: bool = False,
-                            options: dict[str, dict] | None = None) -> dict[str, dict[str, float]]:
-    """`alternating_write_rates`, with each name's CPU time per event over its timed batches: its
+                            setup=None, around=None) -> dict[str, dict[str, float]]:
+    """`alternating_write_rates` with, per name, the CPU time per event of its timed batches: its
     PostgreSQL backend's (/proc) and the writing thread's (`cpu_us_per_event`). CPU time is what a
     busy shared machine disturbs least: wall time there includes waiting for a core."""
+    import contextlib
+
     writers = {name: BatchWriter(to_libpq_url(url), group_id=f"b{uuid.uuid4().hex[:6]}", max_bytes=65536,
-                                 future_tolerance_s=300, **(options or {}).get(name, {}))
-               for name, (url, _) in targets.items()}
+                                 future_tolerance_s=300) for name, (url, _) in targets.items()}
+    for name, writer in writers.items():
+        if setup is not None:
+            setup(name, writer)
     seconds: dict[str, list[float]] = {name: [] for name in targets}
     cpu = dict.fromkeys(targets, 0.0)
     events = dict.fromkeys(targets, 0)
@@ -114,13 +120,14 @@ def alternating_write_costs(targets: dict[str, tuple[str, list[Message]]], *, fl
             for name in reversed(order) if flip and n % 2 else order:
                 batch = targets[name][1][start:start + BATCH]
                 ready = writers[name].prepare(batch)
-                backend = writers[name].connection().info.backend_pid
-                t, thread, server = time.perf_counter(), time.thread_time(), process_cpu_s(backend)
-                writers[name].write(ready)
-                if n:
-                    seconds[name].append(time.perf_counter() - t)
-                    cpu[name] += time.thread_time() - thread + process_cpu_s(backend) - server
-                    events[name] += len(batch)
+                with around(name) if around is not None else contextlib.nullcontext():
+                    backend = writers[name].connection().info.backend_pid
+                    t, thread, server = time.perf_counter(), time.thread_time(), process_cpu_s(backend)
+                    writers[name].write(ready)
+                    if n:
+                        seconds[name].append(time.perf_counter() - t)
+                        cpu[name] += time.thread_time() - thread + process_cpu_s(backend) - server
+                        events[name] += len(batch)
     finally:
         for writer in writers.values():
             writer.close()

@@ -37,8 +37,8 @@ def get_engine(url: str) -> Engine:
 
 
 def include_object(obj, name, type_, reflected, compare_to) -> bool:
-    """Alembic filter: monthly partitions of raw_events are created at run time, not by migrations."""
-    if type_ == "table" and reflected and compare_to is None and name and name.startswith("raw_events_"):
+    """Alembic filter: monthly partitions of raw_events and event_keys are created at run time, not by migrations."""
+    if type_ == "table" and reflected and compare_to is None and name and name.startswith(("raw_events_", "event_keys_")):
         return False
     return True
 

@@ -81,6 +81,27 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_FUTURE_TOLERANCE_S",
         description="An event dated more than this many seconds in the future is rejected.",
     )
+    retention_months: int = Field(
+        default=13,
+        ge=1,
+        validation_alias="INFERMETER_RETENTION_MONTHS",
+        description="Months of raw events and deduplication keys metering keeps: the current UTC month and the N-1 "
+        "before it. An older event is dead-lettered (too_old); older months are archived to Parquet and dropped "
+        "(`infermeter metering archive`, and `infermeter up` daily). Rollups, invoices and their history are kept.",
+    )
+    archive_dir: Path | None = Field(
+        default=None,
+        validation_alias="INFERMETER_ARCHIVE_DIR",
+        description="Folder of the raw-event archives (one Parquet file per month, raw_events_YYYY_MM.parquet). "
+        "Unset: INFERMETER_HOME/archive.",
+    )
+    archive_interval_h: float = Field(
+        default=24.0,
+        ge=0,
+        validation_alias="INFERMETER_ARCHIVE_INTERVAL_H",
+        description="How often `infermeter up` archives and drops the months that left the retention (also once "
+        "at start). 0: never (run `infermeter metering archive` yourself).",
+    )
     admin_token_configured: str | None = Field(
         default=None,
         validation_alias="INFERMETER_ADMIN_TOKEN",

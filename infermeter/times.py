@@ -58,6 +58,13 @@ def next_month(moment: datetime) -> datetime:
     return datetime(moment.year + moment.month // 12, moment.month % 12 + 1, 1, tzinfo=UTC)
 
 
+def add_months(month: datetime, months: int) -> datetime:
+    """The first instant of the UTC calendar month `months` after (negative: before) `month`'s."""
+    month = month.astimezone(UTC)
+    year, index = divmod(month.year * 12 + month.month - 1 + months, 12)
+    return datetime(year, index + 1, 1, tzinfo=UTC)
+
+
 @dataclass(frozen=True)
 class Window:
     """A half-open window [start, end) of aware instants, kept in UTC."""

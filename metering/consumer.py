@@ -66,6 +66,7 @@ class MeteringConsumer:
                 max_bytes=settings.max_event_bytes,
                 future_tolerance_s=settings.future_tolerance_s,
                 clock=clock,
+                retention_months=settings.retention_months,
             )
             for _ in range(max(1, settings.writer_connections))
         ]

@@ -164,7 +164,8 @@ class InvalidEvent(Exception):
     """Why an event was rejected: a stable `reason` code and a human `detail`.
 
     reason codes: too_large, invalid_json, invalid_envelope, unknown_type, invalid_data,
-    cached_exceeds_input, subject_mismatch, future_time, bad_interval, bad_quantity.
+    cached_exceeds_input, subject_mismatch, future_time, bad_interval, bad_quantity; and from
+    metering.processor, too_old (older than the retention).
     """
 
     def __init__(

@@ -67,6 +67,16 @@ def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, stripped
 
 
+def read_events(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(number, event JSON) of a file to ingest: a raw-events archive of `infermeter metering archive`
+    (`.parquet`: its events as stored, numbered by row), else JSON Lines (numbered by line)."""
+    if path.suffix.lower() == ".parquet":
+        from metering.archive import archived_lines
+
+        return archived_lines(path)
+    return read_lines(path)
+
+
 def publish_lines(
     producer: Producer,
     topic: str,

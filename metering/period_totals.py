@@ -83,13 +83,17 @@ def add_counts(table: str, columns: tuple[str, ...]) -> str:
     return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
 
 
-def located(hours: str) -> str:
+def located(hours: str, *, archived: bool = False) -> str:
     """A query over the relation `hours` (customer_id, hour: a UTC hour): each row with p1_start,
     p1_end, the customer's period that contains the hour's start, and p2_start, the start of the one
     that begins inside the hour (NULL when none). NULLs for a customer kept by UTC month (no calendar,
     or the ('UTC', 1) schedule, which has no rows) and outside the periods handed over. Two descents
-    of calendar_periods' key per row."""
-    return f"""SELECT h.customer_id, h.hour, p1.period_start AS p1_start, p1.period_end AS p1_end, p2.period_start AS p2_start
+    of calendar_periods' key per row. With `archived`, also whether the hour's month was archived
+    (its raw events are gone: `archived_months`)."""
+    month = ("(SELECT 1 FROM archived_months a WHERE a.month = date_trunc('month', h.hour, 'UTC')) IS NOT NULL"
+             if archived else "false")
+    return f"""SELECT h.customer_id, h.hour, p1.period_start AS p1_start, p1.period_end AS p1_end, p2.period_start AS p2_start,
+           {month} AS archived
     FROM {hours} h
     LEFT JOIN customer_calendars c ON c.customer_id = h.customer_id
     LEFT JOIN LATERAL (
@@ -119,6 +123,13 @@ def whole(hour: str = "l") -> str:
     return (f"({hour}.p2_start IS NULL AND ({hour}.p1_end IS NULL OR {hour}.p1_end >= {hour}.hour + interval '1 hour'))")
 
 
+def whole_or_archived(hour: str = "l") -> str:
+    """`whole`, or the hour's month archived: its raw events, which would split it, are gone, so the
+    hour counts whole in the period of its start, like a GPU slice (only a rebuild meets such hours:
+    ingest refuses events older than the retention)."""
+    return f"({whole(hour)} OR {hour}.archived)"
+
+
 # --- requests and usage meters per period ------------------------------------------------------
 # The rows to add up per period, from a relation of hourly sums (`hourly`: customer_id, hour and the
 # counts) for the hours inside one period, and from a relation of events (`events`: customer_id, hour,
@@ -128,17 +139,18 @@ def whole(hour: str = "l") -> str:
 
 
 def request_period_rows(hourly: str, events: str) -> str:
-    """SELECT (customer_id, period_start, model, deployment_id, project, *REQUEST_COUNTS), in key order."""
+    """SELECT (customer_id, period_start, model, deployment_id, project, *REQUEST_COUNTS), in key order.
+    An hour of an archived month counts whole (`whole_or_archived`)."""
     return f"""SELECT customer_id, period_start, model, deployment_id, project,
            {", ".join(f"sum({c})" for c in REQUEST_COUNTS)}
     FROM (
         SELECT h.customer_id, {period_of("h.hour")} AS period_start, h.model, h.deployment_id, h.project,
                {", ".join(f"h.{c}" for c in REQUEST_COUNTS)}
-        FROM {hourly} h JOIN located l USING (customer_id, hour) WHERE {whole()}
+        FROM {hourly} h JOIN located l USING (customer_id, hour) WHERE {whole_or_archived()}
         UNION ALL
         SELECT e.customer_id, {period_of("e.occurred_at")}, e.model, e.deployment_id, e.project,
                {REQUEST_SUMS}
-        FROM {events} e JOIN located l USING (customer_id, hour) WHERE NOT {whole()}
+        FROM {events} e JOIN located l USING (customer_id, hour) WHERE NOT {whole_or_archived()}
         GROUP BY 1, 2, 3, 4, 5
     ) AS p
     GROUP BY 1, 2, 3, 4, 5
@@ -150,10 +162,10 @@ def usage_period_rows(hourly: str, events: str) -> str:
     return f"""SELECT customer_id, period_start, meter, sum(quantity), sum(events)
     FROM (
         SELECT h.customer_id, {period_of("h.hour")} AS period_start, h.meter, h.quantity, h.events
-        FROM {hourly} h JOIN located l USING (customer_id, hour) WHERE {whole()}
+        FROM {hourly} h JOIN located l USING (customer_id, hour) WHERE {whole_or_archived()}
         UNION ALL
         SELECT e.customer_id, {period_of("e.occurred_at")}, e.meter, sum(e.quantity), count(*)
-        FROM {events} e JOIN located l USING (customer_id, hour) WHERE NOT {whole()}
+        FROM {events} e JOIN located l USING (customer_id, hour) WHERE NOT {whole_or_archived()}
         GROUP BY 1, 2, 3
     ) AS p
     GROUP BY 1, 2, 3
@@ -242,8 +254,9 @@ def move_tasks(cur: psycopg.Cursor, statement: str, params: dict | None = None) 
 # --- rebuilding one customer ---------------------------------------------------------------------
 # The same rules as ingest, read from what metering keeps per customer: whole hours from the hourly
 # rollups (keys starting with customer_id), the hours a period boundary splits from the customer's raw
-# events of those hours. raw_events has no index by customer (only by time), so reading a customer's
-# raw events alone would scan every customer's.
+# events of those hours (unless their month was archived: such an hour counts whole in the period of its
+# start). raw_events has no index by customer (only by time), so reading a customer's raw events alone
+# would scan every customer's.
 
 _SPLIT_RAW_EVENTS = """(
     SELECT e.customer_id, l.hour, e.occurred_at, {fields}
@@ -257,10 +270,10 @@ WITH hourly AS (
 ), hours AS (
     SELECT DISTINCT customer_id, hour FROM hourly
 ), located AS (
-    {located("hours")}
+    {located("hours", archived=True)}
 )
 INSERT INTO request_period_totals (customer_id, period_start, model, deployment_id, project, {", ".join(REQUEST_COUNTS)})
-{request_period_rows("hourly", _SPLIT_RAW_EVENTS.format(fields=REQUEST_FIELDS, whole=whole(), type="infermeter.request.v1"))}
+{request_period_rows("hourly", _SPLIT_RAW_EVENTS.format(fields=REQUEST_FIELDS, whole=whole_or_archived(), type="infermeter.request.v1"))}
 """
 _REBUILD_USAGE = f"""
 WITH hourly AS (
@@ -268,10 +281,10 @@ WITH hourly AS (
 ), hours AS (
     SELECT DISTINCT customer_id, hour FROM hourly
 ), located AS (
-    {located("hours")}
+    {located("hours", archived=True)}
 )
 INSERT INTO usage_period_totals (customer_id, period_start, meter, quantity, events)
-{usage_period_rows("hourly", _SPLIT_RAW_EVENTS.format(fields=USAGE_FIELDS, whole=whole(), type="infermeter.usage.v1"))}
+{usage_period_rows("hourly", _SPLIT_RAW_EVENTS.format(fields=USAGE_FIELDS, whole=whole_or_archived(), type="infermeter.usage.v1"))}
 """
 _REBUILD_GPU = f"""
 WITH slices AS (

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from infermeter.times import add_months, month_start, utc_text
 from metering.contract import (
     REPLICA_V1,
     REQUEST_V1,
@@ -155,15 +156,42 @@ def stage_row(seq: int, event: Event, payload: bytes) -> StageRow:
     return (seq, event.source, event.id, event.type, event.subject, event.time, payload.decode("utf-8"), task_id)
 
 
-def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, future_tolerance_s: int) -> ProcessedBatch:
+def oldest_retained_month(now: datetime, retention_months: int) -> datetime:
+    """The first instant of the oldest UTC month metering keeps (INFERMETER_RETENTION_MONTHS): the
+    retained window is the month of `now` and the `retention_months - 1` months before it."""
+    if retention_months < 1:
+        raise ValueError(f"the retention must be at least 1 month, not {retention_months}")
+    return add_months(month_start(now), -(retention_months - 1))
+
+
+def check_retained(event: Event, oldest_month: datetime, retention_months: int) -> None:
+    """Refuse an event older than the retention (reason `too_old`): its month's keys may be archived
+    already, so whether it is a duplicate could not be told, and its partitions may be gone."""
+    if event.time < oldest_month:
+        raise InvalidEvent(
+            "too_old",
+            f"time {utc_text(event.time)} is before {oldest_month:%Y-%m}, the oldest month metering keeps "
+            f"(INFERMETER_RETENTION_MONTHS={retention_months}): older months are archived, so a duplicate "
+            "could no longer be recognised",
+            source=event.source, event_id=event.id, customer_id=event.subject,
+        )
+
+
+def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, future_tolerance_s: int,
+            retention_months: int | None = None) -> ProcessedBatch:
+    """Decode a batch. `retention_months` (None: no limit) dead-letters events older than the
+    retention as `too_old`, like the future tolerance does events too far ahead."""
     batch = ProcessedBatch()
     seen: set[tuple[str, str]] = set()
+    oldest = oldest_retained_month(now, retention_months) if retention_months is not None else None
     for message in messages:
         ingest_id = message.headers.get(INGEST_ID_HEADER)
         ingest_id = ingest_id.decode("utf-8", "replace") if ingest_id is not None else None
         payload = message.value or b""
         try:
             event = decode_event(payload, now=now, max_bytes=max_bytes, future_tolerance_s=future_tolerance_s)
+            if oldest is not None:
+                check_retained(event, oldest, retention_months)
         except InvalidEvent as exc:
             batch.dead_letters.append(
                 DeadLetter(
@@ -192,4 +220,4 @@ def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, futur
     return batch
 
 
-__all__ = ["process", "split_interval", "DeadLetter", "ProcessedBatch", "GpuSlice", "INGEST_ID_HEADER"]
+__all__ = ["process", "oldest_retained_month", "check_retained", "split_interval", "DeadLetter", "ProcessedBatch", "GpuSlice", "INGEST_ID_HEADER"]

@@ -45,14 +45,33 @@ Index("raw_events_occurred_brin", raw_events.c.occurred_at, postgresql_using="br
 # The operations page reads recent arrivals (ingest rate, metering delay); rows arrive in received_at order.
 Index("raw_events_received_brin", raw_events.c.received_at, postgresql_using="brin")
 
-# The identity of every accepted event, CloudEvents (source, id): the deduplication key.
+# The identity of every accepted event, CloudEvents (source, id): the deduplication key. Partitioned
+# like raw_events, by UTC month of event time (event_keys_YYYY_MM, created with raw_events' partition
+# of the month, migration 0014), so a month leaves the store whole (`infermeter metering archive`).
+# Each partition's primary key (source, event_id) is the arbiter of the writer's ON CONFLICT DO
+# NOTHING: identity is (source, id) within a month of event time (docs/metering.md, "Retention").
 event_keys = Table(
     "event_keys",
     metadata,
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
     timestamp_column("occurred_at", nullable=False),
-    PrimaryKeyConstraint("source", "event_id", name="event_keys_pkey"),
+    postgresql_partition_by="RANGE (occurred_at)",
+)
+
+# Months whose raw events went to a Parquet file and whose raw_events / event_keys partitions were
+# dropped (`infermeter metering archive`, migration 0014): the writer never creates their partitions
+# again, and a later archive of the same month never overwrites the file.
+archived_months = Table(
+    "archived_months",
+    metadata,
+    timestamp_column("month", nullable=False),  # first instant of the UTC month
+    Column("file", Text, nullable=False),
+    Column("events", BigInteger, nullable=False),
+    # sum of the first 64 bits of md5(source || x'1f' || event_id) over the month's events, mod 2^64, hex
+    Column("key_checksum", Text, nullable=False),
+    timestamp_column("archived_at", nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("month", name="archived_months_pkey"),
 )
 
 # infermeter.request.v1, per customer x model x deployment x hour of event time.
@@ -130,7 +149,7 @@ task_outcomes = Table(
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
     Column("failure_cause", Text),  # the outcome's failure_cause (migration 0008), NULL when not given
-    # What this task adds to task_period_totals now (migration 0015): the period its outcome counted in,
+    # What this task adds to task_period_totals now (migration 0016): the period its outcome counted in,
     # that outcome and its attempts then; NULL/0 until counted. A later outcome or attempt changes what
     # it adds: the writer applies the difference in the same transaction (metering.period_totals).
     timestamp_column("counted_period"),
@@ -200,7 +219,7 @@ gpu_ledger_hourly = Table(
     ),
 )
 
-# --- billing periods as data, and the period totals kept at ingest (migration 0015) ---------------
+# --- billing periods as data, and the period totals kept at ingest (migration 0016) ---------------
 # metering imports no billing code: billing hands each customer's schedule and the schedule's periods
 # over through metering.calendars.set_calendar. A customer without a row is kept by UTC calendar month.
 

@@ -5,8 +5,9 @@ Exactly once rests on two guards:
 1. an offset fence: the transaction locks this group's offset rows for the batch's partitions
    and drops messages below the stored next offset (already written by someone), so a batch
    replayed after a crash or a rebalance is written at most once;
-2. the (source, id) key in `event_keys`: a duplicate event (same identity, any offset, any
-   topic) adds nothing to any rollup.
+2. the (source, id) key of `event_keys` (each monthly partition's, by event time): a duplicate
+   event (same identity in the same month of event time; any offset, any topic) adds nothing to any
+   rollup.
 """
 
 from __future__ import annotations
@@ -225,6 +226,16 @@ WRITE_BATCH = _write_batch(period_totals=True)
 # Without the period totals: the write as it was before them (bench.ingest's comparison only).
 WRITE_BATCH_WITHOUT_TOTALS = _write_batch(period_totals=False)
 
+# Taken by whoever creates or drops a month's partitions (this writer; metering.archive), for its
+# transaction: the archiver's drop and a writer's creation of the same month never interleave.
+PARTITIONS_LOCK = "SELECT pg_advisory_xact_lock(hashtext('infermeter.raw_events.partitions'))"
+
+
+def partition_name(table: str, month: datetime) -> str:
+    """`raw_events_YYYY_MM` / `event_keys_YYYY_MM`: the partition of `table` for the UTC month `month`."""
+    return f"{table}_{month:%Y_%m}"
+
+
 LOCK_OFFSETS = """
 SELECT partition, next_offset FROM consumer_offsets
 WHERE group_id = %s AND topic = %s AND partition = ANY(%s)
@@ -278,13 +289,14 @@ class BatchWriter:
     """Owns one Postgres connection; `write(messages)` commits one batch or raises."""
 
     def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None,
-                 period_totals: bool = True):
+                 retention_months: int | None = None, period_totals: bool = True):
         self.dsn = dsn
         # False only to measure what the totals cost (bench.ingest): the totals are then left behind.
         self.period_totals = period_totals
         self.group_id = group_id
         self.max_bytes = max_bytes
         self.future_tolerance_s = future_tolerance_s
+        self.retention_months = retention_months  # None: events of any age (metering.processor.process)
         self.clock = clock or (lambda: datetime.now(UTC))
         self._conn: psycopg.Connection | None = None
         self._partitions: set[datetime] = set()
@@ -324,27 +336,35 @@ class BatchWriter:
                     found[TopicPartition(topic, partition)] = offset
         return found
 
-    # --- partitions of raw_events ---------------------------------------------------------------
+    # --- monthly partitions of raw_events and event_keys ------------------------------------------
     def ensure_partitions(self, months: set[datetime]) -> None:
+        """Create the month's raw_events and event_keys partitions (the latter keyed by (source,
+        event_id): the dedup arbiter), except for a month already archived: its events are older
+        than the retention, and its keys are gone, so it is never filled again (an event of it that
+        reached here anyway, from a writer whose clock lags the archiver's, is refused by Postgres
+        and dead-lettered as `storage_error`)."""
         missing = months - self._partitions
         if not missing:
             return
         conn = self.connection()
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext('infermeter.raw_events.partitions'))")
-            for month in sorted(missing):
-                name = f"raw_events_{month:%Y_%m}"
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF raw_events "
-                    f"FOR VALUES FROM ('{month.isoformat()}') TO ('{next_month(month).isoformat()}')"
-                )
+            cur.execute(PARTITIONS_LOCK)
+            cur.execute("SELECT month FROM archived_months WHERE month = ANY(%s)", (sorted(missing),))
+            archived = {row[0] for row in cur.fetchall()}
+            for month in sorted(missing - archived):
+                bounds = f"FOR VALUES FROM ('{month.isoformat()}') TO ('{next_month(month).isoformat()}')"
+                cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('raw_events', month)} "
+                            f"PARTITION OF raw_events {bounds}")
+                cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('event_keys', month)} "
+                            f"PARTITION OF event_keys (PRIMARY KEY (source, event_id)) {bounds}")
         conn.commit()
-        self._partitions |= missing
+        self._partitions |= missing - archived
 
     # --- the batch -----------------------------------------------------------------------------
     def prepare(self, messages: Sequence[Message]) -> Prepared:
         """Decode and validate a batch (pure, no database): may run ahead of the write."""
-        batch = process(messages, now=self.clock(), max_bytes=self.max_bytes, future_tolerance_s=self.future_tolerance_s)
+        batch = process(messages, now=self.clock(), max_bytes=self.max_bytes, future_tolerance_s=self.future_tolerance_s,
+                        retention_months=self.retention_months)
         return Prepared(list(messages), batch)
 
     def write(self, messages: Sequence[Message] | Prepared) -> WriteResult:

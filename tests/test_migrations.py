@@ -54,15 +54,18 @@ SCHEMA_SNAPSHOT = {
         SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, ''),
                coalesce(collation_name, ''), coalesce(numeric_precision, 0), coalesce(numeric_scale, 0)
         FROM information_schema.columns
-        WHERE table_schema = 'public' AND table_name <> 'alembic_version' AND table_name NOT LIKE 'raw\\_events\\_%'""",
+        WHERE table_schema = 'public' AND table_name <> 'alembic_version' AND table_name NOT LIKE 'raw\\_events\\_%'
+          AND table_name NOT LIKE 'event\\_keys\\_%'""",
     "constraints": """
         SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
         FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
         WHERE n.nspname = 'public' AND c.conrelid::regclass::text NOT IN ('alembic_version')
-          AND c.conrelid::regclass::text NOT LIKE 'raw\\_events\\_%'""",
+          AND c.conrelid::regclass::text NOT LIKE 'raw\\_events\\_%'
+          AND c.conrelid::regclass::text NOT LIKE 'event\\_keys\\_%'""",
     "indexes": """
         SELECT tablename, indexname, indexdef FROM pg_indexes
-        WHERE schemaname = 'public' AND tablename <> 'alembic_version' AND tablename NOT LIKE 'raw\\_events\\_%'""",
+        WHERE schemaname = 'public' AND tablename <> 'alembic_version' AND tablename NOT LIKE 'raw\\_events\\_%'
+          AND tablename NOT LIKE 'event\\_keys\\_%'""",
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid)
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'""",
@@ -73,7 +76,7 @@ SCHEMA_SNAPSHOT = {
 
 
 def _schema(url: str) -> dict[str, list[tuple]]:
-    """The public schema as the catalog sees it (runtime partitions of raw_events left out)."""
+    """The public schema as the catalog sees it (runtime partitions of raw_events and event_keys left out)."""
     with psycopg.connect(to_libpq_url(url)) as conn:
         return {part: sorted(conn.execute(sql).fetchall()) for part, sql in SCHEMA_SNAPSHOT.items()}
 
@@ -106,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -136,6 +139,9 @@ def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drif
                          "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
             conn.execute("INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload) "
                          "VALUES ('2026-11-02T00:00:00Z', 's', 'e', 't', 'c', '{}')")
+            conn.execute("CREATE TABLE event_keys_2026_11 PARTITION OF event_keys (PRIMARY KEY (source, event_id)) "
+                         "FOR VALUES FROM ('2026-11-01T00:00:00Z') TO ('2026-12-01T00:00:00Z')")
+            conn.execute("INSERT INTO event_keys VALUES ('s', 'e', '2026-11-02T00:00:00Z')")
             conn.execute("INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour) "
                          "VALUES ('c', 'm', 'd', '2026-11-01T00:00:00Z')")
             conn.execute("INSERT INTO api_keys (key_id, customer_id, secret_sha256, display_prefix) "
@@ -185,16 +191,16 @@ def test_0009_keeps_every_task_outcome_already_stored_with_its_source(pg_server_
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def test_0015_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_url):
+def test_0016_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_url):
     """Events written at head (billed customers' calendars handed to metering, totals kept at ingest),
-    then down to 0014 and up again: 0015 seeds the calendars from billing_customers and fills the
+    then down to 0015 and up again: 0016 seeds the calendars from billing_customers and fills the
     totals and each task's counted share exactly as ingest had kept them."""
     from datetime import UTC, datetime, timedelta
 
     from metering.writer import BatchWriter
     from tests.metering.period_checks import Events, give_calendar, totals_snapshot
 
-    name = "t_mig_0015_totals"
+    name = "t_mig_0016_totals"
     try:
         url = _fresh_database(pg_server_url, name)
         upgrade(url, "heads")
@@ -227,8 +233,8 @@ def test_0015_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_u
             periods = conn.execute("SELECT * FROM calendar_periods ORDER BY 1, 2, 3").fetchall()
         assert all(kept[t] for t in ("request_period_totals", "usage_period_totals", "task_period_totals",
                                      "gpu_period_totals"))
-        _downgrade(url, "0014")
-        upgrade(url, "0015")
+        _downgrade(url, "0015")
+        upgrade(url, "0016")
         with psycopg.connect(to_libpq_url(url)) as conn:
             assert totals_snapshot(conn) == kept
             assert conn.execute("SELECT customer_id, timezone, anchor_day FROM customer_calendars "

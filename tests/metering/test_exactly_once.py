@@ -73,6 +73,7 @@ def test_writing_a_batch_twice_changes_nothing(settings):
 
 
 def test_late_events_land_in_their_own_hour_and_day(settings):
+    settings = settings.model_copy(update={"retention_months": 120})  # backfills of any age inside the retention
     on_time = [request_event(i, at=datetime(2026, 11, 2, 10, 15, tzinfo=UTC)) for i in range(3)]
     meter(settings, on_time)
     late = [

@@ -440,3 +440,28 @@ def test_one_customers_task_events_on_two_partitions_written_concurrently_stay_e
         writer.close()
     assert not errors, errors
     check_customer(conn, "kol", SCHEDULES["kol"])
+
+
+def test_a_rebuild_counts_a_split_hour_of_an_archived_month_whole_in_the_period_of_its_start(db_url, conn):
+    """Once a month's raw events are archived, nothing can split its hours again: a rebuild then counts
+    such an hour, like a GPU slice, in the period that contains the hour's start; nothing is lost."""
+    give_calendar(conn, "kol", *SCHEDULES["kol"])
+    b = boundary("kol", "2026-03")  # 2026-02-28 18:30 UTC
+    ev = Events("arc")
+    writer = writer_for(db_url)
+    writer.write(ev.messages([ev.request("kol", b - 20 * MIN, output=1), ev.request("kol", b + 20 * MIN, output=2),
+                              ev.request("kol", b - 3 * HOUR, output=4)]))
+    writer.close()
+    feb, mar = boundary("kol", "2026-02"), b
+
+    def outputs() -> tuple[int, int]:
+        return tuple(kept(conn, "kol", start)["requests"].get(("m1", "d1"), (0,) * 12)[7] for start in (feb, mar))
+
+    assert outputs() == (5, 2)
+    conn.execute("INSERT INTO archived_months (month, file, events, key_checksum) "
+                 "VALUES ('2026-02-01T00:00:00Z', 'raw_events_2026_02.parquet', 3, '0')")
+    conn.execute("DROP TABLE raw_events_2026_02")
+    conn.commit()
+    rebuild(conn, "kol")
+    conn.commit()
+    assert outputs() == (7, 0)

@@ -1,7 +1,7 @@
 """metering: billing calendars as data and period totals kept at ingest
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 
 Metering keeps, in the same transaction as the hourly rollups, totals per customer x billing period
 (docs/metering.md, "Period totals"): request_period_totals (per model x deployment x project),
@@ -14,7 +14,8 @@ adds to the task totals (counted_period, counted_outcome, counted_attempts).
 The upgrade fills all of them for what is already stored: every billed customer's calendar from
 billing_customers (the periods of its schedule from `billing.periods`, labelled 1970-01 to 2100-12),
 then the totals under those calendars (UTC calendar months for customers without one): whole hours
-from the hourly rollups, the hours a period boundary splits from raw events, GPU-ms from
+from the hourly rollups, the hours a period boundary splits from raw events (an hour of a month
+already archived counts whole in the period of its start: its raw events are gone), GPU-ms from
 gpu_ledger_hourly, tasks from task_outcomes and task_attempts. The SQL is this revision's own (the
 rules of metering.period_totals at this revision), so later changes of that module do not change
 what this migration does.
@@ -23,8 +24,8 @@ what this migration does.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
@@ -108,7 +109,8 @@ def downgrade() -> None:
 # --- filling the new tables for what is already stored ------------------------------------------
 
 _LOCATED = """
-SELECT h.customer_id, h.hour, p1.period_start AS p1_start, p1.period_end AS p1_end, p2.period_start AS p2_start
+SELECT h.customer_id, h.hour, p1.period_start AS p1_start, p1.period_end AS p1_end, p2.period_start AS p2_start,
+       (SELECT 1 FROM archived_months a WHERE a.month = date_trunc('month', h.hour, 'UTC')) IS NOT NULL AS archived
 FROM hours h
 LEFT JOIN customer_calendars c ON c.customer_id = h.customer_id
 LEFT JOIN LATERAL (SELECT p.period_start, p.period_end FROM calendar_periods p
@@ -125,7 +127,9 @@ def _period(instant: str, row: str) -> str:
             f"THEN {row}.p1_start ELSE date_trunc('month', {instant}, 'UTC') END")
 
 
-_WHOLE = "(l.p2_start IS NULL AND (l.p1_end IS NULL OR l.p1_end >= l.hour + interval '1 hour'))"
+# an hour inside one period, or of an archived month (its raw events are gone: it counts whole in the
+# period of its start)
+_WHOLE = "(l.p2_start IS NULL AND (l.p1_end IS NULL OR l.p1_end >= l.hour + interval '1 hour') OR l.archived)"
 _SPLIT_RAW = ("FROM located l JOIN raw_events e ON e.customer_id = l.customer_id AND e.occurred_at >= l.hour "
               "AND e.occurred_at < l.hour + interval '1 hour' WHERE NOT " + _WHOLE + " AND e.type = '{type}'")
 
