@@ -35,10 +35,10 @@ from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing_service.api import router as billing_router
-from billing_service.stripe_api import router as stripe_router
-from billing_service.stripe_run import status_port
-from billing_service.stripe_state import PostgresWebhookEventLog
-from billing_service.stripe_webhook import utc_now
+from billing_service.stripe.api import router as stripe_router
+from billing_service.stripe.run import status_port
+from billing_service.stripe.state import PostgresWebhookEventLog
+from billing_service.stripe.webhook import utc_now
 from dashboards.billing_views import BillingViews
 from dashboards.web.app import router as dashboards_router
 from dashboards.web.fast_path import DataFastPath

@@ -631,7 +631,7 @@ def reconcile(
 def _reconcile_money(conn: psycopg.Connection, window, periods: list[str] | None, settings) -> list:
     """billing's money reconciliation for the given periods, or for those of the invoices overlapping the window."""
     from billing.periods import parse_label
-    from billing_service.run import reconcile_money
+    from billing_service.reconcile import reconcile_money
     from pricing_service.books import read_cost_model
 
     if periods:

@@ -541,15 +541,12 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
     """Customers and plans (the per-token book from the month's first day; one customer in
     Asia/Kolkata, one with prepaid credit), the month's billing run as of BILLING_AS_OF (drafts,
     then finalized with gapless numbers), the invoices, money reconciled, the finance exports."""
+    from billing_service.credits import grant_credits
+    from billing_service.customers import assign_plan, set_customer
     from billing_service.exports import export
-    from billing_service.run import (
-        assign_plan,
-        billing_run,
-        grant_credits,
-        list_invoices,
-        reconcile_money,
-        set_customer,
-    )
+    from billing_service.invoices import list_invoices
+    from billing_service.reconcile import reconcile_money
+    from billing_service.run import billing_run
     from billing_service.store import get_customer, money_text
     from pricing_service.books import EXAMPLE_BOOKS_DIR
 

@@ -64,7 +64,8 @@ def bill_like_the_demo(db_url: str) -> None:
     """The demo's billing set-up: 50 customers on the per-token book from 2026-11-01, cust-002 in
     Asia/Kolkata, cust-003 with prepaid credit; and `no-plan`, a customer without a plan."""
     from app.demo import BILLING_SETUP_AT, CUSTOMERS, NON_UTC_CUSTOMER, PREPAID_CUSTOMER
-    from billing_service.run import assign_plan, grant_credits, set_customer
+    from billing_service.credits import grant_credits
+    from billing_service.customers import assign_plan, set_customer
     from pricing_service.books import EXAMPLE_BOOKS_DIR
 
     book = EXAMPLE_BOOKS_DIR / "per-token.yaml"

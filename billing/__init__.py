@@ -10,17 +10,17 @@ adjustments equals the rating of the period, exactly.
 - `billing.periods`: `billing_period(label, timezone, anchor_day)`, `period_containing`, `next_period`,
   `split_hours` (partial UTC hours at edges in +05:30/+05:45 zones), `whole_hours`.
 - `billing.invoice`: `InvoiceStatus` and the `TRANSITIONS` table, `transition`/`finalize`/`void`/`reissue`,
-  `Invoice`, `InvoiceLine`, `draft_from_rating` (and `first_invoice` / `finalize_first`: the same first
-  invoice of a period without `Invoice` copies, for the bulk billing run), `adjustment_lines`, `invoiced_lines`, `credit_note`,
-  deterministic ids (`invoice_id`, `adjustment_line_id`, `credit_note_id`).
+  `Invoice`, `InvoiceLine`, `draft_from_rating` (and `first_invoice` / `finalize_first`: the same
+  `Invoice` as `draft_from_rating` / `finalize`, without re-running checks already done, for the bulk
+  billing run), `adjustment_lines`, `invoiced_lines`, deterministic ids (`invoice_id`, `adjustment_line_id`).
+- `billing.credit_notes`: `CreditNote`, `credit_note` (whole invoice, by line, or amounts), `credit_note_id`.
 - `billing.credits`: `CreditGrant`, the ledger (`LedgerEntry`: grant/use/expiry), `apply_credits`, `balance`.
 - `billing.numbering`: `format_number`/`parse_number` ("INV-2026-000123"), `gaps`.
 - `billing.stripe_keys`: `to_minor_units`, idempotency keys from invoice and line ids.
-- `billing.ports`: Protocols the adapters implement (clock, rater, number allocator, stores).
 - `billing.errors`: `BillingError(ValueError)` and its subclasses; messages say what to do.
 
-Domain / adapter split: this package decides; adapters (to come, outside this package) do the I/O:
-the invoice and ledger tables and the gapless number counter (database), pushing invoices with
+Domain / adapter split: this package decides; the adapters (`billing_service`) do the I/O: the
+invoice and ledger tables and the gapless number counter (database), pushing invoices with
 idempotency keys (Stripe), exports, the CLI and the API. Time comes in as `at`/`now` arguments,
 never from the system clock, so every decision is reproducible.
 """

@@ -1,4 +1,5 @@
-"""Invoices, pure: lines from a rating, the status state machine, adjustments, credit notes, void and reissue.
+"""Invoices, pure: lines from a rating, the status state machine, adjustments, void and reissue
+(credit notes against them: `billing.credit_notes`).
 
 Money is never computed here: invoice lines copy the line ids, quantities, precise and rounded
 amounts of a `pricing.rating.Rating`, and adjustments and credit notes only subtract amounts that
@@ -17,14 +18,14 @@ document (`InvoiceImmutable` for any change). `paid` and `void` are terminal: a 
 corrected with a credit note, a wrong open one is voided and reissued as a new draft.
 
 Ids are stable hashes: `invoice_id(customer, period label, sequence)`, line ids from rating,
-adjustment line ids from (rated line id, target invoice id), credit note ids from (invoice id,
-note sequence). A rerun with no new usage gives the same ids, so adapters upsert instead of duplicating.
+adjustment line ids from (rated line id, target invoice id). A rerun with no new usage gives the same
+ids, so adapters upsert instead of duplicating.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -33,7 +34,6 @@ from typing import Literal
 
 from billing._common import ZERO, aware_utc, check_minor_units, currency_of, stable_id
 from billing.errors import (
-    CreditNoteError,
     InvoiceError,
     InvoiceImmutable,
     InvoiceStateError,
@@ -85,10 +85,6 @@ def invoice_id(customer_id: str, period_label: str, sequence: int) -> str:
 
 def adjustment_line_id(rated_line_id: str, target_invoice_id: str) -> str:
     return stable_id("adjustment", rated_line_id, target_invoice_id)
-
-
-def credit_note_id(invoice_id: str, sequence: int) -> str:
-    return "cn_" + stable_id("credit_note", invoice_id, str(sequence))
 
 
 def _check_sequence(sequence: object) -> int:
@@ -321,32 +317,34 @@ def line_from_rated(line: Line, period: Period) -> InvoiceLine:
     )
 
 
+def _copied(line: Line, label: str, start: datetime, end: datetime) -> InvoiceLine | None:
+    """`line_from_rated` of a rated line of period (label, start, end), built without the frozen
+    dataclass's per-field __init__ once the line passes what a rated line could get wrong (id, kind,
+    finite Decimals); None when it does not (the checked constructor then says what is wrong)."""
+    (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount) = line
+    if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
+            or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
+                                                           and precise_amount.is_finite())
+            or (unit_price is not None and type(unit_price) is not Decimal)):
+        return None
+    copied = object.__new__(InvoiceLine)
+    copied.__dict__.update(id=line_id, rated_line_id=line_id, kind=kind, charge_key=charge_key, meter=meter,
+                           group=group, quantity=quantity, unit_price=unit_price, precise_amount=precise_amount,
+                           amount=amount, period=label, service_period_start=start, service_period_end=end)
+    return copied
+
+
 def lines_from_rating(rating: Rating, period: Period) -> tuple[InvoiceLine, ...]:
     """`line_from_rated` of every line of a rating of `period`. The period (label, aware UTC bounds) was
-    checked when it was cut, so each line is checked for what a rated line could get wrong (id, kind,
-    finite Decimals) and built without the frozen dataclass's per-field __init__ (a billing run copies
-    10^5 lines)."""
+    checked when it was cut, so each line is checked for what a rated line could get wrong (`_copied`)
+    and built without the frozen dataclass's per-field __init__ (a billing run copies 10^5 lines)."""
     _same_window(rating, period)
     if not isinstance(period, Period):
         raise InvoiceError(f"period must be a billing.periods.Period, got {type(period).__name__}")
     label, start, end = period.label, period.start, period.end
     if not (start.tzinfo is UTC and end.tzinfo is UTC):
         return tuple(line_from_rated(line, period) for line in rating.lines)
-    out = []
-    for line in rating.lines:
-        (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount) = line
-        if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
-                or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
-                                                               and precise_amount.is_finite())
-                or (unit_price is not None and type(unit_price) is not Decimal)):
-            out.append(line_from_rated(line, period))  # the checked constructor says what is wrong
-            continue
-        copied = object.__new__(InvoiceLine)
-        copied.__dict__.update(id=line_id, rated_line_id=line_id, kind=kind, charge_key=charge_key, meter=meter,
-                               group=group, quantity=quantity, unit_price=unit_price, precise_amount=precise_amount,
-                               amount=amount, period=label, service_period_start=start, service_period_end=end)
-        out.append(copied)
-    return tuple(out)
+    return tuple(_copied(line, label, start, end) or line_from_rated(line, period) for line in rating.lines)
 
 
 def draft_from_rating(rating: Rating, period: Period, *, price_book_version: str, sequence: int = 1) -> Invoice:
@@ -360,50 +358,12 @@ def draft_from_rating(rating: Rating, period: Period, *, price_book_version: str
     )
 
 
-@dataclass(frozen=True)
-class FirstInvoice:
-    """A customer's first invoice of a period made straight from the period's rating, in the shape a
-    bulk billing run writes (a row, its lines, its history) without building and copying `Invoice` and
-    `InvoiceLine` values (10^4 invoices, 10^5 lines in a run). `first_invoice` and `finalize_first`
-    make exactly what `draft_from_rating` and `finalize` make (tests/billing/test_invoice.py checks
-    field by field): the same id, amounts, status, number and times; its lines are the rating's lines,
-    copied as `lines_from_rating` copies them (`rated`: the rating's `Line` values, in order)."""
-
-    id: str
-    customer_id: str
-    currency: str
-    period: str
-    period_start: datetime
-    period_end: datetime
-    sequence: int
-    status: InvoiceStatus
-    rated: tuple[Line, ...]
-    subtotal: Decimal
-    credits_applied: Decimal
-    total: Decimal
-    price_book_version: str
-    number: str | None = None
-    issued_at: datetime | None = None
-    finalized_at: datetime | None = None
-    reissue_of: str | None = None
-
-    def as_invoice(self, period: Period) -> Invoice:
-        """The same invoice as an `Invoice` (the domain's full checks run on it)."""
-        invoice = draft_from_rating(
-            Rating("", self.currency, self.customer_id, self.period_start, self.period_end, self.rated), period,
-            price_book_version=self.price_book_version, sequence=self.sequence)
-        if self.status is S.DRAFT:
-            return invoice
-        if self.number is None or self.finalized_at is None:
-            raise InvoiceError(f"invoice {self.id} is {self.status} but has no number or finalized_at")
-        return finalize(invoice, number=self.number, at=self.finalized_at, issued_at=self.issued_at)
-
-
-def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_version: str) -> FirstInvoice | None:
-    """The draft `draft_from_rating(rating, period, ...)` would make (sequence 1) as a `FirstInvoice`,
-    or None when a check of the quick path does not hold (period bounds not in UTC, a line whose kind,
-    types, id or amount `Invoice` would question, a rating in another currency): then build the
-    `Invoice` the usual way, whose checks say what is wrong."""
+def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_version: str) -> Invoice | None:
+    """The draft `draft_from_rating(rating, period, ...)` makes (sequence 1), for the bulk billing run's
+    first invoices (10^4 invoices, 10^5 lines a run): the same `Invoice`, built without the per-field
+    __init__ and the checks of `Invoice` once the ones below hold, or None when one does not (period
+    bounds not in UTC, a line whose kind, types, id or amount `Invoice` would question, a rating in
+    another currency): then build the `Invoice` the usual way, whose checks say what is wrong."""
     if (rating.period_start, rating.period_end) != (period.start, period.end) or rating.currency != currency:
         return None
     if not (isinstance(period, Period) and period.start.tzinfo is UTC and period.end.tzinfo is UTC):
@@ -414,36 +374,39 @@ def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_v
         money = Currency.of(currency)
     except ValueError:
         return None
+    label, start, end = period.label, period.start, period.end
+    lines = []
     subtotal = ZERO
-    for line in rating.lines:
-        (line_id, kind, _, _, _, _, quantity, unit_price, precise_amount, amount) = line
-        if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
-                or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
-                                                               and precise_amount.is_finite())
-                or (unit_price is not None and type(unit_price) is not Decimal) or money.round(amount) != amount):
+    for rated in rating.lines:
+        line = _copied(rated, label, start, end)
+        if line is None or money.round(line.amount) != line.amount:
             return None
-        subtotal += amount
-    if len({line.line_id for line in rating.lines}) != len(rating.lines):
+        subtotal += line.amount
+        lines.append(line)
+    if len({line.id for line in lines}) != len(lines):
         return None
-    return FirstInvoice(
-        id=invoice_id(rating.customer_id, period.label, 1), customer_id=rating.customer_id, currency=currency,
-        period=period.label, period_start=period.start, period_end=period.end, sequence=1, status=S.DRAFT,
-        rated=rating.lines, subtotal=subtotal, credits_applied=ZERO, total=subtotal,
-        price_book_version=price_book_version,
+    draft = object.__new__(Invoice)
+    draft.__dict__.update(
+        id=invoice_id(rating.customer_id, label, 1), customer_id=rating.customer_id, currency=currency,
+        period=label, period_start=start, period_end=end, sequence=1, status=S.DRAFT, lines=tuple(lines),
+        subtotal=subtotal, credits_applied=ZERO, total=subtotal, price_book_version=price_book_version, number=None,
+        issued_at=None, finalized_at=None, history=(), reissue_of=None,
     )
+    return draft
 
 
-def finalize_first(draft: FirstInvoice, *, number: str, at: datetime) -> FirstInvoice:
-    """`finalize` of a `FirstInvoice` draft (no prepaid credit applied: the caller has none to apply)."""
-    if draft.status is not S.DRAFT:
-        raise InvoiceStateError(f"invoice {draft.id} cannot go from {draft.status} to {S.OPEN}")
-    parse_number(number)
-    if draft.total < 0:
-        raise InvoiceStateError(f"invoice {draft.id} totals {draft.total} {draft.currency}: an invoice cannot be "
-                                "negative; issue a credit note against the invoice being corrected instead")
+def finalize_first(draft: Invoice, *, number: str, at: datetime) -> Invoice:
+    """`finalize(draft, number=number, at=at)` without `dataclasses.replace`'s rebuild and re-check of an
+    invoice that is already an `Invoice` (the bulk billing run finalizes 10^4 first invoices a run, made
+    by `first_invoice`): the same open invoice. A draft that `finalize` refuses (a negative total), or
+    an invoice that is not a draft, goes through `finalize`, which says why."""
+    if draft.status is not S.DRAFT or draft.total < 0:
+        return finalize(draft, number=number, at=at)
     when = aware_utc(at, "at", InvoiceStateError)
-    final = object.__new__(FirstInvoice)  # `replace` without its field-by-field rebuild (10^4 a run)
-    final.__dict__.update(draft.__dict__, status=S.OPEN, number=number, issued_at=when, finalized_at=when)
+    parse_number(number)
+    final = object.__new__(Invoice)
+    final.__dict__.update(draft.__dict__, status=S.OPEN, number=number, issued_at=when, finalized_at=when,
+                          history=(StatusChange(S.DRAFT, S.OPEN, when),))
     return final
 
 
@@ -658,151 +621,3 @@ def adjustment_lines(
             )
         )
     return tuple(out)
-
-
-# ---------------------------------------------------------------- credit notes
-
-
-@dataclass(frozen=True)
-class CreditNoteLine:
-    invoice_line_id: str
-    amount: Decimal  # positive: what is credited back on that line
-
-
-@dataclass(frozen=True)
-class CreditNote:
-    """A credit against a finalized invoice. `total` = sum of the lines; of it, `refund_amount` gives
-    back what the customer was charged (the invoice total) and `credits_returned` goes back to the
-    prepaid credits the invoice used (returned only once the charged amount is all given back)."""
-
-    id: str
-    invoice_id: str
-    customer_id: str
-    currency: str
-    sequence: int
-    lines: tuple[CreditNoteLine, ...]
-    total: Decimal
-    refund_amount: Decimal
-    credits_returned: Decimal
-    reason: str
-    issued_at: datetime
-
-
-@dataclass(frozen=True)
-class CreditNoteInput:
-    """`amounts` maps invoice line id -> amount to credit; None credits everything left (whole invoice,
-    or the lines in `line_ids`). `previous` are the invoice's earlier credit notes."""
-
-    invoice: Invoice
-    reason: str
-    at: datetime
-    line_ids: Sequence[str] | None = None
-    amounts: Mapping[str, Decimal] | None = None
-    previous: Sequence[CreditNote] = field(default=())
-
-    def validate(self) -> None:
-        invoice = self.invoice
-        if invoice.status not in CHARGING:
-            raise CreditNoteError(
-                f"a credit note needs a finalized, not void, invoice; invoice {invoice.id} is {invoice.status}"
-            )
-        if not isinstance(self.reason, str) or not self.reason.strip():
-            raise CreditNoteError("a credit note needs a reason (it is printed on the document)")
-        when = aware_utc(self.at, "at", CreditNoteError)
-        if invoice.finalized_at is not None and when < invoice.finalized_at:
-            raise CreditNoteError(f"credit note at {when.isoformat()} is before invoice {invoice.id} was finalized")
-        if self.line_ids is not None and self.amounts is not None:
-            raise CreditNoteError("give either line_ids (credit what is left on them) or amounts, not both")
-        if self.line_ids is not None and not self.line_ids:
-            raise CreditNoteError("line_ids is empty: pass None to credit the whole invoice")
-        for note in self.previous:
-            if note.invoice_id != invoice.id:
-                raise CreditNoteError(f"credit note {note.id} is for invoice {note.invoice_id}, not {invoice.id}")
-
-
-def credited_by_line(notes: Iterable[CreditNote]) -> dict[str, Decimal]:
-    out: dict[str, Decimal] = {}
-    for note in notes:
-        for line in note.lines:
-            out[line.invoice_line_id] = out.get(line.invoice_line_id, ZERO) + line.amount
-    return out
-
-
-def credit_note(
-    invoice: Invoice,
-    *,
-    reason: str,
-    at: datetime,
-    line_ids: Sequence[str] | None = None,
-    amounts: Mapping[str, Decimal] | None = None,
-    previous: Sequence[CreditNote] = (),
-) -> CreditNote:
-    """A credit note against a finalized invoice: the whole invoice (default), what is left on some
-    lines (`line_ids`), or given amounts per line (`amounts`). A line can never be credited beyond its
-    amount minus what earlier notes (`previous`) credited on it, and all notes together never beyond
-    the invoice's subtotal (a negative line, such as a book credit, lowers what can be credited).
-    Lines with nothing left are skipped when crediting the whole invoice."""
-    request = CreditNoteInput(invoice, reason, at, line_ids, amounts, tuple(previous))
-    request.validate()
-    money = invoice.money
-    credited = credited_by_line(previous)
-    credited_total = sum((note.total for note in previous), ZERO)
-    left_on_invoice = invoice.subtotal - credited_total
-    by_id = {line.id: line for line in invoice.lines}
-
-    def left_on(line_id: str) -> Decimal:
-        if line_id not in by_id:
-            raise CreditNoteError(f"invoice {invoice.id} has no line {line_id}")
-        return max(by_id[line_id].amount, ZERO) - credited.get(line_id, ZERO)
-
-    wanted: list[tuple[str, Decimal]] = []
-    if amounts is not None:
-        for line_id, amount in amounts.items():
-            if not isinstance(amount, Decimal) or not amount.is_finite() or amount <= 0:
-                raise CreditNoteError(f"credit on line {line_id} must be a positive Decimal, got {amount!r}")
-            check_minor_units(amount, money, f"credit on line {line_id}", CreditNoteError)
-            left = left_on(line_id)
-            if amount > left:
-                raise CreditNoteError(
-                    f"cannot credit {amount} {invoice.currency} on line {line_id} of invoice {invoice.id}: "
-                    f"only {left} is left uncredited on it"
-                )
-            wanted.append((line_id, amount))
-        explicit = True
-    else:
-        explicit = line_ids is not None
-        for line_id in (line_ids if line_ids is not None else [line.id for line in invoice.lines]):
-            left = left_on(line_id)
-            if left > 0:
-                wanted.append((line_id, left))
-            elif explicit:
-                raise CreditNoteError(f"line {line_id} of invoice {invoice.id} has nothing left to credit")
-    lines: list[CreditNoteLine] = []
-    room = left_on_invoice
-    for line_id, amount in wanted:
-        if amount > room:
-            if explicit:
-                raise CreditNoteError(
-                    f"cannot credit {sum((a for _, a in wanted), ZERO)} {invoice.currency} on invoice {invoice.id}: "
-                    f"its subtotal is {invoice.subtotal} and {credited_total} is already credited, "
-                    f"so {left_on_invoice} is left"
-                )
-            amount = room  # whole-invoice note: stop at what the invoice charged in all
-        if amount > 0:
-            lines.append(CreditNoteLine(line_id, amount))
-            room -= amount
-    if not lines:
-        raise CreditNoteError(f"invoice {invoice.id} has nothing left to credit")
-    total = _sum_notes(lines)
-    refunded_before = sum((note.refund_amount for note in previous), ZERO)
-    refund = min(total, max(invoice.total - refunded_before, ZERO))
-    sequence = len(previous) + 1
-    return CreditNote(
-        id=credit_note_id(invoice.id, sequence), invoice_id=invoice.id, customer_id=invoice.customer_id,
-        currency=invoice.currency, sequence=sequence, lines=tuple(lines), total=total, refund_amount=refund,
-        credits_returned=total - refund, reason=reason.strip(), issued_at=aware_utc(at, "at", CreditNoteError),
-    )
-
-
-def _sum_notes(lines: Iterable[CreditNoteLine]) -> Decimal:
-    return sum((line.amount for line in lines), ZERO)

@@ -30,6 +30,9 @@ from infermeter.times import Window, ceil_hour, floor_hour  # noqa: F401 - Windo
 _LABEL = re.compile(r"(\d{4})-(\d{2})")
 MIN_YEAR = 1970
 MAX_YEAR = 9998  # the period of 9998-12 ends in 9999; one more would overflow datetime
+# (time zone, anchor day) of usage that no customer record places: unbilled usage of a customer
+# without a record, and the usage export's rows of such customers, are in UTC periods from day 1
+UTC_SCHEDULE = ("UTC", 1)
 
 
 @dataclass(frozen=True)

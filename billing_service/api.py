@@ -16,28 +16,34 @@ invoice preview a customer can ask for with its own API key.
 
 Bad input answers 400 (404 for an unknown customer or invoice) with the service's message and
 writes nothing. Mount with `app.include_router(billing_service.api.router)`; it reads
-`request.app.state.pool` and `request.app.state.settings`. The clock is `clock()`.
+`request.app.state.pool` and `request.app.state.settings`. The clock is the `now` dependency
+(the current time; tests override it: `app.dependency_overrides[now]`).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
 import psycopg
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from billing_service.store import UnknownCustomer, UnknownInvoice
 from infermeter.auth import Principal
 from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.times import utc_now
 
 router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
 
 
-def clock() -> datetime:
-    return datetime.now(UTC)
+def now() -> datetime:
+    """The instant a request's command acts at (a dependency: tests override it)."""
+    return utc_now()
+
+
+Now = Annotated[datetime, Depends(now)]
 
 
 def _admin(principal: Principal) -> None:
@@ -75,16 +81,17 @@ async def _call(request: Request, work) -> Any:
 async def get_preview(
     request: Request,
     principal: PrincipalDep,
+    at: Now,
     period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
     customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
 ) -> dict[str, Any]:
-    from billing_service.run import preview_invoice
+    from billing_service.invoices import preview_invoice
 
     customer = scope(principal, customer_id)
     if customer is None:
         raise error(400, "customer_id is required", "invalid_request")
     cost_model = _cost_model(request)
-    return await _call(request, lambda conn: preview_invoice(conn, customer, period, now=clock(), cost_model=cost_model))
+    return await _call(request, lambda conn: preview_invoice(conn, customer, period, now=at, cost_model=cost_model))
 
 
 # ---------------------------------------------------------------- customers and plans
@@ -99,13 +106,13 @@ class CustomerBody(BaseModel):
 
 
 @router.put("/v1/billing/customers/{customer_id}")
-async def put_customer(request: Request, principal: PrincipalDep, customer_id: str, body: CustomerBody) -> dict:
-    from billing_service.run import set_customer
+async def put_customer(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: CustomerBody) -> dict:
+    from billing_service.customers import set_customer
 
     _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
-        customer, changed = set_customer(conn, customer_id, now=clock(), **body.model_dump())
+        customer, changed = set_customer(conn, customer_id, now=at, **body.model_dump())
         return {**customer.to_json(), "changed": changed}
 
     return await _call(request, work)
@@ -127,13 +134,13 @@ class PlanBody(BaseModel):
 
 
 @router.post("/v1/billing/customers/{customer_id}/plans")
-async def post_plan(request: Request, principal: PrincipalDep, customer_id: str, body: PlanBody) -> dict:
-    from billing_service.run import assign_plan
+async def post_plan(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: PlanBody) -> dict:
+    from billing_service.customers import assign_plan
 
     _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
-        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=clock())
+        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at)
         return {"customer_id": customer_id, "price_book": result.book.book.id,
                 "price_book_version": result.book.version, "effective_period": result.effective.label,
                 "created": result.created}
@@ -150,14 +157,14 @@ class RunBody(BaseModel):
 
 
 @router.post("/v1/billing/runs")
-async def post_run(request: Request, principal: PrincipalDep, body: RunBody) -> dict:
+async def post_run(request: Request, principal: PrincipalDep, at: Now, body: RunBody) -> dict:
     from billing_service.run import billing_run
 
     _admin(principal)
     settings = request.app.state.settings
     cost_model = _cost_model(request)
     return await _call(request, lambda conn: billing_run(
-        conn, body.period, now=clock(), customer_id=body.customer_id, grace_h=settings.billing_grace_h,
+        conn, body.period, now=at, customer_id=body.customer_id, grace_h=settings.billing_grace_h,
         cost_model=cost_model, issuer_prefix=settings.billing_issuer_prefix).to_json())
 
 
@@ -169,7 +176,7 @@ async def get_invoices(
     period: str | None = None,
     status: str | None = None,
 ) -> dict:
-    from billing_service.run import list_invoices
+    from billing_service.invoices import list_invoices
 
     customer = scope(principal, customer_id)
     return await _call(request, lambda conn: {"invoices": list_invoices(
@@ -178,7 +185,7 @@ async def get_invoices(
 
 @router.get("/v1/billing/invoices/{invoice_id}")
 async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str) -> dict:
-    from billing_service.run import show_invoice
+    from billing_service.invoices import show_invoice
 
     shown = await _call(request, lambda conn: show_invoice(conn, invoice_id))
     scope(principal, shown["customer_id"])  # 404 for another customer's invoice, 403 for producers
@@ -186,13 +193,13 @@ async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str
 
 
 @router.post("/v1/billing/invoices/{invoice_id}/void")
-async def post_void(request: Request, principal: PrincipalDep, invoice_id: str) -> dict:
-    from billing_service.run import invoice_summary, void_invoice
+async def post_void(request: Request, principal: PrincipalDep, at: Now, invoice_id: str) -> dict:
+    from billing_service.invoices import invoice_summary, void_invoice
 
     _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
-        voided, fresh = void_invoice(conn, invoice_id, now=clock())
+        voided, fresh = void_invoice(conn, invoice_id, now=at)
         return {"voided": invoice_summary(voided), "reissue": invoice_summary(fresh)}
 
     return await _call(request, work)
@@ -204,13 +211,14 @@ class CreditNoteBody(BaseModel):
 
 
 @router.post("/v1/billing/invoices/{invoice_id}/credit-notes")
-async def post_credit_note(request: Request, principal: PrincipalDep, invoice_id: str, body: CreditNoteBody) -> dict:
-    from billing_service.run import issue_credit_note, money_text
+async def post_credit_note(request: Request, principal: PrincipalDep, at: Now, invoice_id: str, body: CreditNoteBody) -> dict:
+    from billing_service.credits import issue_credit_note
+    from billing_service.store import money_text
 
     _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
-        note, number = issue_credit_note(conn, invoice_id, reason=body.reason, now=clock(), line_ids=body.line_ids)
+        note, number = issue_credit_note(conn, invoice_id, reason=body.reason, now=at, line_ids=body.line_ids)
         return {"id": note.id, "number": number, "invoice_id": note.invoice_id,
                 "total": money_text(note.total, note.currency), "currency": note.currency}
 
@@ -227,13 +235,14 @@ class GrantBody(BaseModel):
 
 
 @router.post("/v1/billing/customers/{customer_id}/credits")
-async def post_grant(request: Request, principal: PrincipalDep, customer_id: str, body: GrantBody) -> dict:
-    from billing_service.run import grant_credits, money_text
+async def post_grant(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: GrantBody) -> dict:
+    from billing_service.credits import grant_credits
+    from billing_service.store import money_text
 
     _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
-        grant = grant_credits(conn, customer_id, body.amount, now=clock(), expires=body.expires, reason=body.reason)
+        grant = grant_credits(conn, customer_id, body.amount, now=at, expires=body.expires, reason=body.reason)
         return {"id": grant.id, "customer_id": customer_id, "amount": money_text(grant.amount, grant.currency),
                 "currency": grant.currency}
 
@@ -241,11 +250,11 @@ async def post_grant(request: Request, principal: PrincipalDep, customer_id: str
 
 
 @router.get("/v1/billing/customers/{customer_id}/credits")
-async def get_credits(request: Request, principal: PrincipalDep, customer_id: str) -> dict:
-    from billing_service.run import credits_view
+async def get_credits(request: Request, principal: PrincipalDep, at: Now, customer_id: str) -> dict:
+    from billing_service.credits import credits_view
 
     customer = scope(principal, customer_id)
-    return await _call(request, lambda conn: credits_view(conn, customer, now=clock()))
+    return await _call(request, lambda conn: credits_view(conn, customer, now=at))
 
 
 # ---------------------------------------------------------------- finance exports

@@ -6,7 +6,7 @@ and the history's COPY text written here by hand, escaped: psycopg's row writer 
 more), then the rows' final state (first invoices: one UPDATE with their ids and numbers as arrays;
 the others: UPDATE ... FROM a temporary table).
 
-The billing run's logic (`billing_service.run._run_customer`) does not change: it saves, reloads
+The billing run's logic (`billing_service.run`, per customer) does not change: it saves, reloads
 and finalizes through these objects exactly as through `PgInvoiceStore`, `PgCreditLedger` and
 `PgInvoiceNumbers`, and `flush` then writes what those would have written: the same invoice rows
 (revision, created_at / updated_at = the run's clock), the same lines in the same positions (a draft's
@@ -27,12 +27,13 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
+from operator import attrgetter
 
 import psycopg
 
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import InvoiceImmutable
-from billing.invoice import FirstInvoice, Invoice, InvoiceStatus, StatusChange
+from billing.invoice import Invoice, InvoiceStatus, StatusChange
 from billing.numbering import format_number
 from billing_service.store import (
     _INVOICE_COLS,
@@ -53,18 +54,17 @@ _NULL = "\\N"
 
 
 def _copy_text(value: str) -> str:
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:  # 4x faster than translate
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:  # nothing to escape, the common case: no translate
         return value.translate(_COPY_ESCAPES)
     return value
 
 
 class _LineRows:
     """billing_invoice_lines rows (invoice_id, position, _LINE_COLS) in COPY's text format, written by
-    hand. psycopg's row writer dumps each value through its type's dumper: for 150,000 lines of 15
-    columns, binary, 0.45-0.50 CPU-s here against 0.21-0.29 for these strings; the server parses text a
-    little more slowly (0.34-0.45 against 0.30-0.32 CPU-s), so ~0.17 CPU-s less in all (docs/benchmarks.md,
-    "Billing a month"). Numbers go as `str(Decimal)` (exact; PostgreSQL reads its exponent form too),
-    times as ISO 8601 with their offset, text fields escaped (`_copy_text`)."""
+    hand instead of by psycopg's row writer, which dumps each value through its type's dumper (the
+    comparison: docs/benchmarks.md, "Billing a month"). Numbers go as `str(Decimal)` (exact; PostgreSQL
+    reads its exponent form too), times as ISO 8601 with their offset, text fields escaped
+    (`_copy_text`)."""
 
     def __init__(self) -> None:
         # (kind, charge key, meter, group) and (period, service period) repeat: escaped and joined once
@@ -78,8 +78,9 @@ class _LineRows:
         return middle
 
     def add_rated(self, invoice_id: str, label: str, start: datetime, end: datetime, rated: Iterable[tuple]) -> None:
-        """The lines of a first invoice (`FirstInvoice.rated`: the rating's lines, each its own rated
-        line, all of the invoice's period), without a tuple made per line for `add`."""
+        """Lines copied from a rating (each its own rated line, all of the invoice's period), in the
+        order of `pricing.rating.Line`'s fields (the third, the customer, is not written), without a
+        tuple made per line for `add`: a first invoice's lines (`_AS_RATED`)."""
         head, middles, parts = _copy_text(invoice_id), self._middles, self.parts
         tail = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
         for position, (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount,
@@ -108,10 +109,15 @@ class _LineRows:
                          f"{str(precise_amount)}\t{str(amount)}\t{tail}")
 
 
-def _first_invoice_copy_row(first: FirstInvoice, sha: str, now: datetime) -> str:
+# a first invoice's line (`billing.invoice.first_invoice`: copied from a rated line, whose id it keeps)
+# in the order `_LineRows.add_rated` reads, `pricing.rating.Line`'s; the third field is not written
+_AS_RATED = attrgetter("id", "kind", "rated_line_id", "charge_key", "meter", "group", "quantity", "unit_price",
+                       "precise_amount", "amount")
+
+
+def _first_invoice_copy_row(first: Invoice, sha: str, now: datetime) -> str:
     """`_invoice_row(first, sha, as_draft=True)` + (revision 1, created_at, updated_at = now) as a line
-    of COPY text, written as `_LineRows` writes lines (10,000 rows: 0.07-0.08 -> ~0.05 CPU-s with the
-    sending, docs/benchmarks.md)."""
+    of COPY text, written as `_LineRows` writes lines."""
     at = now.isoformat()
     reissue_of = _NULL if first.reissue_of is None else _copy_text(first.reissue_of)
     return (f"{_copy_text(first.id)}\t{_copy_text(first.customer_id)}\t{_copy_text(first.currency)}\t"
@@ -121,7 +127,7 @@ def _first_invoice_copy_row(first: FirstInvoice, sha: str, now: datetime) -> str
             f"{at}\t{at}\n")
 
 
-def _invoice_row(inv: Invoice | FirstInvoice, sha: str | None, *, as_draft: bool = False) -> tuple:
+def _invoice_row(inv: Invoice, sha: str | None, *, as_draft: bool = False) -> tuple:
     """`_INVOICE_COLS` of an invoice (`as_draft`: as `PgInvoiceStore` inserts it, a draft without its
     number and times)."""
     if as_draft:
@@ -163,7 +169,7 @@ class BatchInvoiceStore:
         self._created_at: dict[str, datetime] = {}
         self._written: dict[str, tuple[Invoice, str | None, int, datetime]] = {}  # id -> last save
         self._history: list[tuple[str, int, datetime, str, str, str]] = []
-        self._first: list[tuple[FirstInvoice, str, datetime]] = []  # `add_first`, not in _current
+        self._first: list[tuple[Invoice, str, datetime]] = []  # `add_first`, not in _current
 
     def get(self, invoice_id: str) -> StoredInvoice:
         found = self._current.get(invoice_id)
@@ -208,14 +214,14 @@ class BatchInvoiceStore:
         self._current[invoice.id] = StoredInvoice(loaded, book_sha256, revision)
         return True
 
-    def add_first(self, invoice: FirstInvoice, *, book_sha256: str, now: datetime) -> None:
+    def add_first(self, invoice: Invoice, *, book_sha256: str, now: datetime) -> None:
         """Write a customer's first invoice of a period as `save` writes it when `_run_customer` creates
         it (and finalizes it: `invoice` open, made by `finalize_first` from the draft): the row, the
         rating's lines, history revision 1 (created, the draft) and 2 (finalized). The caller checked
         that the customer has no invoice, so nothing in this batch reads it back."""
         if invoice.id in self._current or invoice.id in self._written:
             raise BillingServiceError(f"invoice {invoice.id} exists already")
-        head = invoice_document_head(invoice, book_sha256)  # type: ignore[arg-type]
+        head = invoice_document_head(invoice, book_sha256)
         finalized = None if invoice.status is InvoiceStatus.DRAFT else json.dumps(head)
         # the draft it was: the same document but for these (finalize_first changes nothing else)
         head.update(status="draft", number=None, issued_at=None, finalized_at=None)
@@ -250,7 +256,7 @@ class BatchInvoiceStore:
                     cur.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)", (changed,))
                 rows = _LineRows()
                 for first, _, _ in self._first:
-                    rows.add_rated(first.id, first.period, first.period_start, first.period_end, first.rated)
+                    rows.add_rated(first.id, first.period, first.period_start, first.period_end, map(_AS_RATED, first.lines))
                 for i in (*new, *changed):
                     rows.add(i, ((line.id, line.rated_line_id, line.kind, line.charge_key, line.meter, line.group,
                                   line.quantity, line.unit_price, line.precise_amount, line.amount, line.period,
@@ -275,7 +281,7 @@ class BatchInvoiceStore:
                 # first invoices finalized (`finalize_first`): inserted as drafts, only these columns move
                 # (revision 2). Ids and numbers as arrays, the times (the run's clock: one group) as values:
                 # no temporary table made, copied and dropped, no per-row time dumped
-                opened: dict[tuple[str, datetime | None, datetime | None, datetime], list[FirstInvoice]] = {}
+                opened: dict[tuple[str, datetime | None, datetime | None, datetime], list[Invoice]] = {}
                 for f, _, now in self._first:
                     if f.status is not InvoiceStatus.DRAFT:
                         opened.setdefault((str(f.status), f.issued_at, f.finalized_at, now), []).append(f)

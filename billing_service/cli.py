@@ -4,16 +4,18 @@ Each command opens the configured database (DATABASE_URL, a running `infermeter 
 PostgreSQL for its own duration) in autocommit mode; the service functions own their transactions.
 Bad input raises a ValueError with a clear message: `app.cli.main` prints it as one `error: ...`
 line (exit 2). A billing run with unbilled usage, and a reconcile that finds a difference, exit 1.
-The clock is `clock()` (tests replace it).
+The commands act at `clock()`: the system clock, or the one set in `CLOCK` for the caller's context
+(the tests run the commands in-process under a frozen clock that way).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from contextvars import ContextVar
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -24,14 +26,19 @@ from rich.table import Table
 
 from infermeter.settings import get_settings
 from infermeter.stack import open_stack, to_libpq_url
-from infermeter.times import parse_time
+from infermeter.times import parse_time, utc_now
 
 console = Console()
 err = Console(stderr=True)
 
 
+# The clock the commands pass as `now`. A caller that runs them in-process under another clock sets it
+# for its own context (`token = CLOCK.set(fn)` ... `CLOCK.reset(token)`); nothing else changes it.
+CLOCK: ContextVar[Callable[[], datetime]] = ContextVar("infermeter_billing_cli_clock", default=utc_now)
+
+
 def clock() -> datetime:
-    return datetime.now(UTC)
+    return CLOCK.get()()
 
 
 customers_app = typer.Typer(help="Billed customers: time zone, currency, billing anchor day.", no_args_is_help=True)
@@ -96,7 +103,7 @@ def customers_set(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Create a customer or update the fields given."""
-    from billing_service.run import set_customer
+    from billing_service.customers import set_customer
 
     with _connect() as conn:
         customer, changed = set_customer(conn, customer_id, now=clock(), name=name, email=email, timezone=timezone,
@@ -156,7 +163,7 @@ def plans_assign(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Bill a customer under a price book from a date (a change inside a period applies from the next one)."""
-    from billing_service.run import assign_plan
+    from billing_service.customers import assign_plan
 
     text = _read_text(price_book)
     with _connect() as conn:
@@ -237,7 +244,7 @@ def billing_reconcile(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check invoices against metering: quantities = usage, invoiced + adjustments = rated usage; exit 1 on a difference."""
-    from billing_service.run import reconcile_money
+    from billing_service.reconcile import reconcile_money
 
     with _connect() as conn:
         report = reconcile_money(conn, period, cost_model=_cost_model())
@@ -270,7 +277,7 @@ def invoices_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Invoices, by customer and period."""
-    from billing_service.run import list_invoices
+    from billing_service.invoices import list_invoices
 
     with _connect() as conn:
         found = list_invoices(conn, customer_id=customer, period=period, status=status)
@@ -291,7 +298,7 @@ def invoices_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """An invoice with its lines, credit notes and change history."""
-    from billing_service.run import show_invoice
+    from billing_service.invoices import show_invoice
     from billing_service.store import PgInvoiceStore, invoice_as_of
 
     with _connect() as conn:
@@ -326,7 +333,7 @@ def invoices_void(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Void a finalized invoice and reissue it as a new draft (the next billing run refreshes and finalizes it)."""
-    from billing_service.run import invoice_summary, void_invoice
+    from billing_service.invoices import invoice_summary, void_invoice
 
     with _connect() as conn:
         voided, fresh = void_invoice(conn, invoice_id, now=clock())
@@ -344,7 +351,8 @@ def invoices_credit_note(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Issue a credit note against a finalized invoice (whole, or by line)."""
-    from billing_service.run import issue_credit_note, money_text
+    from billing_service.credits import issue_credit_note
+    from billing_service.store import money_text
 
     with _connect() as conn:
         note, number = issue_credit_note(conn, invoice_id, reason=reason, now=clock(), line_ids=line or None)
@@ -371,7 +379,7 @@ def invoice_preview(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What the customer's invoice would be now (period to date when the period is not over)."""
-    from billing_service.run import preview_invoice
+    from billing_service.invoices import preview_invoice
 
     book = (_read_text(price_book), str(price_book)) if price_book is not None else None
     with _connect() as conn:
@@ -401,7 +409,8 @@ def credits_grant(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Grant prepaid credit; it pays invoices at finalization, oldest-expiring first."""
-    from billing_service.run import grant_credits, money_text
+    from billing_service.credits import grant_credits
+    from billing_service.store import money_text
 
     with _connect() as conn:
         grant = grant_credits(conn, customer, amount, now=clock(), expires=expires, reason=reason)
@@ -423,7 +432,7 @@ def credits_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """A customer's prepaid credits: every grant, use and expiry, and the balance now."""
-    from billing_service.run import credits_view
+    from billing_service.credits import credits_view
 
     with _connect() as conn:
         view = credits_view(conn, customer, now=clock())
@@ -453,9 +462,9 @@ def stripe_sync(
 
     Uses INFERMETER_STRIPE_API_KEY (required) and INFERMETER_STRIPE_API_BASE; what was pushed is recorded in
     stripe_objects, so a rerun (after a crash too) creates nothing twice."""
-    from billing_service.stripe_run import sync_invoices
-    from billing_service.stripe_state import PostgresSyncState
-    from billing_service.stripe_sync import StripeSync, stripe_client
+    from billing_service.stripe.run import sync_invoices
+    from billing_service.stripe.state import PostgresSyncState
+    from billing_service.stripe.sync import StripeSync, stripe_client
     from infermeter.db import get_engine
 
     settings = get_settings()
@@ -504,7 +513,7 @@ def stripe_status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Per finalized or void invoice and per credit note: the Stripe ids recorded, in sync or not (no call to Stripe)."""
-    from billing_service.stripe_run import credit_note_status, sync_status
+    from billing_service.stripe.run import credit_note_status, sync_status
 
     with _connect() as conn:
         found = sync_status(conn, period=period, customer_id=customer)

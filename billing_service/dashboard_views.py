@@ -23,8 +23,9 @@ from typing import Protocol
 import psycopg
 
 from billing.periods import parse_label, period_containing
+from billing_service.credits import credits_view
 from billing_service.exports import FORMATS, KINDS, invoice_rows, revenue_rows
-from billing_service.run import credits_view, preview_invoice, show_invoice
+from billing_service.invoices import preview_invoice, show_invoice
 from billing_service.store import (
     BillingServiceError,
     get_customer,

@@ -29,8 +29,7 @@ from decimal import Decimal
 import psycopg
 
 from billing.invoice import CHARGING
-from billing.periods import billing_period, parse_label
-from billing_service.run import UTC_SCHEDULE
+from billing.periods import UTC_SCHEDULE, billing_period, parse_label
 from billing_service.store import BillingServiceError, with_lines
 from infermeter.db import QUANTITY_SCALE
 from infermeter.times import utc_text

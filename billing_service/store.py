@@ -1,10 +1,12 @@
-"""psycopg adapters for billing: customers, price-book snapshots, plans, and the `billing.ports`
-implementations (invoice store, credit ledger, gapless invoice numbers).
+"""psycopg adapters for billing: customers, price-book snapshots, plans, the invoice store, the
+credit ledger and gapless invoice numbers (the draft and finalization logic takes these, or the bulk
+run's batch versions, through the protocols of `billing_service.drafts`).
 
-Nothing here decides anything: the billing run (`billing_service.run`) owns the transactions and
-the clock; these functions read and write rows. Every write of an invoice appends a history row
-(the invoice without its lines, as JSON; the database keeps a draft's lines when they are replaced) so
-what was known at any moment can be reproduced (`invoice_as_of`, `with_lines`).
+Nothing here decides anything: the billing service's modules (`customers`, `run`, `invoices`,
+`credits`) own the transactions and the clock; these functions read and write rows. Every write of
+an invoice appends a history row (the invoice without its lines, as JSON; the database keeps a
+draft's lines when they are replaced) so what was known at any moment can be reproduced
+(`invoice_as_of`, `with_lines`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from decimal import ROUND_HALF_UP, Decimal
 import psycopg
 from psycopg.types.json import Jsonb
 
+from billing._common import aware_utc
+from billing.credit_notes import CreditNote, CreditNoteLine
 from billing.credits import CreditGrant, LedgerEntry
 from billing.errors import BillingError, InvoiceImmutable
-from billing.invoice import CreditNote, CreditNoteLine, Invoice, InvoiceLine, InvoiceStatus, StatusChange
+from billing.invoice import Invoice, InvoiceLine, InvoiceStatus, StatusChange
 from billing.numbering import format_number
 from infermeter.times import utc_text
 from pricing.book import PriceBook, parse_price_book, price_book_from_data, price_book_to_data
@@ -39,6 +43,11 @@ class UnknownCustomer(BillingServiceError):
 
 class UnknownInvoice(BillingServiceError):
     pass
+
+
+def checked_now(now: datetime) -> datetime:
+    """The injected clock's `now`, as an aware UTC datetime (a naive one is refused)."""
+    return aware_utc(now, "now", BillingServiceError)
 
 
 _CUSTOMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,255}")
@@ -222,7 +231,7 @@ def add_plan(conn: psycopg.Connection, customer_id: str, from_date: date, effect
     ).fetchone()[0]
 
 
-# ---------------------------------------------------------------- invoices (billing.ports.InvoiceStore)
+# ---------------------------------------------------------------- invoices
 
 
 def _dec(value: Decimal | None) -> str | None:
@@ -341,7 +350,7 @@ class StoredInvoice:
 
 
 class PgInvoiceStore:
-    """billing.ports.InvoiceStore on PostgreSQL (the caller owns the transaction)."""
+    """A customer's invoices and credit notes on PostgreSQL (the caller owns the transaction)."""
 
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
@@ -385,9 +394,6 @@ class PgInvoiceStore:
 
     def stored(self, customer_id: str) -> list[StoredInvoice]:
         return self._load("customer_id = %s", (customer_id,))
-
-    def invoices(self, customer_id: str) -> Sequence[Invoice]:
-        return [s.invoice for s in self.stored(customer_id)]
 
     def get(self, invoice_id: str) -> StoredInvoice:
         found = self._load("id = %s", (invoice_id,))
@@ -500,7 +506,7 @@ def history(conn: psycopg.Connection, invoice_id: str) -> list[dict]:
             for r in rows]
 
 
-# ---------------------------------------------------------------- numbers (billing.ports.InvoiceNumbers)
+# ---------------------------------------------------------------- numbers
 
 
 class PgInvoiceNumbers:
@@ -520,7 +526,7 @@ class PgInvoiceNumbers:
         return format_number(year, seq, issuer_prefix)
 
 
-# ---------------------------------------------------------------- credits (billing.ports.CreditLedger)
+# ---------------------------------------------------------------- credits
 
 
 class PgCreditLedger:

@@ -9,7 +9,7 @@
   is billed by the book's rule at its deadline (`pricing_service.rate_period.task_totals`;
   docs/billing.md, "Trusted task outcomes").
 - Unbilled usage (a customer without a record or without a plan: no book, so no trusted sources):
-  `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
+  `unbilled_usage` finds it for a period (billing runs and reconcile report it), `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
   outcome) and labels what rests on the customer's own word (`label_tasks`); see docs/billing.md,
   "Unbilled usage and task outcomes".
 - GPU time: metering splits replica intervals at UTC hour boundaries (gpu_ledger_hourly) and pricing
@@ -25,14 +25,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 import psycopg
 
-from billing.periods import Period
-from infermeter.times import Window, ceil_hour
+from billing.periods import UTC_SCHEDULE, Period, billing_period
+from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
+from infermeter.times import Window, ceil_hour, utc_text
 from metering.contract import CUSTOMER_SOURCE_PREFIX
+from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
 from metering.queries import task_totals, usage, usage_meter_totals
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
@@ -147,6 +150,9 @@ def label_tasks(tasks: Iterable[TaskReports], start: datetime, end: datetime) ->
     return {k: v for k, v in sorted(out.items()) if v}
 
 
+# ---------------------------------------------------------------- unbilled usage
+
+
 def unbilled_summary(conn: psycopg.Connection, customer_id: str, period: Period | Window,
                      cost_model: CostModel | None = None) -> dict[str, str]:
     """{"meter[/model or GPU type]": quantity} of a customer's usage that no invoice carries: requests,
@@ -156,3 +162,56 @@ def unbilled_summary(conn: psycopg.Connection, customer_id: str, period: Period 
     rows = task_reports(conn, window.start, window.end, timedelta(0), EVERY_SOURCE, customer_id)
     summary.update({k: str(v) for k, v in label_tasks(tasks_from_rows(rows), window.start, window.end).items()})
     return dict(sorted(summary.items()))
+
+
+@dataclass
+class Unbilled:
+    customer_id: str
+    period: str
+    period_start: datetime
+    period_end: datetime
+    reason: str
+    quantities: dict[str, str]
+
+    def to_json(self) -> dict:
+        return {"customer_id": self.customer_id, "period": self.period, "period_start": utc_text(self.period_start),
+                "period_end": utc_text(self.period_end), "reason": self.reason, "quantities": self.quantities}
+
+
+def unbilled_usage(
+    conn: psycopg.Connection,
+    period: str,
+    *,
+    customers: list[Customer] | None = None,
+    only: str | None = None,
+    cost_model: CostModel | None = None,
+) -> list[Unbilled]:
+    """Usage in `period` that no invoice will carry: customers without a record (in the UTC period of
+    that label) and customers whose period has no plan."""
+    known = {c.customer_id: c for c in (customers if customers is not None else all_customers(conn))}
+    out: list[Unbilled] = []
+    utc = billing_period(period, *UTC_SCHEDULE)
+    candidates = [only] if only is not None else sorted(set(customers_with_usage(conn, utc.window)) | set(known))
+    assigned = plans_of(conn, [c for c in candidates if c in known])  # one query, not one per customer
+    found: list[tuple[str, Period, str, bool]] = []  # (customer, its window, reason, has a record)
+    for cid in candidates:
+        customer = known.get(cid) or (get_customer(conn, cid) if only is None else None)
+        if customer is None:
+            found.append((cid, utc, "no customer record (`infermeter customers set`)", False))
+            continue
+        window = billing_period(period, customer.timezone, customer.anchor_day)
+        if plan_at(assigned[cid] if cid in assigned else plans(conn, cid), window.start) is None:
+            found.append((cid, window, "no plan for this period (`infermeter plans assign`)", True))
+    # customers with a record but no plan: usage in their own window? (one query per window, not per customer)
+    windows: dict[Period, list[str]] = {}
+    for cid, window, _, recorded in found:
+        if recorded:
+            windows.setdefault(window, []).append(cid)
+    with_usage = {(cid, w) for w, ids in windows.items() for cid in customers_with_usage(conn, w.window, among=ids)}
+    for cid, window, reason, recorded in found:
+        if recorded and (cid, window) not in with_usage:
+            continue
+        summary = unbilled_summary(conn, cid, window, cost_model)  # tasks: every source, labelled
+        if summary:
+            out.append(Unbilled(cid, period, window.start, window.end, reason, summary))
+    return out

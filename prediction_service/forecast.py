@@ -28,7 +28,7 @@ from decimal import Decimal
 import psycopg
 
 from billing.periods import Period, next_period, period_containing
-from billing_service.run import credits_view
+from billing_service.credits import credits_view
 from billing_service.store import Customer, all_customers, get_customer, load_book, plan_at, plans
 from billing_service.usage import meters_of, period_usage
 from infermeter.times import Window, floor_hour, utc_text

@@ -64,7 +64,9 @@ class Api:
 def _seed(db_url: str) -> None:
     """Usage, tasks and a dedicated GPU deployment in November for two customers; a stored price
     book; both customers billed for November on it (finalized), one with prepaid credit."""
-    from billing_service.run import assign_plan, billing_run, grant_credits, set_customer
+    from billing_service.credits import grant_credits
+    from billing_service.customers import assign_plan, set_customer
+    from billing_service.run import billing_run
     from pricing_service.books import import_book, read_cost_model
 
     metering = Metering(db_url)

@@ -10,10 +10,10 @@ from decimal import Decimal
 
 import pytest
 
+from billing.credit_notes import credit_note
 from billing.errors import CreditNoteError, InvoiceError, InvoiceStateError
 from billing.invoice import (
     add_lines,
-    credit_note,
     draft_from_rating,
     empty_draft,
     finalize,

@@ -179,7 +179,8 @@ def cost_model():
 @pytest.fixture
 def february(conn, metering):
     """Customer acme (UTC, USD, anchor 1) on bill-usd from 2026-02-01, with February usage, finalized."""
-    from billing_service.run import assign_plan, billing_run, set_customer
+    from billing_service.customers import assign_plan, set_customer
+    from billing_service.run import billing_run
 
     t0 = datetime(2026, 1, 20, tzinfo=UTC)
     set_customer(conn, "acme", now=t0)
@@ -212,13 +213,14 @@ def cli(db_url, monkeypatch, capsys, tmp_path):
     import sys
 
     from app import cli as app_cli
+    from billing_service.cli import CLOCK
     from infermeter.settings import get_settings
 
     monkeypatch.setenv("DATABASE_URL", db_url)
     monkeypatch.setenv("INFERMETER_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()
     state = {"now": AFTER_GRACE}
-    monkeypatch.setattr("billing_service.cli.clock", lambda: state["now"])
+    frozen = CLOCK.set(lambda: state["now"])
 
     def invoke(*args: str, now: datetime | None = None) -> CliResult:
         if now is not None:
@@ -234,16 +236,18 @@ def cli(db_url, monkeypatch, capsys, tmp_path):
         return CliResult(code, captured.out, captured.err)
 
     yield invoke
+    CLOCK.reset(frozen)
     get_settings.cache_clear()
 
 
 @pytest.fixture
-def api(db_url, tmp_path, monkeypatch):
+def api(db_url, tmp_path):
     """The HTTP app (no broker) with a customer key for acme and one for other; frozen clock."""
     from fastapi.testclient import TestClient
     from sqlalchemy import create_engine
 
     from app.api import create_app
+    from billing_service import api as billing_api
     from infermeter.settings import Settings
     from serving.keys import KeyStore
 
@@ -251,8 +255,9 @@ def api(db_url, tmp_path, monkeypatch):
     store = KeyStore(create_engine(db_url), settings=settings)
     _, key_acme = store.create("acme")
     _, key_other = store.create("other")
-    monkeypatch.setattr("billing_service.api.clock", lambda: AFTER_GRACE)
-    with TestClient(create_app(settings, db_url, None)) as client:
+    app = create_app(settings, db_url, None)
+    app.dependency_overrides[billing_api.now] = lambda: AFTER_GRACE
+    with TestClient(app) as client:
         yield client, {"acme": key_acme, "other": key_other, "admin": settings.admin_token,
                        "producer": settings.producer_token}
 

@@ -5,7 +5,7 @@
   pickle in a private folder (removed at the end). Its own `start()` binds every interface ('::') and
   writes /tmp/localstripe.pickle on every change, so `serve_localstripe` below runs its aiohttp app
   itself: bound to 127.0.0.1 only, the pickle redirected, nothing loaded from an earlier run.
-- `stripe_fake`: the strict fake (billing_service/stripe_fake.py), one per session; tests keep apart by
+- `stripe_fake`: the strict fake (tests/billing_service/stripe_fake.py), one per session; tests keep apart by
   using their own API key (`stripe_api_key`): accounts, objects and idempotency keys are per API key.
 - `CrashAfter`: a stripe-python HTTP client that lets call k reach the server, then raises `Crash` as
   if the process died before seeing the answer.
@@ -95,7 +95,7 @@ def localstripe_url():
 
 @pytest.fixture(scope="session")
 def stripe_fake():
-    from billing_service.stripe_fake import StripeFake
+    from tests.billing_service.stripe_fake import StripeFake
 
     fake = StripeFake(clock=FakeClock())
     fake.start()
@@ -177,7 +177,7 @@ def stripe_pg_server(pg_dir: Path) -> str:
 
 @pytest.fixture
 def stripe_pg_engine(stripe_pg_server: str):
-    from billing_service.stripe_tables import TABLES
+    from billing_service.stripe.tables import TABLES
     from infermeter.db import metadata
 
     name = f"t_stripe_{uuid.uuid4().hex[:10]}"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from billing_service.run import assign_plan, set_customer
+from billing_service.customers import assign_plan, set_customer
 from tests.billing_service.conftest import BOOK_YAML, EUR_BOOK_YAML, auth, table_counts
 
 T0 = datetime(2026, 1, 20, tzinfo=UTC)

@@ -19,10 +19,13 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-import billing_service.run as run_module
 from billing.credits import grant_entry
-from billing_service.run import assign_plan, billing_run, grant_credits, set_customer, void_invoice
+from billing_service.credits import grant_credits
+from billing_service.customers import assign_plan, set_customer
+from billing_service.invoices import void_invoice
+from billing_service.run import billing_run, first_invoice_outcome
 from billing_service.store import PgCreditLedger
+from billing_service.usage import period_usage
 from infermeter.stack import to_libpq_url
 from pricing_service.books import read_cost_model
 from tests.billing_service.conftest import BOOK_YAML, GPU_BOOK_YAML, Metering
@@ -49,11 +52,12 @@ def at(*parts: int) -> datetime:
 
 
 class Twins:
-    """Two databases that get the same writes; `run` bills A per customer and B in bulk."""
+    """Two databases that get the same writes; `run` bills A per customer and B in bulk (`quick`: the
+    customers whose invoices B's run made by its quick path, `first_invoice_outcome`)."""
 
-    def __init__(self, url_a: str, url_b: str, monkeypatch):
-        self.monkeypatch = monkeypatch
+    def __init__(self, url_a: str, url_b: str):
         self.urls = (url_a, url_b)
+        self.quick: list[str] = []
         self.conns = [psycopg.connect(to_libpq_url(u), autocommit=True) for u in self.urls]
         for c in self.conns:
             c.execute("SET TIME ZONE 'UTC'")
@@ -82,14 +86,17 @@ class Twins:
         a = billing_run(self.conns[0], period, now=now, cost_model=COST, bulk=False)
         read_alone: list[str] = []  # customers whose usage the bulk run read on their own
 
-        def period_usage(conn, customer_id, *args, **kw):
+        def read_usage(conn, customer_id, *args, **kw):
             read_alone.append(customer_id)
-            return run_module.period_usage.__wrapped__(conn, customer_id, *args, **kw)
+            return period_usage(conn, customer_id, *args, **kw)
 
-        period_usage.__wrapped__ = run_module.period_usage
-        with self.monkeypatch.context() as m:
-            m.setattr(run_module, "period_usage", period_usage)
-            b = billing_run(self.conns[1], period, now=now, cost_model=COST)
+        def quick_path(conn, customer, *args, **kw):
+            outcome = first_invoice_outcome(conn, customer, *args, **kw)
+            if outcome is not None:
+                self.quick.append(customer.customer_id)
+            return outcome
+
+        b = billing_run(self.conns[1], period, now=now, cost_model=COST, read_usage=read_usage, quick_path=quick_path)
         # rate_period rated everyone else; +05:30 windows and unbilled usage are read per customer
         assert set(read_alone) <= {"c-kolkata", "g-noplan", "unknown-co"}
         assert b.to_json() == a.to_json()
@@ -106,8 +113,8 @@ class Twins:
 
 
 @pytest.fixture
-def twins(pg_server_url, monkeypatch):
-    t = Twins(new_database(pg_server_url), new_database(pg_server_url), monkeypatch)
+def twins(pg_server_url):
+    t = Twins(new_database(pg_server_url), new_database(pg_server_url))
     yield t
     t.close()
 
@@ -182,22 +189,13 @@ def test_bulk_and_per_customer_runs_write_the_same_invoices(twins):
     assert t.tables(1) == before
 
 
-def test_first_invoices_made_straight_from_the_rating_equal_the_domains(twins, monkeypatch):
+def test_first_invoices_made_straight_from_the_rating_equal_the_domains(twins):
     """Customers billed for the first time after the grace window: the bulk run makes most invoices by
-    its quick path (`_first_invoice_outcome`: `first_invoice` + `finalize_first`, rows straight from the
+    its quick path (`first_invoice_outcome`: `first_invoice` + `finalize_first`, rows straight from the
     rating) and the rest through `_run_customer`; the per-customer path builds every one through the
     domain's `Invoice`. The tables and results are the same; then a refresh and next month through both."""
     t = twins
-    quick: list[str] = []
-    original = run_module._first_invoice_outcome
-
-    def counted(conn, customer, *args, **kw):
-        outcome = original(conn, customer, *args, **kw)
-        if outcome is not None:
-            quick.append(customer.customer_id)
-        return outcome
-
-    monkeypatch.setattr(run_module, "_first_invoice_outcome", counted)
+    quick = t.quick
     for cid, kw in [("a-utc", {}), ("b-ny", {"timezone": "America/New_York", "anchor_day": 7}),
                     ("c-kolkata", {"timezone": "Asia/Kolkata"}), ("d-credit", {}), ("e-min", {}), ("f-idle", {}),
                     ("h-jan", {})]:
@@ -231,12 +229,11 @@ def test_first_invoices_made_straight_from_the_rating_equal_the_domains(twins, m
     t.run("2026-03", at(2026, 4, 9))
 
 
-def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates(db_url, metering, monkeypatch):
+def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates(db_url, metering):
     """Two bulk runs (small batches, so they interleave) and a per-customer run of the same month at once:
     every customer's invoice is finalized exactly once, the numbers are 1..N without a gap or a duplicate."""
     import threading
 
-    monkeypatch.setattr(run_module, "BULK_BATCH", 3)
     customers = [f"cust-{i:02d}" for i in range(12)]
     with psycopg.connect(to_libpq_url(db_url), autocommit=True) as conn:
         for cid in customers:
@@ -251,7 +248,8 @@ def test_concurrent_bulk_and_per_customer_runs_number_without_gaps_or_duplicates
         try:
             with psycopg.connect(to_libpq_url(db_url), autocommit=True) as conn:
                 conn.execute("SET TIME ZONE 'UTC'")
-                result = billing_run(conn, "2026-02", now=after_grace, cost_model=COST, bulk=bulk, customer_id=only)
+                result = billing_run(conn, "2026-02", now=after_grace, cost_model=COST, bulk=bulk, customer_id=only,
+                                     batch_size=3)
                 finalized.extend(o.customer_id for o in result.invoices if o.action == "finalized")
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)

@@ -8,7 +8,9 @@ from decimal import Decimal
 
 import pytest
 
-from billing_service.run import assign_plan, billing_run, credits_view, grant_credits, set_customer
+from billing_service.credits import credits_view, grant_credits
+from billing_service.customers import assign_plan, set_customer
+from billing_service.run import billing_run
 from tests.billing_service.conftest import BOOK_YAML, FEB_START, MAR_START, cost_model, reference_total
 
 T0 = datetime(2026, 1, 20, tzinfo=UTC)

@@ -6,7 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from billing_service.run import assign_plan, billing_run, list_invoices, reconcile_money, show_invoice
+from billing_service.customers import assign_plan
+from billing_service.invoices import list_invoices, show_invoice
+from billing_service.reconcile import reconcile_money
+from billing_service.run import billing_run
 from tests.billing_service.conftest import (
     AFTER_GRACE,
     BOOK_YAML,

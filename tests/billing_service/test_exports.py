@@ -11,15 +11,11 @@ from decimal import Decimal
 import pyarrow.parquet as pq
 import pytest
 
+from billing_service.credits import issue_credit_note
+from billing_service.customers import assign_plan, set_customer
 from billing_service.exports import COLUMNS, KINDS, arrow_schema
-from billing_service.run import (
-    assign_plan,
-    billing_run,
-    issue_credit_note,
-    record_payment_status,
-    set_customer,
-    show_invoice,
-)
+from billing_service.invoices import record_payment_status, show_invoice
+from billing_service.run import billing_run
 from tests.billing_service.conftest import BOOK_YAML, EUR_BOOK_YAML, auth, cost_model, reference_total
 
 T0 = datetime(2026, 1, 20, tzinfo=UTC)

@@ -11,7 +11,9 @@ import psycopg
 import pytest
 
 from billing.errors import InvoiceImmutable
-from billing_service.run import assign_plan, billing_run, show_invoice
+from billing_service.customers import assign_plan
+from billing_service.invoices import show_invoice
+from billing_service.run import billing_run
 from billing_service.store import PgInvoiceStore
 from tests.billing_service.conftest import BOOK_YAML, EUR_BOOK_YAML, auth, cost_model, table_counts
 

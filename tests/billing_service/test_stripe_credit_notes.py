@@ -11,17 +11,13 @@ from decimal import Decimal
 
 import pytest
 
-from billing_service.run import (
-    assign_plan,
-    billing_run,
-    grant_credits,
-    issue_credit_note,
-    set_customer,
-    show_invoice,
-)
-from billing_service.stripe_run import sync_invoices
-from billing_service.stripe_state import PostgresSyncState
-from billing_service.stripe_sync import StripeSync
+from billing_service.credits import grant_credits, issue_credit_note
+from billing_service.customers import assign_plan, set_customer
+from billing_service.invoices import show_invoice
+from billing_service.run import billing_run
+from billing_service.stripe.run import sync_invoices
+from billing_service.stripe.state import PostgresSyncState
+from billing_service.stripe.sync import StripeSync
 from tests.billing_service.conftest import AFTER_GRACE, cost_model
 
 pytest_plugins = ["tests.billing_service.conftest_stripe"]
@@ -195,7 +191,7 @@ def test_a_credit_note_waits_for_its_invoice(conn, february, stripe_fake, stripe
     try:
         client, _ = stripe_tools.client_for(stripe_api_key, stripe_fake.url)
         sync = StripeSync(client, PostgresSyncState(engine))
-        from billing_service.stripe_run import customer_info
+        from billing_service.stripe.run import customer_info
 
         customer = sync.sync_customer(customer_info(conn, "acme", "USD"))
         stray = client.v1.invoice_items.create(params={"customer": customer, "amount": 5, "currency": "usd"})

@@ -17,11 +17,12 @@ import pytest
 
 from billing.errors import InvoiceStateError
 from billing.invoice import InvoiceStatus
-from billing_service.run import billing_run, record_payment_status, show_invoice
-from billing_service.stripe_run import sync_invoices
-from billing_service.stripe_state import PostgresSyncState
-from billing_service.stripe_sync import StripeSync, item_specs
-from billing_service.stripe_webhook import sign
+from billing_service.invoices import record_payment_status, show_invoice
+from billing_service.run import billing_run
+from billing_service.stripe.run import sync_invoices
+from billing_service.stripe.state import PostgresSyncState
+from billing_service.stripe.sync import StripeSync, item_specs
+from billing_service.stripe.webhook import sign
 from tests.billing_service.conftest import cost_model
 
 pytest_plugins = ["tests.billing_service.conftest_stripe"]

@@ -1,4 +1,4 @@
-"""Migration 0007 creates exactly the tables of billing_service/stripe_tables.py (no drift), and drops them.
+"""Migration 0007 creates exactly the tables of billing_service/stripe/tables.py (no drift), and drops them.
 
 Run on its own (its down revision 0006 is the billing migration, merged separately): the upgrade and
 downgrade functions of 0007 are applied through Alembic's Operations to an empty database.
@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy import MetaData, inspect
 
-from billing_service.stripe_tables import TABLES
+from billing_service.stripe.tables import TABLES
 from infermeter.db import include_object
 
 pytest_plugins = ["tests.billing_service.conftest_stripe"]

@@ -15,8 +15,8 @@ import pytest
 
 from billing.invoice import draft_from_rating, finalize, void, with_credits_applied
 from billing.periods import billing_period
-from billing_service.stripe_state import InMemorySyncState, PostgresSyncState, SyncStateConflict
-from billing_service.stripe_sync import CREDITS_LINE_ID, CustomerInfo, StripeSync, StripeSyncError, item_specs
+from billing_service.stripe.state import InMemorySyncState, PostgresSyncState, SyncStateConflict
+from billing_service.stripe.sync import CREDITS_LINE_ID, CustomerInfo, StripeSync, StripeSyncError, item_specs
 from pricing.book import price_book_from_data
 from pricing.rating import rate
 from pricing.usage import Usage, UsageKey
@@ -310,14 +310,8 @@ def test_localstripe_lists_pages_of_items(localstripe_url, stripe_tools):
     stripe_customer = sync.sync_customer(customer)
     for n in range(3):
         client.v1.invoice_items.create(params={"customer": stripe_customer, "amount": n + 1, "currency": "usd"})
-    import billing_service.stripe_sync as module
-
-    page, module.PAGE = module.PAGE, 2
-    try:
-        sync.sync_items(invoice, stripe_customer)
-        items = StripeSync(client, InMemorySyncState()).sync_items(invoice, stripe_customer)
-    finally:
-        module.PAGE = page
+    StripeSync(client, sync.state, page_size=2).sync_items(invoice, stripe_customer)
+    items = StripeSync(client, InMemorySyncState(), page_size=2).sync_items(invoice, stripe_customer)
     listed = list(client.v1.invoice_items.list(params={"customer": stripe_customer, "limit": 2}).auto_paging_iter())
     assert len(listed) == 3 + len(invoice.lines)
     assert set(items.values()) <= {i.id for i in listed}

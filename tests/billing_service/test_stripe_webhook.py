@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from billing.errors import InvoiceStateError
 from billing.invoice import InvoiceStatus
-from billing_service.stripe_api import router
-from billing_service.stripe_state import InMemoryWebhookEventLog, PostgresWebhookEventLog
-from billing_service.stripe_webhook import (
+from billing_service.stripe.api import router
+from billing_service.stripe.state import InMemoryWebhookEventLog, PostgresWebhookEventLog
+from billing_service.stripe.webhook import (
     WebhookHandler,
     WebhookSignatureError,
     sign,

@@ -9,14 +9,10 @@ from decimal import Decimal
 
 import pytest
 
-from billing_service.run import (
-    assign_plan,
-    billing_run,
-    list_invoices,
-    reconcile_money,
-    set_customer,
-    show_invoice,
-)
+from billing_service.customers import assign_plan, set_customer
+from billing_service.invoices import list_invoices, show_invoice
+from billing_service.reconcile import reconcile_money
+from billing_service.run import billing_run
 from pricing_service.books import read_cost_model
 from tests.billing_service.conftest import BOOK_YAML, GPU_BOOK_YAML, reference_amounts
 

@@ -15,7 +15,9 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from billing_service.run import assign_plan, billing_run, set_customer, show_invoice
+from billing_service.customers import assign_plan, set_customer
+from billing_service.invoices import show_invoice
+from billing_service.run import billing_run
 from infermeter.stack import to_libpq_url
 from pricing.book import parse_price_book
 from pricing_service.books import read_cost_model
@@ -206,7 +208,7 @@ def _metered(settings, keys: list[tuple[str, str]]) -> None:
 
 
 def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_can_change_it(
-    conn, tasks, settings, monkeypatch
+    conn, tasks, settings
 ):
     """The whole path over HTTP: the customer's key posts outcomes to POST /v1/events (its own source
     only; a verifier's source is refused), metering records them, and the customer's own invoice
@@ -215,6 +217,7 @@ def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_c
     from sqlalchemy import create_engine
 
     from app.api import create_app
+    from billing_service import api as billing_api
     from metering.contract import encode_event, task_event
     from metering.kafka import ensure_topics
     from serving.keys import KeyStore
@@ -223,7 +226,6 @@ def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_c
     assign_plan(conn, "acme", book("bill_as_success"), "per-task-verified.yaml", "2026-02-01", now=at(1, 0, month=1))
     ensure_topics(settings.kafka_bootstrap, settings)
     _, key = KeyStore(create_engine(settings.database_url), settings=settings).create("acme")
-    monkeypatch.setattr("billing_service.api.clock", lambda: at(20))
 
     def outcome(task_id: str, outcome: str, finished: datetime, source: str, event_id: str) -> bytes:
         return encode_event(task_event(source=source, customer_id="acme", task_id=task_id, outcome=outcome,
@@ -231,7 +233,9 @@ def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_c
 
     cloudevent = {"Content-Type": "application/cloudevents+json"}
     customer = {"Authorization": f"Bearer {key}", **cloudevent}
-    with TestClient(create_app(settings, settings.database_url, settings.kafka_bootstrap)) as client:
+    app = create_app(settings, settings.database_url, settings.kafka_bootstrap)
+    app.dependency_overrides[billing_api.now] = lambda: at(20)
+    with TestClient(app) as client:
         def preview() -> str:
             answer = client.get("/v1/invoices/preview", params={"period": "2026-02"}, headers=customer)
             assert answer.status_code == 200, answer.text

@@ -42,15 +42,10 @@ def infermeter(site, *args: str) -> dict:
 def billed(site) -> dict:
     """cust-a and cust-b billed for November on the per-token book (cust-b with 0.05 USD of prepaid
     credit); cust-a's first invoice voided and reissued, then paid; cust-a has a monthly budget."""
-    from billing_service.run import (
-        assign_plan,
-        billing_run,
-        grant_credits,
-        list_invoices,
-        record_payment_status,
-        set_customer,
-        void_invoice,
-    )
+    from billing_service.credits import grant_credits
+    from billing_service.customers import assign_plan, set_customer
+    from billing_service.invoices import list_invoices, record_payment_status, void_invoice
+    from billing_service.run import billing_run
     from pricing_service.books import EXAMPLE_BOOKS_DIR
     from serving.budgets import set_budget
 
@@ -275,7 +270,7 @@ def test_billing_figures_are_shown_as_of_the_apps_billing_clock(site, billed):
 
     from app.api import create_app
     from app.demo import BILLING_AS_OF, demo_billing_clock
-    from billing_service.run import credits_view
+    from billing_service.credits import credits_view
 
     headers = {"Authorization": f"Bearer {site.keys['b']}"}
     shown = {}

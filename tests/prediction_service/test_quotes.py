@@ -57,7 +57,7 @@ def test_bad_quotes_are_refused_with_a_code(fitted_month, demo_conn, args, code,
 
 
 def test_no_fit_no_quote(db_url):
-    from billing_service.run import set_customer
+    from billing_service.customers import set_customer
 
     with psycopg.connect(to_libpq_url(db_url), autocommit=True) as conn:
         set_customer(conn, "acme", now=QUOTE_AT)

@@ -19,7 +19,7 @@
   note of a void invoice have nothing to push. A failed note is reported (exit 1) and the rest goes on:
   a credit note leaves no pending item that a later invoice would sweep in.
 - `status_port(pool_or_connect, clock)`: `on_status(invoice_id, status, at)` for the webhook handler,
-  running `billing_service.run.record_payment_status` on its own connection and transaction.
+  running `billing_service.invoices.record_payment_status` on its own connection and transaction.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from datetime import datetime
 import psycopg
 
 from billing._common import stable_id
-from billing.invoice import CreditNote, Invoice, InvoiceStatus
+from billing.credit_notes import CreditNote
+from billing.invoice import Invoice, InvoiceStatus
 from billing.periods import parse_label
 from billing_service.store import PgInvoiceStore, get_customer, money_text, require_customer
-from billing_service.stripe_state import SyncState
-from billing_service.stripe_sync import CustomerInfo, StripeSync, credit_note_amount_minor, item_specs
+from billing_service.stripe.state import SyncState
+from billing_service.stripe.sync import CustomerInfo, StripeSync, credit_note_amount_minor, item_specs
 from infermeter.times import utc_text
 
 PUSHED = (InvoiceStatus.OPEN, InvoiceStatus.PAID, InvoiceStatus.PAYMENT_FAILED, InvoiceStatus.VOID)
@@ -356,7 +357,7 @@ def status_port(
 ) -> Callable[[str, InvoiceStatus, datetime], None]:
     """`on_status(invoice_id, status, at)` for `WebhookHandler`: `record_payment_status` on a connection
     from `connect()` (autocommit; the service function owns its transaction), recorded at `clock()`."""
-    from billing_service.run import record_payment_status
+    from billing_service.invoices import record_payment_status
 
     def on_status(invoice_id: str, status: InvoiceStatus, at: datetime) -> None:
         with connect() as conn:

@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 from billing.errors import BillingError
 from billing.invoice import InvoiceStatus
-from billing_service.stripe_state import WebhookEventLog
+from billing_service.stripe.state import WebhookEventLog
+from infermeter.times import utc_now
 
 DEFAULT_TOLERANCE_S = 300
 STATUS_BY_EVENT: dict[str, InvoiceStatus] = {
@@ -49,10 +50,6 @@ class StatusPort(Protocol):
         """Move the local invoice to `status` at `at`. Called at most once per event id, but possibly twice
         for one (invoice, status) if Stripe sends two events for it: a repeat should be a no-op."""
         ...
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def sign(payload: bytes | str, secret: str, timestamp: int) -> str:

@@ -39,7 +39,8 @@ from typing import Any
 
 import stripe
 
-from billing.invoice import CreditNote, Invoice, InvoiceLine, InvoiceStatus
+from billing.credit_notes import CreditNote
+from billing.invoice import Invoice, InvoiceLine, InvoiceStatus
 from billing.stripe_keys import (
     credit_note_key,
     customer_update_key,
@@ -51,7 +52,7 @@ from billing.stripe_keys import (
     to_minor_units,
     void_key,
 )
-from billing_service.stripe_state import SyncState
+from billing_service.stripe.state import SyncState
 
 CREDITS_LINE_ID = "prepaid-credits"
 META_CUSTOMER = "infermeter_customer_id"
@@ -63,7 +64,7 @@ META_NUMBER = "infermeter_number"
 META_CREDIT_NOTE = "infermeter_credit_note_id"
 META_CREDIT_NOTE_NUMBER = "infermeter_credit_note_number"
 STRIPE_CREDITABLE = ("open", "paid", "uncollectible")  # Stripe invoice statuses that take a credit note
-PAGE = 100
+PAGE = 100  # objects per list request (Stripe's maximum)
 
 
 class StripeSyncError(RuntimeError):
@@ -76,7 +77,7 @@ class CustomerInfo:
     name: str
     email: str | None
     currency: str  # ISO 4217, upper case as in infermeter ("USD")
-    version: str | None = None  # of the name and e-mail (`stripe_run.customer_version`): None, not tracked
+    version: str | None = None  # of the name and e-mail (`stripe.run.customer_version`): None, not tracked
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,11 @@ def _describe(line: InvoiceLine) -> str:
 
 
 class StripeSync:
-    def __init__(self, client: stripe.StripeClient, state: SyncState) -> None:
+    def __init__(self, client: stripe.StripeClient, state: SyncState, *, page_size: int = PAGE) -> None:
         self.client = client
         self.state = state
         self.v1 = client.v1
+        self.page_size = page_size  # objects per list request when it looks Stripe's lists through
 
     # ------------------------------------------------------------ customers
 
@@ -184,7 +186,7 @@ class StripeSync:
 
     def update_customer(self, customer: CustomerInfo, push: int) -> bool:
         """Push the customer's name and e-mail to its Stripe customer as the customer's `push`-th update
-        (the caller gives one more than the last recorded, `stripe_run.sync_customers`):
+        (the caller gives one more than the last recorded, `stripe.run.sync_customers`):
         `POST /v1/customers/{id}` with the idempotency key of (customer, push, version), so a rerun
         after a lost answer sends the same key and Stripe does it once, while a later change (or a
         change back to earlier values) is a new push with a new key. An e-mail removed locally is
@@ -492,13 +494,11 @@ class StripeSync:
 
     # ------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _all(list_method: Callable[..., Any], params: dict[str, Any]) -> Iterator[Any]:
-        yield from list_method(params={**params, "limit": PAGE}).auto_paging_iter()
+    def _all(self, list_method: Callable[..., Any], params: dict[str, Any]) -> Iterator[Any]:
+        yield from list_method(params={**params, "limit": self.page_size}).auto_paging_iter()
 
-    @staticmethod
-    def _all_of(list_method: Callable[..., Any], parent_id: str) -> Iterator[Any]:
-        yield from list_method(parent_id, params={"limit": PAGE}).auto_paging_iter()
+    def _all_of(self, list_method: Callable[..., Any], parent_id: str) -> Iterator[Any]:
+        yield from list_method(parent_id, params={"limit": self.page_size}).auto_paging_iter()
 
 
 def _check_credit_note(stripe_note: Any, number: str, amount: int, currency: str) -> None:

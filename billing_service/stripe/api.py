@@ -1,8 +1,8 @@
 """`POST /v1/stripe/webhook`: Stripe's event deliveries (no bearer token: the signature is the credential).
 
-Mount with `app.include_router(billing_service.stripe_api.router)`. It reads from `request.app.state`:
+Mount with `app.include_router(billing_service.stripe.api.router)`. It reads from `request.app.state`:
 - `settings`: `stripe_webhook_secret` (INFERMETER_STRIPE_WEBHOOK_SECRET; unset -> 503);
-- `stripe_status_port`: `on_status(invoice_id, status, at)` (billing_service.stripe_webhook.StatusPort);
+- `stripe_status_port`: `on_status(invoice_id, status, at)` (billing_service.stripe.webhook.StatusPort);
 - `stripe_webhook_events`: a WebhookEventLog (`PostgresWebhookEventLog(engine)` in the app);
 - `clock` (optional): returns an aware UTC datetime; default the system clock.
 
@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from billing_service.stripe_webhook import WebhookHandler, WebhookSignatureError, utc_now
+from billing_service.stripe.webhook import WebhookHandler, WebhookSignatureError, utc_now
 from infermeter.http import error, error_responses
 
 router = APIRouter(tags=["stripe"], responses=error_responses(400, 503))

@@ -218,7 +218,7 @@ class Spec:
                 if name in NOT_IMPLEMENTED:
                     raise _invalid(
                         f"Parameter {name} is documented by Stripe but not implemented by this fake "
-                        f"(billing_service/stripe_fake.py): the adapter does not send it", name, "parameter_unknown")
+                        f"(tests/billing_service/stripe_fake.py): the adapter does not send it", name, "parameter_unknown")
                 raise _invalid(f"Received unknown parameter: {name}", name, "parameter_unknown")
             out[name] = check(name, value)
         for name in self.required:
@@ -255,7 +255,7 @@ def _credit_note_lines(name: str, value: Any) -> list[dict[str, Any]]:
             param = f"{name}[{i}][{key}]"
             if key in CREDIT_NOTE_LINE_NOT_IMPLEMENTED:
                 raise _invalid(f"Parameter {param} is documented by Stripe but not implemented by this fake "
-                               f"(billing_service/stripe_fake.py): the adapter does not send it", param,
+                               f"(tests/billing_service/stripe_fake.py): the adapter does not send it", param,
                                "parameter_unknown")
             if key not in CREDIT_NOTE_LINE:
                 raise _invalid(f"Received unknown parameter: {param}", param, "parameter_unknown")

@@ -2,7 +2,7 @@
 
 `SyncState` (the created Stripe objects, by kind and local id) and `WebhookEventLog` (webhook events
 by Stripe event id) are Protocols with two implementations each: in memory (tests, one process) and
-PostgreSQL (`billing_service/stripe_tables.py`: `stripe_objects`, `stripe_webhook_events`).
+PostgreSQL (`billing_service/stripe/tables.py`: `stripe_objects`, `stripe_webhook_events`).
 
 Kinds of `SyncState` records (local ids):
 - `customer`: infermeter customer id -> `cus_...`
@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
-from billing_service.stripe_tables import stripe_objects, stripe_webhook_events
+from billing_service.stripe.tables import stripe_objects, stripe_webhook_events
 
 # customer_update: the local id is "<customer id>@<push>" (0 when the customer was created, then 1, 2, ...),
 # recorded once that push of the name and e-mail is in Stripe; its key ends with their version
