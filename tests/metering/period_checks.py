@@ -28,7 +28,8 @@ UTC_MONTHS = ("UTC", 1)
 
 
 def give_calendar(conn: psycopg.Connection, customer: str, timezone: str, anchor_day: int):
-    """What billing will do: hand metering the schedule and its periods, computed by billing.periods."""
+    """What billing does (billing_service.customers.calendar_to_metering): hand metering the schedule
+    and its periods, computed by billing.periods."""
     change = set_calendar(conn, customer, timezone, anchor_day,
                           ((p.start, p.end) for p in periods_between(*SPAN, timezone, anchor_day)))
     conn.commit()
