@@ -352,11 +352,15 @@ class BatchWriter:
             cur.execute("SELECT month FROM archived_months WHERE month = ANY(%s)", (sorted(missing),))
             archived = {row[0] for row in cur.fetchall()}
             for month in sorted(missing - archived):
+                # event_keys before raw_events: the order in which a batch's statement locks them. A
+                # partition's creation locks its parent exclusive until this commit; in the other
+                # order, a writer whose statement holds event_keys and waits for raw_events deadlocks
+                # with this transaction (two writers, one of them the first to meet a new month).
                 bounds = f"FOR VALUES FROM ('{month.isoformat()}') TO ('{next_month(month).isoformat()}')"
-                cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('raw_events', month)} "
-                            f"PARTITION OF raw_events {bounds}")
                 cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('event_keys', month)} "
                             f"PARTITION OF event_keys (PRIMARY KEY (source, event_id)) {bounds}")
+                cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('raw_events', month)} "
+                            f"PARTITION OF raw_events {bounds}")
         conn.commit()
         self._partitions |= missing - archived
 
