@@ -113,7 +113,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
     pid_file.start_run()
     try:
         with open_stack(settings, pid_file=pid_file) as stack:
-            from metering.outbox import ack_mode, outbox_for
+            from metering.publisher import ack_mode, outbox_for
 
             # The acknowledgement mode follows what was configured, not the broker this stack filled in.
             ack = ack_mode(settings)
@@ -145,6 +145,9 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             from prediction_service.schedule import RefitSchedule
 
             refits = RefitSchedule(run_settings, stack.database_url).start()  # INFERMETER_PREDICT_REFIT_INTERVAL_S
+            from alerts.schedule import AlertSchedule
+
+            alerting = AlertSchedule(run_settings, stack.database_url).start()  # INFERMETER_ALERT_INTERVAL_S
             serving_stack = None
             if serving is not None:  # after the stack file: the agents and the gateway find the stack by it
                 from app.serving_stack import ServingStack
@@ -158,6 +161,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
             finally:
                 guard.stopping = True  # no signal may cut the clean-up short
                 refits.stop()
+                alerting.stop()
                 if serving_stack is not None:  # before the broker stops: the gateway's last events go out
                     serving_stack.stop()
                 if retention is not None:  # stops between two batches of a file: the month stays whole
@@ -223,7 +227,7 @@ def serve_api(
 ) -> None:
     """Serve the HTTP API alone (events, usage, tasks, dead letters, pricing shadow)."""
     from app.api import create_app
-    from metering.outbox import ack_mode
+    from metering.publisher import ack_mode
 
     settings = get_settings()
     settings.check_listen_address(host or settings.api_host)  # no development credentials off loopback
@@ -297,7 +301,8 @@ def events_ingest(
         wait_for_receipt,
     )
     from metering.kafka import ensure_topics, make_producer
-    from metering.outbox import Spool, ack_mode, outbox_for, spool_dir
+    from metering.publisher import ack_mode, outbox_for
+    from metering.spool import Spool, spool_dir
 
     if not file.is_file():
         raise CliError(f"{file}: no such file")
@@ -701,6 +706,7 @@ def _mount_optional_apps() -> None:
     """The other packages' command groups (imported here, not at module load, to keep start-up light)."""
     if getattr(_mount_optional_apps, "done", False):
         return
+    from alerts.cli import app as alerts_cli
     from app.replay import replay_app
     from billing_service.cli import APPS as billing_apps
     from prediction_service.cli import app as predict_cli
@@ -714,6 +720,7 @@ def _mount_optional_apps() -> None:
 
     app.add_typer(pricing_cli, name="pricing")
     app.add_typer(predict_cli, name="predict")
+    app.add_typer(alerts_cli, name="alerts")
     app.command("quote")(quote_command)
     app.add_typer(cost_app, name="cost")
     app.add_typer(serve_app, name="serve")

@@ -356,7 +356,7 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
         if serve:
             from app.api import create_app
             from infermeter.stack import serve_http
-            from metering.outbox import ack_mode
+            from metering.publisher import ack_mode
 
             run_settings = run_settings.model_copy(update={"ack": ack_mode(settings)})
             app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)
@@ -593,8 +593,14 @@ def _billing(database_url: str, start: datetime, out_dir: Path, console: Console
             "unbilled": [u.customer_id for u in result.unbilled], "exports": files}
 
 
+# The price recommendation the pricing step ends with: a 25% margin, a loss-making month at most 5% likely.
+RECOMMEND_TARGET, RECOMMEND_RISK = "0.25", "0.05"
+
+
 def _pricing(database_url: str, start: datetime, end: datetime, out_dir: Path, console: Console) -> dict | None:
-    """The pricing comparison of the example books (pricing_service)."""
+    """The pricing comparison of the example books, then how far to scale each book's prices to reach
+    a 25% margin with a loss-making month at most 5% likely (pricing_service)."""
+    from pricing_service import recommend, recommend_html
     from pricing_service.compare import default_book_paths, run_comparison
     from pricing_service.comparison_report import render_console
     from pricing_service.report_html import write_html
@@ -604,4 +610,8 @@ def _pricing(database_url: str, start: datetime, end: datetime, out_dir: Path, c
     html = out_dir / "pricing.html"
     write_html(report, html)
     console.print(f"pricing report: {html}")
-    return report.to_json()
+    advice = recommend.run_recommendation(database_url, start, end, default_book_paths(), target=RECOMMEND_TARGET,
+                                          risk=RECOMMEND_RISK)
+    recommend.render_console(advice, console)
+    console.print(f"price recommendation: {recommend_html.write_html(advice, out_dir / 'recommend.html')}")
+    return {**report.to_json(), "recommendation": advice.to_json()}

@@ -1,33 +1,46 @@
-"""Gateway overhead: the same load straight at the upstream, through the infermeter gateway, and
-through LiteLLM's proxy, in one run.
+"""Gateway overhead: the same load straight at the upstream, through the infermeter gateway, through
+its floors and through LiteLLM's proxy, in one run; with `--floor`, every target checked against
+the run's own floors.
 
     python -m bench.gateway [--duration 5] [--concurrency 1,8,32,64] [--rate 200] [--vllm [--vllm-bench]]
-                            [--no-litellm] [--floor [--asgi-floor] [--metered-floor]] [--stream] [--json FILE]
-                            [--replicas 2] [--region R] [--gateway-env NAME=VALUE ...]
+                            [--no-litellm] [--floor [--asgi-floor]] [--stream [--stream-tokens 4,64]]
+                            [--json FILE] [--replicas 2] [--region R] [--gateway-env NAME=VALUE ...]
+
+    python -m bench.gateway --no-litellm --floor --concurrency 1,8 --rate 200            # the targets
+    python -m bench.gateway --no-litellm --floor --stream --concurrency 8 --rate 200     # per SSE chunk
 
 Parts, each its own process on loopback (one uvicorn worker each, uvloop):
-- a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage), which isolates the
-  gateway's own cost;
+- a fast stub OpenAI upstream (aiohttp; fixed chat completion with usage; streams of `max_tokens`
+  chunks), which isolates the gateway's own cost;
 - the gateway exactly as `infermeter serve gateway` runs it: real API key store (embedded
-  PostgreSQL), real emitter (spool + Tansu broker), one usage event per request;
+  PostgreSQL), real emitter (intake, spool, Tansu broker), one usage event per request;
 - LiteLLM's proxy from its own venv (`.venv-litellm`, `pip install 'litellm[proxy]'`), no database,
   master key set, `LITELLM_LOCAL_MODEL_COST_MAP=True`, pointing at the same stub;
 - with `--vllm`: a vLLM CPU server with the tiny model, direct vs through the gateway; with
   `--vllm-bench` also under vLLM's own load generator (`vllm bench serve`: Poisson arrivals at
   8 req/s, 200 random 64-token prompts, 16 output tokens, streamed), TTFT and end-to-end latency;
-- with `--floor`: the minimal pass-through (raw asyncio Protocols both ways, requests and replies
-  parsed with httptools, bodies forwarded over pooled keep-alive connections, nothing else): the
-  least any Python proxy on this event loop adds here. The run ends with the targets against it;
-- with `--asgi-floor` too: the same pass-through written as a bare ASGI app (no framework) and
-  served by uvicorn as the gateway is: what uvicorn's request cycle adds to the floor on its own;
-- with `--metered-floor` too: the floor that, after answering, keeps the request's usage event as
-  the gateway does (the gateway's event builder and emitter: spooled durably, then published to the
-  broker): the least a proxy that may not lose usage adds to the floor.
+- with `--floor`, two floors: the minimal pass-through (raw asyncio Protocols both ways, requests
+  and replies parsed with httptools, bodies forwarded over pooled keep-alive connections, streams
+  relayed piece by piece, nothing else: the least any Python proxy on this event loop adds here),
+  and the metered floor: the same pass-through that, after answering, keeps the request's usage
+  event as the gateway does (the gateway's event builder and emitter; for a stream, the usage of
+  its last event that has one): the least a proxy that may not lose usage adds. Then the usage
+  capture measured apart in this process (build, append, publish: CPU per event), and the targets,
+  each judged against this run's floors (`target_rows`): CPU per request at c=8 <= 1.3x and at the
+  open-loop rate <= 1.5x the metered floor's; c=8 req/s >= 80% of the metered floor's; added
+  latency at the rate <= +0.5 ms p50, <= +1.5 ms p99 and <= 1.5x the metered floor's added p99;
+  usage capture (metered floor minus floor, CPU per request at c=8) <= 80 us;
+- with `--floor --stream`: the gateway and both floors with streams of two lengths
+  (`--stream-tokens`); the cost per SSE chunk is the slope between them (CPU per request at c=8,
+  added latency at the rate), so the per-request part drops out; target: the gateway's CPU per
+  chunk <= 20 us. The client asks for the final usage (`stream_options.include_usage`);
+- with `--asgi-floor` too: the pass-through written as a bare ASGI app (no framework) and served by
+  uvicorn as the gateway is: what uvicorn's request cycle adds to the floor on its own.
 
 The gateway runs as in production: an upstream file (`--replicas` entries, default 2, all pointing
 at the stub, so failover has somewhere to go and prefix routing picks among them), failover and
-breakers on (INFERMETER_FAILOVER_ATTEMPTS default 2), the capacity refresher on (its gauges are
-recomputed from metering in the background). Hooks for what other parts add: `--region R` writes
+breakers on (INFERMETER_FAILOVER_ATTEMPTS default 2), the capacity gauges recomputed from metering
+when /metrics is scraped (the bench scrapes it once, after the gateway's phase). Hooks for what other parts add: `--region R` writes
 `region: R` on every replica of the file (ignored by a gateway without data residency), and
 `--gateway-env NAME=VALUE` (repeatable) sets any setting of the gateway process.
 
@@ -37,8 +50,8 @@ alternating 1 s blocks, direct and proxy, for `--duration` s each (both see the 
 this shared machine). Added latency = p50/p99 through a proxy minus p50/p99 direct, under the
 same load. The load generator shares the 2 cores with everything else, so absolute numbers are
 this machine's; the CPU each proxy process spends per request (all threads, from /proc) is
-printed too, as it moves far less with the machine's load than latency does.
-"""
+printed too, as it moves far less with the machine's load than latency does. The machine's load
+average at the start and after the floors is in the report (`--json`) and the targets' title."""
 
 from __future__ import annotations
 
@@ -149,9 +162,11 @@ def run_stub(port: int) -> None:
 
 
 def _forwarder(upstream: str):
-    """`forward(path, body) -> (status, body)`: a request's body POSTed over a pooled keep-alive
-    connection to the upstream (a raw asyncio Protocol, replies parsed with httptools): the upstream
-    side of both minimal pass-throughs."""
+    """`forward(path, body, relay=None) -> (status, body)`: a request's body POSTed over a pooled
+    keep-alive connection to the upstream (a raw asyncio Protocol, replies parsed with httptools):
+    the upstream side of the minimal pass-throughs. An SSE reply (text/event-stream) goes to
+    `relay` piece by piece as it arrives (`relay.start(status)`, `relay.piece(data)`, `relay.end()`)
+    and its body comes back as None."""
     import httptools
 
     host, upstream_port = upstream.removeprefix("http://").rsplit(":", 1)
@@ -165,6 +180,8 @@ def _forwarder(upstream: str):
             self.parser = httptools.HttpResponseParser(self)
             self.body: list[bytes] = []
             self.waiter: asyncio.Future | None = None
+            self.relay = None
+            self.streaming = False
             self.closed = False
 
         def connection_made(self, transport) -> None:
@@ -173,12 +190,28 @@ def _forwarder(upstream: str):
         def data_received(self, data: bytes) -> None:
             self.parser.feed_data(data)
 
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self.relay is not None and name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
+                self.streaming = True
+
+        def on_headers_complete(self) -> None:
+            if self.streaming:
+                self.relay.start(self.parser.get_status_code())
+
         def on_body(self, body: bytes) -> None:
-            self.body.append(body)
+            if self.streaming:
+                self.relay.piece(body)
+            else:
+                self.body.append(body)
 
         def on_message_complete(self) -> None:
             waiter, self.waiter = self.waiter, None
-            data, self.body = b"".join(self.body), []
+            if self.streaming:
+                self.relay.end()
+                data = None
+            else:
+                data, self.body = b"".join(self.body), []
+            self.relay, self.streaming = None, False
             if waiter is not None and not waiter.done():
                 waiter.set_result((self.parser.get_status_code(), data))
 
@@ -187,7 +220,7 @@ def _forwarder(upstream: str):
             if self.waiter is not None and not self.waiter.done():
                 self.waiter.set_exception(ConnectionError("upstream closed"))
 
-    async def forward(path: bytes, body: bytes) -> tuple[int, bytes]:
+    async def forward(path: bytes, body: bytes, relay=None) -> tuple[int, bytes | None]:
         loop = asyncio.get_running_loop()
         connection = None
         while idle:
@@ -198,6 +231,7 @@ def _forwarder(upstream: str):
         if connection is None:
             _transport, connection = await loop.create_connection(_UpstreamConnection, host, int(upstream_port))
         connection.waiter = loop.create_future()
+        connection.relay = relay
         connection.transport.write(head % (path, len(body)) + body)
         status, data = await connection.waiter
         idle.append(connection)
@@ -207,30 +241,27 @@ def _forwarder(upstream: str):
 
 
 def _usage_recorder():
-    """`record(body, status, reply, started_at)`: the least a metering proxy adds to the
-    floor (`--metered-floor`): the request's model read from its body and the usage from the reply
-    (JSON both), its `request.v1` event built by the gateway's own builder
-    (`serving.usage.build_request_event`) and kept by the gateway's emitter exactly as the gateway
-    keeps it (`emit_batched`: one spool transaction per event-loop iteration, then the broker;
-    settings from the environment, as the gateway's)."""
-    import uuid
+    """`record(body, status, usage, started_at)`: the least a metering proxy adds to the floor
+    (`--floor`'s metered pass-through): the request's model read from its body (orjson, as the
+    gateway parses), its `request.v1` event with the reply's usage and an id from the gateway's own
+    generator, built by the gateway's own builder (`serving.usage.build_request_event`) and kept by
+    the gateway's emitter exactly as the gateway keeps it (`emit_batched`: one append per
+    event-loop iteration, then the broker; settings from the environment, as the gateway's)."""
+    import orjson
 
     from infermeter.settings import get_settings
     from serving.emitter import Emitter, default_spool_dir
+    from serving.gateway_context import new_request_id
     from serving.usage import RequestOutcome, build_request_event
 
     settings = get_settings()
     emitter = Emitter(default_spool_dir(settings), None, settings, name=settings.gateway_id).start()
     source = f"bench/{settings.gateway_id}"
 
-    def record(body: bytes, status: int, reply: bytes, started_at: datetime) -> None:
-        try:
-            usage = json.loads(reply).get("usage") if status == 200 else None
-        except ValueError:
-            usage = None
+    def record(body: bytes, status: int, usage: dict | None, started_at: datetime) -> None:
         outcome = RequestOutcome(
-            request_id=str(uuid.uuid4()), customer_id="bench-customer", api_key_id=None,
-            model=json.loads(body)["model"], deployment_id="bench", replica_id="stub",
+            request_id=new_request_id("chat"), customer_id="bench-customer", api_key_id=None,
+            model=orjson.loads(body)["model"], deployment_id="bench", replica_id="stub",
             status="ok" if status == 200 else "error", started_at=started_at, finished_at=datetime.now(UTC),
             usage=usage, usage_final=usage is not None,
         )  # fmt: skip
@@ -239,21 +270,64 @@ def _usage_recorder():
     return record
 
 
+def _reply_usage(status: int, reply: bytes) -> dict | None:
+    import orjson
+
+    try:
+        return orjson.loads(reply).get("usage") if status == 200 else None
+    except ValueError:
+        return None
+
+
+def _last_usage(tail: bytes) -> dict | None:
+    """The usage of the last SSE event in `tail` that carries one (a stream's end)."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            import orjson
+
+            try:
+                return orjson.loads(line[6:]).get("usage")
+            except ValueError:
+                return None
+    return None
+
+
 def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
     """The minimal pass-through (`--floor`): raw asyncio Protocols both ways, httptools parsing.
 
     An asyncio server Protocol parses each request with httptools, sends its body over a pooled
     keep-alive connection to the upstream (`_forwarder`) and writes the upstream's status and body
-    back. No framework, no auth, no body parsing, no metering (non-streamed requests only): what
-    any Python proxy on this event loop pays at least. With `metered` (`--metered-floor`), after
-    the answer is written, the request's usage event is kept as the gateway keeps it
-    (`_usage_recorder`): the floor of a proxy that meters and may not lose usage."""
+    back; an SSE reply is relayed piece by piece as it arrives (chunked transfer encoding). No
+    framework, no auth, no body parsing, no metering: what any Python proxy on this event loop pays
+    at least. With `metered` (the metered floor), after the answer is written, the request's usage
+    event is kept as the gateway keeps it (`_usage_recorder`): for a stream, the usage of its last
+    event that carries one (the stream's last bytes are kept for that; nothing else is parsed per
+    chunk). The floor of a proxy that meters and may not lose usage."""
     import httptools
     import uvloop
 
     forward = _forwarder(upstream)
     record = _usage_recorder() if metered else None
     recorded = [0]
+
+    class _Relay:
+        """A streamed reply, written to the client as it arrives; its tail kept for the usage."""
+
+        def __init__(self, transport) -> None:
+            self.transport = transport
+            self.tail = b""
+
+        def start(self, status: int) -> None:
+            self.transport.write(b"HTTP/1.1 %d OK\r\nContent-Type: text/event-stream\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n" % status)
+
+        def piece(self, data: bytes) -> None:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            if record is not None:
+                self.tail = (self.tail + data)[-4096:]
+
+        def end(self) -> None:
+            self.transport.write(b"0\r\n\r\n")
 
     class _Client(asyncio.Protocol):
         def __init__(self) -> None:
@@ -284,24 +358,28 @@ def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
 
         async def answer(self, url: bytes, body: bytes, keep_alive: bool) -> None:
             started_at = None  # set for a proxied request when its usage is kept
+            relay = None
             if url == b"/health":
                 status, data = 200, b"ok"
             elif url == b"/recorded":
                 status, data = 200, b"%d" % recorded[0]
             else:
                 started_at = datetime.now(UTC) if record else None
+                relay = _Relay(self.transport)
                 try:
-                    status, data = await forward(url, body)
+                    status, data = await forward(url, body, relay)
                 except OSError:
                     status, data = 502, b"{}"
-            self.transport.write(
-                b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                % (status, len(data)) + data
-            )
+            if data is not None:
+                self.transport.write(
+                    b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % (status, len(data)) + data
+                )
             if not keep_alive:
                 self.transport.close()
             if started_at is not None:
-                record(body, status, data, started_at)
+                usage = _reply_usage(status, data) if data is not None else _last_usage(relay.tail)
+                record(body, status, usage, started_at)
                 recorded[0] += 1
 
     async def serve() -> None:
@@ -561,53 +639,202 @@ def bench_upstreams(path: Path, stub_url: str, replicas: int, region: str | None
     return path
 
 
-TARGET_ADDED_P50_MS = 0.5
+# The targets (issue 23), each judged against this run's own floors.
+TARGET_CPU_C8 = 1.3  # CPU per request at c=8 <= this x the metered floor's
+TARGET_CPU_RATE = 1.5  # CPU per request at the open-loop rate <= this x the metered floor's
+TARGET_C8_SHARE = 0.8  # c=8 req/s >= this share of the metered floor's
+TARGET_ADDED_P50_MS = 0.5  # added latency at the open-loop rate
 TARGET_ADDED_P99_MS = 1.5
-TARGET_C8_SHARE = 0.8
+TARGET_P99_VS_METERED = 1.5  # added p99 <= this x the metered floor's added p99
+TARGET_CAPTURE_US = 80.0  # usage capture: metered floor minus floor, CPU per request at c=8
+TARGET_CHUNK_CPU_US = 20.0  # streams: the gateway's added CPU per SSE chunk
 
 
-def print_targets(by_ack: dict[str, list[Result]], floor: list[Result], rate: float) -> list[dict]:
-    """The targets, in this run: added p50 / p99 at `rate` req/s (each proxy against the direct
-    calls of its own phase) and max req/s at c=8 as a share of the floor's."""
+def _by(results: list[Result], target: str, mode: str) -> Result | None:
+    return next((r for r in results if r.target == target and r.mode == mode), None)
+
+
+def _added(results: list[Result], target: str, mode: str) -> tuple[float, float] | None:
+    """(added p50, added p99) ms of `target` over the direct calls of its own phase."""
+    direct, proxy = _by(results, "direct", mode), _by(results, target, mode)
+    return (proxy.p50_ms - direct.p50_ms, proxy.p99_ms - direct.p99_ms) if direct and proxy else None
+
+
+def target_rows(gateway: list[Result], floor: list[Result], metered: list[Result], rate: float) -> list[dict]:
+    """Every target of a non-streamed run: (what, this run's value, its limit from this run's floors, met)."""
+    mode = f"rate={rate:g}"
+    name = next(r.target for r in gateway if r.target != "direct")
+    gw_c8, gw_rate = _by(gateway, name, "c=8"), _by(gateway, name, mode)
+    mf_c8, mf_rate = _by(metered, "metered-passthrough", "c=8"), _by(metered, "metered-passthrough", mode)
+    fl_c8 = _by(floor, "passthrough", "c=8")
+    added, mf_added = _added(gateway, name, mode), _added(metered, "metered-passthrough", mode)
+    rows: list[dict] = []
+
+    def row(what: str, value: float | None, limit: float | None, unit: str, at_most: bool = True) -> None:
+        met = value is not None and limit is not None and (value <= limit if at_most else value >= limit)
+        rows.append({"target": what, "value": value, "limit": limit, "unit": unit, "at_most": at_most, "met": met})
+
+    cpu = lambda r: r.cpu_us if r is not None else None  # noqa: E731
+    row("CPU per request at c=8, x the metered floor's", cpu(gw_c8), None if cpu(mf_c8) is None else
+        TARGET_CPU_C8 * mf_c8.cpu_us, "us")
+    row(f"CPU per request at {rate:g} req/s, x the metered floor's", cpu(gw_rate),
+        None if cpu(mf_rate) is None else TARGET_CPU_RATE * mf_rate.cpu_us, "us")
+    row("c=8 req/s, share of the metered floor's", gw_c8.rps if gw_c8 else None,
+        TARGET_C8_SHARE * mf_c8.rps if mf_c8 else None, "req/s", at_most=False)
+    row(f"added p50 at {rate:g} req/s", added[0] if added else None, TARGET_ADDED_P50_MS, "ms")
+    row(f"added p99 at {rate:g} req/s", added[1] if added else None, TARGET_ADDED_P99_MS, "ms")
+    row(f"added p99 at {rate:g} req/s, x the metered floor's added p99", added[1] if added else None,
+        TARGET_P99_VS_METERED * mf_added[1] if mf_added else None, "ms")
+    capture = mf_c8.cpu_us - fl_c8.cpu_us if mf_c8 and fl_c8 and mf_c8.cpu_us is not None and fl_c8.cpu_us is not None \
+        else None
+    row("usage capture: metered floor minus floor, CPU per request at c=8", capture, TARGET_CAPTURE_US, "us")
+    return rows
+
+
+def print_targets(title: str, rows: list[dict]) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
-    def by(results: list[Result], target: str, mode: str) -> Result | None:
-        return next((r for r in results if r.target == target and r.mode == mode), None)
+    table = Table(title=title)
+    for column in ("target", "this run", "limit (this run's floors)", "met"):
+        table.add_column(column, justify="left" if column == "target" else "right")
+    for r in rows:
+        fmt = (lambda v: f"{v:+.2f}") if r["unit"] == "ms" else (lambda v: f"{v:,.0f}")
+        table.add_row(r["target"], "" if r["value"] is None else f"{fmt(r['value'])} {r['unit']}",
+                      "" if r["limit"] is None else f"{'<=' if r['at_most'] else '>='} {fmt(r['limit'])} {r['unit']}",
+                      "yes" if r["met"] else "NO")
+    Console().print(table)
+    return rows
 
+
+def per_chunk(results: dict[int, list[Result]], target: str, rate: float) -> dict | None:
+    """A proxy's cost per SSE chunk: the slope between the two stream lengths of the run (c=8 CPU
+    per request; added p50 / p99 at the open-loop rate), so the per-request part drops out."""
+    (short, short_results), (long, long_results) = sorted(results.items())[:2]
+    chunks = long - short  # the stub sends one chunk per token, the usage chunk and [DONE] besides
+    a, b = _by(short_results, target, "c=8"), _by(long_results, target, "c=8")
     mode = f"rate={rate:g}"
-    floor_direct, floor_proxy = by(floor, "direct", mode), by(floor, "passthrough", mode)
-    floor_c8 = by(floor, "passthrough", "c=8")
-    table = Table(title=f"targets: <= +{TARGET_ADDED_P50_MS} ms p50 and <= +{TARGET_ADDED_P99_MS} ms p99 added at "
-                  f"{rate:g} req/s; c=8 >= {TARGET_C8_SHARE:.0%} of the floor's req/s")
-    for column in ("gateway", "added p50 ms", "added p99 ms", "c=8 req/s", "floor c=8 req/s", "share", "floor added p50 / p99",
-                   "met"):
-        table.add_column(column, justify="left" if column == "gateway" else "right")
-    rows = []
-    for ack, results in by_ack.items():
-        target = next(r.target for r in results if r.target != "direct")
-        direct, proxy, c8 = by(results, "direct", mode), by(results, target, mode), by(results, target, "c=8")
-        added50 = proxy.p50_ms - direct.p50_ms if proxy and direct else None
-        added99 = proxy.p99_ms - direct.p99_ms if proxy and direct else None
-        share = c8.rps / floor_c8.rps if c8 and floor_c8 and floor_c8.rps else None
-        met = {
-            "p50": added50 is not None and added50 <= TARGET_ADDED_P50_MS,
-            "p99": added99 is not None and added99 <= TARGET_ADDED_P99_MS,
-            "c8": share is not None and share >= TARGET_C8_SHARE,
-        }
-        floor_added = (floor_proxy.p50_ms - floor_direct.p50_ms, floor_proxy.p99_ms - floor_direct.p99_ms) \
-            if floor_proxy and floor_direct else None
-        table.add_row(
-            f"{target} ({ack})", "" if added50 is None else f"{added50:+.2f}", "" if added99 is None else f"{added99:+.2f}",
-            f"{c8.rps:.0f}" if c8 else "", f"{floor_c8.rps:.0f}" if floor_c8 else "",
-            "" if share is None else f"{share:.0%}",
-            "" if floor_added is None else f"{floor_added[0]:+.2f} / {floor_added[1]:+.2f}",
-            " ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in met.items()),
+    added_a, added_b = _added(short_results, target, mode), _added(long_results, target, mode)
+    if not (a and b and a.cpu_us is not None and b.cpu_us is not None and added_a and added_b):
+        return None
+    return {"target": target, "chunks": chunks, "cpu_us": (b.cpu_us - a.cpu_us) / chunks,
+            "added_p50_us": (added_b[0] - added_a[0]) * 1000 / chunks,
+            "added_p99_us": (added_b[1] - added_a[1]) * 1000 / chunks}
+
+
+def print_per_chunk(rows: list[dict], short: int, long: int) -> list[dict]:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"streams: added per SSE chunk (slope between {short} and {long} tokens; target: the "
+                  f"gateway's CPU <= {TARGET_CHUNK_CPU_US:g} us a chunk)")
+    for column in ("proxy", "CPU us/chunk (c=8)", "added p50 us/chunk", "added p99 us/chunk", "met"):
+        table.add_column(column, justify="left" if column == "proxy" else "right")
+    for r in rows:
+        met = "" if r["target"] != "gateway" else ("yes" if r["cpu_us"] <= TARGET_CHUNK_CPU_US else "NO")
+        table.add_row(r["target"], f"{r['cpu_us']:.1f}", f"{r['added_p50_us']:+.1f}", f"{r['added_p99_us']:+.1f}", met)
+    Console().print(table)
+    return rows
+
+
+# --- usage capture, measured apart ----------------------------------------------------------------
+
+
+def _threads(prefix: str = "") -> set[int]:
+    """Ids of this process's threads whose name starts with `prefix`."""
+    return {int(task.name) for task in Path("/proc/self/task").iterdir()
+            if (task / "comm").read_text().startswith(prefix)}
+
+
+def _thread_cpu_s(tids: set[int]) -> float:
+    """CPU seconds used so far by these threads of this process."""
+    total = 0.0
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that ended
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def measure_capture(settings, *, rate: float, events: int, batch: int = 8) -> list[dict]:
+    """The gateway's usage capture measured apart, in this process with the gateway's own code and
+    the run's broker (broker ack): CPU per event of building the event (`RequestOutcome` +
+    `build_request_event`), of appending it (`Emitter.emit_batched` + the iteration's `flush`:
+    encoding and the intake write) on the event loop's thread, and of publishing it (the
+    publisher thread, and librdkafka's threads). Twice: one event per loop iteration at `rate`
+    events/s (the open-loop point), and back to back in batches of `batch` per iteration (c=8)."""
+    import uvloop
+
+    from serving.emitter import Emitter
+    from serving.gateway_context import new_request_id
+    from serving.usage import RequestOutcome, build_request_event
+
+    before = _threads()
+    emitter = Emitter(Path(settings.home) / "capture-spool", settings.kafka_bootstrap, settings,
+                      name="bench-capture", ack="broker").start()
+    started_at = datetime.now(UTC)
+
+    def build() -> dict:
+        outcome = RequestOutcome(
+            request_id=new_request_id("chat"), customer_id="bench-customer", api_key_id="bench-key",
+            model=STUB_MODEL, deployment_id="bench-stub", replica_id="stub-0", status="ok", started_at=started_at,
+            finished_at=datetime.now(UTC), first_token_at=started_at, upstream_attempts=1, prefix_seen=False,
+            usage={"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28,
+                   "prompt_tokens_details": {"cached_tokens": 0}}, usage_final=True,
         )  # fmt: skip
-        rows.append({"ack": ack, "added_p50_ms": added50, "added_p99_ms": added99, "c8_rps": c8.rps if c8 else None,
-                     "c8_cpu_us": c8.cpu_us if c8 else None, "floor_c8_cpu_us": floor_c8.cpu_us if floor_c8 else None,
-                     "floor_c8_rps": floor_c8.rps if floor_c8 else None, "c8_share": share,
-                     "floor_added_ms": floor_added, "met": met})  # fmt: skip
+        return build_request_event(outcome, source="infermeter://gateway/bench")
+
+    async def run(per_iteration: int, paced: bool) -> tuple[float, float]:
+        built = appended = 0.0
+        start = time.perf_counter()
+        for n in range(0, events, per_iteration):
+            if paced and (delay := start + n / rate - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            for _ in range(per_iteration):
+                t0 = time.thread_time()
+                event = build()
+                t1 = time.thread_time()
+                emitter.emit_batched(event)
+                appended += time.thread_time() - t1
+                built += t1 - t0
+            t0 = time.thread_time()
+            emitter.flush()
+            appended += time.thread_time() - t0
+            await asyncio.sleep(0)
+        return built, appended
+
+    rows = []
+    try:
+        for _ in range(200):  # warm: the producer connected, the topic known
+            emitter.emit(build())
+        emitter.wait_drained(60)
+        publisher = {thread.native_id for thread in emitter.outbox._threads[:1]}
+        librdkafka = _threads("rdk:") - before  # the emitter's producer's
+        for label, per_iteration, paced in ((f"one per iteration at {rate:g}/s", 1, True),
+                                            (f"back to back, {batch} per iteration (c={batch})", batch, False)):
+            pub0, rdk0 = _thread_cpu_s(publisher), _thread_cpu_s(librdkafka)
+            built, appended = uvloop.run(run(per_iteration, paced))
+            emitter.wait_drained(60)
+            time.sleep(0.2)
+            pub, rdk = _thread_cpu_s(publisher) - pub0, _thread_cpu_s(librdkafka) - rdk0
+            per = {"build": built, "append": appended, "publish": pub, "librdkafka": rdk}
+            rows.append({"load": label, **{k: v / events * 1e6 for k, v in per.items()},
+                         "total": sum(per.values()) / events * 1e6})
+    finally:
+        emitter.close()
+    return rows
+
+
+def print_capture(rows: list[dict]) -> list[dict]:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="usage capture apart: CPU us per event (the gateway's builder and emitter, broker ack)")
+    for column in ("load", "build", "append (event loop)", "publish (its thread)", "librdkafka", "total"):
+        table.add_column(column, justify="left" if column == "load" else "right")
+    for r in rows:
+        table.add_row(r["load"], *(f"{r[k]:.1f}" for k in ("build", "append", "publish", "librdkafka", "total")))
     Console().print(table)
     return rows
 
@@ -636,7 +863,7 @@ def print_table(title: str, results: list[Result], baseline: str) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one run, its phases in order
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", default="1,8,32,64")
@@ -650,11 +877,18 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--stream", action="store_true", help="streamed requests instead of plain ones")
+    parser.add_argument(
+        "--stream-tokens", default="4,64",
+        help="with --stream --floor: the two stream lengths (tokens, one SSE chunk each) whose difference "
+        "gives the cost per chunk",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also measure the minimal asyncio + httptools pass-through, and check the targets against it",
+        help="also measure the minimal asyncio + httptools pass-through and the same keeping each request's "
+        "usage event as the gateway does (the metered floor), the usage capture apart, and check every "
+        "target against them",
     )
     parser.add_argument(
         "--asgi-floor",
@@ -662,12 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --floor: also measure the same pass-through as a bare ASGI app under uvicorn (what "
         "uvicorn's request cycle costs on its own)",
     )
-    parser.add_argument(
-        "--metered-floor",
-        action="store_true",
-        help="with --floor: also measure the floor that keeps each request's usage event as the gateway does "
-        "(built by the gateway's builder, spooled and published by its emitter)",
-    )
+    parser.add_argument("--metered-floor", action="store_true", help="the same as --floor (it always has it)")
     parser.add_argument("--replicas", type=int, default=2, help="replica entries of the gateway's upstream file")
     parser.add_argument("--region", help="write `region: R` on every replica of the upstream file (residency)")
     parser.add_argument(
@@ -697,14 +926,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.asgi_passthrough:
         run_asgi_passthrough(int(args.asgi_passthrough[0]), args.asgi_passthrough[1])
         return 0
-    if (args.asgi_floor or args.metered_floor) and not args.floor:
-        parser.error("--asgi-floor and --metered-floor go with --floor")
-    if args.floor and args.stream:
-        parser.error("--floor measures non-streamed requests only")
+    args.floor = args.floor or args.metered_floor
+    if args.asgi_floor and not args.floor:
+        parser.error("--asgi-floor goes with --floor")
+    if args.asgi_floor and args.stream:
+        parser.error("--asgi-floor measures non-streamed requests only")
     if any("=" not in item for item in args.gateway_env):
         parser.error("--gateway-env takes NAME=VALUE")
     if args.floor and "8" not in args.concurrency.split(","):
-        parser.error("--floor checks the c=8 target: include 8 in --concurrency")
+        parser.error("--floor checks the c=8 targets: include 8 in --concurrency")
+    stream_tokens = sorted(int(t) for t in args.stream_tokens.split(","))
+    if args.stream and args.floor and len(stream_tokens) != 2:
+        parser.error("--stream-tokens takes two lengths")
 
     from infermeter.db import get_engine
     from infermeter.settings import Settings
@@ -712,13 +945,22 @@ def main(argv: list[str] | None = None) -> int:
     from serving.keys import KeyStore
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    body = dict(CHAT_BODY, stream=True) if args.stream else CHAT_BODY
+    # Streams: the client asks for the final usage (as OpenAI's SDKs let it), so that the floors relay a
+    # stream that carries it; the gateway asks vLLM for per-chunk usage besides and strips it.
+    lengths: list[int | None] = (stream_tokens if args.floor else [CHAT_BODY["max_tokens"]]) if args.stream else [None]
+
+    def body_for(tokens: int | None) -> dict:
+        if tokens is None:
+            return CHAT_BODY
+        return dict(CHAT_BODY, stream=True, max_tokens=tokens, stream_options={"include_usage": True})
+
+    body = body_for(lengths[0])
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     atexit.register(remove_scratch, work)  # after the servers' own exit handlers (registered later)
     prefix = f"bench{os.getpid()}"
     settings = Settings(INFERMETER_HOME=work / "home", INFERMETER_TOPIC_PREFIX=prefix)
     python = sys.executable
-    report: dict = {"stub": [], "litellm": [], "vllm": []}
+    report: dict = {"stub": [], "litellm": [], "vllm": [], "machine_load": [Path("/proc/loadavg").read_text().split()[:3]]}
     with open_stack(settings) as stack:
         key_store = KeyStore(get_engine(stack.database_url), settings)
         _key_id, token = key_store.create("bench-customer")
@@ -734,8 +976,8 @@ def main(argv: list[str] | None = None) -> int:
             _wait_http(stub_url + "/v1/models", process=stub)
             direct = ("direct", stub_url + "/v1/chat/completions", {})
 
-            def phase(proxy: tuple[str, str, dict], pid: int | None = None) -> list[Result]:
-                """Direct and one proxy under the same loads; the other proxy is not running. With
+            def phase(proxy: tuple[str, str, dict], pid: int | None = None, body: dict = body) -> list[Result]:
+                """Direct and one proxy under the same loads; the other proxies are not running. With
                 the proxy's `pid`, its CPU per request too (warm-up requests included)."""
                 out: list[Result] = []
                 for concurrency in levels:
@@ -759,6 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 return out
 
+            def titled(title: str, tokens: int | None) -> str:
+                return title if tokens is None else f"{title}, streams of {tokens} tokens"
+
             upstreams = bench_upstreams(work / "upstreams.yaml", stub_url, args.replicas, args.region)
             gateway_settings = dict(item.split("=", 1) for item in args.gateway_env)
             acks = args.ack.split(",")
@@ -768,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
                 consumer_thread = run_in_thread(consumer)
-            by_ack: dict[str, list[Result]] = {}
+            by_ack: dict[str, dict[int | None, list[Result]]] = {}
             try:
                 for ack in acks:
                     name = "infermeter" if len(acks) == 1 else f"infermeter-{ack}"
@@ -781,7 +1026,8 @@ def main(argv: list[str] | None = None) -> int:
                         log=work / f"gateway-{ack}.log",
                     ) as gw:  # fmt: skip
                         _wait_http(gw_url + "/health", process=gw)
-                        by_ack[ack] = phase((name, gw_url + "/v1/chat/completions", customer_headers), gw.pid)
+                        by_ack[ack] = {tokens: phase((name, gw_url + "/v1/chat/completions", customer_headers), gw.pid,
+                                                     body_for(tokens)) for tokens in lengths}
                         with contextlib.suppress(Exception):
                             report[f"gateway_events_emitted_{ack}"] = _gateway_metric(
                                 gw_url, "infermeter_emitter_events_emitted_total"
@@ -793,14 +1039,14 @@ def main(argv: list[str] | None = None) -> int:
                 if consumer is not None:
                     consumer.stop()
                     consumer_thread.join(30)
-            for ack, results in by_ack.items():
-                rows = print_table(
-                    f"stub upstream: infermeter gateway, INFERMETER_ACK={ack} (LiteLLM not running)", results, "direct"
-                )
-                report["stub"] += [dict(row, ack=ack) for row in rows]
+            for ack, by_length in by_ack.items():
+                for tokens, results in by_length.items():
+                    rows = print_table(titled(f"stub upstream: infermeter gateway, INFERMETER_ACK={ack} (LiteLLM not "
+                                              "running)", tokens), results, "direct")
+                    report["stub"] += [dict(row, ack=ack, stream_tokens=tokens) for row in rows]
 
             def pass_through(flag: str, name: str, title: str, env: dict | None = None, *,
-                             counts_events: bool = False) -> list[Result]:
+                             counts_events: bool = False) -> dict[int | None, list[Result]]:
                 """One of the minimal pass-throughs in front of the stub, measured as `phase` does
                 (`counts_events`: it answers `/recorded` with the usage events it kept)."""
                 port = _free_port()
@@ -808,31 +1054,52 @@ def main(argv: list[str] | None = None) -> int:
                 argv = [python, "-m", "bench.gateway", flag, str(port), stub_url]
                 with process(argv, env=env, log=work / f"{name}.log") as proxy:
                     _wait_http(url + "/health", process=proxy)
-                    results = phase((name, url + "/v1/chat/completions", {}), proxy.pid)
+                    by_length = {tokens: phase((name, url + "/v1/chat/completions", {}), proxy.pid, body_for(tokens))
+                                 for tokens in lengths}
                     if counts_events:
                         with urllib.request.urlopen(url + "/recorded", timeout=5) as response:
                             report[f"{name.replace('-', '_')}_events"] = recorded = int(response.read())
-                        answered = sum(r.requests for r in results if r.target == name)
+                        answered = sum(r.requests for results in by_length.values() for r in results if r.target == name)
                         print(f"{name}: {recorded:,} usage events kept; the load generator counted {answered:,} "
                               "answered requests (not its warm-up requests)", file=sys.stderr)
-                report[name.replace("-", "_")] = print_table(f"stub upstream: {title} (nothing else running)", results, "direct")
-                return results
+                for tokens, results in by_length.items():
+                    report.setdefault(name.replace("-", "_"), []).extend(
+                        dict(row, stream_tokens=tokens) for row in
+                        print_table(titled(f"stub upstream: {title} (nothing else running)", tokens), results, "direct"))
+                return by_length
 
             if args.floor:
-                floor_results = pass_through(
-                    "--passthrough", "passthrough", "minimal asyncio + httptools pass-through"
-                )
-                report["targets"] = print_targets(by_ack, floor_results, args.rate)
-            if args.metered_floor:
-                pass_through(
+                floor = pass_through("--passthrough", "passthrough", "minimal asyncio + httptools pass-through")
+                metered = pass_through(
                     "--metered-passthrough", "metered-passthrough",
                     "the same pass-through keeping each request's usage event as the gateway does",
                     env={**env, "INFERMETER_GATEWAY_ID": f"bench-{prefix}-metered-floor"}, counts_events=True,
                 )
-            if args.asgi_floor:
-                pass_through(
-                    "--asgi-passthrough", "asgi-passthrough", "the same pass-through as a bare ASGI app under uvicorn"
-                )
+                if args.asgi_floor:
+                    pass_through(
+                        "--asgi-passthrough", "asgi-passthrough", "the same pass-through as a bare ASGI app under uvicorn"
+                    )
+                report["machine_load"].append(Path("/proc/loadavg").read_text().split()[:3])
+                if not args.stream:
+                    capture_settings = stack.settings_for(settings).model_copy(
+                        update={"home": work / "home", "kafka_bootstrap": stack.kafka_bootstrap})
+                    report["capture"] = print_capture(measure_capture(
+                        capture_settings, rate=args.rate, events=max(1000, int(args.rate * args.duration))))
+                    report["targets"] = {
+                        ack: print_targets(f"targets, gateway INFERMETER_ACK={ack}, against this run's floors (load "
+                                           f"average {' / '.join(report['machine_load'][0])} at the start)",
+                                           target_rows(by_length[None], floor[None], metered[None], args.rate))
+                        for ack, by_length in by_ack.items()
+                    }
+                else:
+                    gateway = next(iter(by_ack.values()))
+                    name = next(r.target for r in gateway[lengths[0]] if r.target != "direct")
+                    chunk_rows = [row for row in (
+                        per_chunk(gateway, name, args.rate), per_chunk(metered, "metered-passthrough", args.rate),
+                        per_chunk(floor, "passthrough", args.rate)) if row is not None]
+                    for row in chunk_rows:
+                        row["target"] = {name: "gateway"}.get(row["target"], row["target"])
+                    report["per_chunk"] = print_per_chunk(chunk_rows, *stream_tokens)
             if not args.no_litellm:
                 litellm_bin = REPO / ".venv-litellm/bin/litellm"
                 if not litellm_bin.exists():

@@ -26,8 +26,8 @@ before each measurement); the report gives each arm's median and `ratio` = store
 >= 0.9). Then, in-process and batch by batch in turn (bench.write_path's method, `--write-path-events`
 each): the write path into the empty store, into the stored one, into the stored one with every
 event also probed against every retained month's key (a design that catches an id reused in another
-month: `probe_all_months`), and into a database with the schema before migration 0014 (one
-unpartitioned key table, empty: `before_0014`); and the readers that look keys up without a time
+month: `probe_all_months`), and into a database with the schema before migration 0015 (one
+unpartitioned key table, empty: `before_0015`); and the readers that look keys up without a time
 (`metering.event_lookups.handled_event_keys`, 5,000 keys) on the stored store against the empty one.
 
 `--ack broker,metered` measures both acknowledgement modes in one run (default: broker only).
@@ -131,7 +131,8 @@ def produce(bootstrap: str, topic: str, events, ingest_id: str) -> float:
 def produce_via_outbox(bootstrap: str, topic: str, events, ingest_id: str, spool_path: Path) -> tuple[float, float]:
     """`events ingest` with metered ack: spool, then publish from the spool. (append rate, produce rate)."""
     from metering.ingest import publish_spooled, spool_lines
-    from metering.outbox import Outbox, Spool
+    from metering.publisher import Outbox
+    from metering.spool import Spool
 
     spool = Spool(spool_path)
     started = time.perf_counter()
@@ -154,7 +155,9 @@ class Confirming:
         import shutil
         import threading
 
-        from metering.outbox import MeteringConfirmer, Outbox, Spool
+        from metering.confirmer import MeteringConfirmer
+        from metering.publisher import Outbox
+        from metering.spool import Spool
 
         copy = spool_path.with_name(f"{spool_path.stem}-{uuid.uuid4().hex[:6]}.sqlite3")
         shutil.copy(spool_path, copy)
@@ -579,7 +582,7 @@ def _stored_keys_run(args: argparse.Namespace, server_url: str, bootstrap: str) 
 
 def _write_path_arms(server_url: str, urls: dict[str, str], month: datetime, now: datetime, n: int) -> dict:
     """The write path in-process (bench.write_path's alternation): empty store, stored store, stored
-    store probing every month's key per event, the schema before migration 0014; then the readers by
+    store probing every month's key per event, the schema before migration 0015; then the readers by
     key alone."""
     import contextlib
     import statistics
@@ -597,7 +600,7 @@ def _write_path_arms(server_url: str, urls: dict[str, str], month: datetime, now
         "SELECT source, event_id, occurred_at FROM stage s\n"
         "    WHERE (SELECT 1 FROM event_keys k WHERE k.source = s.source AND k.event_id = s.event_id LIMIT 1) IS NULL\n"
         "    ORDER BY source, event_id"))
-    before = new_database(server_url, "0013")
+    before = new_database(server_url, "0014")
     with psycopg.connect(to_libpq_url(before), autocommit=True) as conn:
         conn.execute(f"CREATE TABLE raw_events_{month:%Y_%m} PARTITION OF raw_events FOR VALUES FROM "
                      f"('{month.isoformat()}') TO ('{add_months(month, 1).isoformat()}')")
@@ -610,10 +613,10 @@ def _write_path_arms(server_url: str, urls: dict[str, str], month: datetime, now
     # that no arm's rows, rollup updates or index growth land in another's
     arms = {"empty": (urls["empty"], messages("wp-empty")), "stored": (urls["stored"], messages("wp-stored")),
             "probe_all_months": (copy_database(server_url, urls["stored"]), messages("wp-probe")),
-            "before_0014": (before, messages("wp-before"))}
+            "before_0015": (before, messages("wp-before"))}
 
     def setup(name: str, writer) -> None:
-        if name == "before_0014":  # its month's raw partition exists; 0013 knows no key partitions
+        if name == "before_0015":  # its month's raw partition exists; 0014 knows no key partitions
             writer.connection()  # (a new connection forgets the partitions it made)
             writer._partitions.add(month)
 
@@ -641,7 +644,7 @@ def _write_path_arms(server_url: str, urls: dict[str, str], month: datetime, now
         "write_path_events_per_s": {name: round(rate) for name, rate in rates.items()},
         "write_path_stored_ratio": round(rates["stored"] / rates["empty"], 3),
         "write_path_probe_all_months_ratio": round(rates["probe_all_months"] / rates["stored"], 3),
-        "write_path_after_vs_before_0014": round(rates["empty"] / rates["before_0014"], 3),
+        "write_path_after_vs_before_0015": round(rates["empty"] / rates["before_0015"], 3),
         "handled_event_keys_5000_ms": {store: round(s * 1000, 1) for store, s in readers.items()},
     }
 

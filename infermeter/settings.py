@@ -349,7 +349,7 @@ class Settings(BaseSettings):
         description="Issuer prefix of invoice numbers (PREFIX-YYYY-NNNNNN, gapless per prefix and year).",
     )
 
-    # --- billing: Stripe adapter and webhooks (billing_service/stripe_*.py, docs/billing-stripe.md) --
+    # --- billing: Stripe adapter and webhooks (billing_service/stripe/, docs/billing-stripe.md) --
     stripe_api_key: str | None = Field(
         default=None,
         validation_alias="INFERMETER_STRIPE_API_KEY",
@@ -398,6 +398,62 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_PREDICT_WINDOW_DAYS",
         description="Days of metered history before the current hour that a scheduled fit (and `infermeter "
         "predict fit` without --from/--to) learns from.",
+    )
+
+    # --- alerts: thresholds per customer, delivered as signed webhooks (alerts/, docs/alerts.md) ------
+    alert_interval_s: float = Field(
+        default=600.0,
+        ge=0,
+        validation_alias="INFERMETER_ALERT_INTERVAL_S",
+        description="How often `infermeter up` evaluates every customer's alert thresholds (budget, credit, forecast "
+        "overspend, credit run-out) and sends what crossed, the first time at start-up; retries are sent as they "
+        "fall due in between. 0: never (`infermeter alerts evaluate` still does).",
+    )
+    alert_budget_percents: str = Field(
+        default="50,80,100",
+        validation_alias="INFERMETER_ALERT_BUDGET_PERCENTS",
+        description="Default thresholds on a customer's monthly budget: percentages of the cap spent (as admission "
+        "counts it), comma-separated; each fires once a month when reached (50.00% fires, 49.99% does not). Empty: "
+        "none. `infermeter alerts thresholds set` overrides them per customer.",
+    )
+    alert_credit_percents: str = Field(
+        default="50,80,100",
+        validation_alias="INFERMETER_ALERT_CREDIT_PERCENTS",
+        description="Default thresholds on a customer's prepaid credit: percentages of the credit balance that the "
+        "billing period's spend to date uses, comma-separated; each fires once per billing period. Empty: none.",
+    )
+    alert_forecast_overspend: bool = Field(
+        default=True,
+        validation_alias="INFERMETER_ALERT_FORECAST_OVERSPEND",
+        description="By default, alert once per billing period when the invoice forecast's median (p50) is above the "
+        "customer's monthly budget.",
+    )
+    alert_credit_runout_days: int = Field(
+        default=7,
+        ge=0,
+        validation_alias="INFERMETER_ALERT_CREDIT_RUNOUT_DAYS",
+        description="By default, alert once per billing period when the forecast says the customer's prepaid credit "
+        "runs out (at the median daily rate) within this many days. 0: never.",
+    )
+    alert_retry_attempts: int = Field(
+        default=6,
+        ge=1,
+        le=30,
+        validation_alias="INFERMETER_ALERT_RETRY_ATTEMPTS",
+        description="Attempts to deliver an alert webhook in all; a delivery that failed them all is marked failed.",
+    )
+    alert_retry_base_s: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias="INFERMETER_ALERT_RETRY_BASE_S",
+        description="Exponential backoff of webhook retries: attempt n+1 is sent this many seconds x 2^(n-1) after "
+        "attempt n failed (2, 4, 8, 16, 32 s with the default), at most an hour.",
+    )
+    alert_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias="INFERMETER_ALERT_TIMEOUT_S",
+        description="Longest a webhook endpoint may take to answer an attempt; longer counts as a failed attempt.",
     )
 
     gateway_metrics_urls: str = Field(

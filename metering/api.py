@@ -35,7 +35,7 @@ from metering.contract import (
     event_partition_key,
 )
 from metering.kafka import ensure_topics, make_producer, publish_and_wait
-from metering.outbox import ack_mode, outbox_for
+from metering.publisher import ack_mode, outbox_for
 
 CLOUDEVENT = "application/cloudevents+json"
 CLOUDEVENT_BATCH = "application/cloudevents-batch+json"
@@ -115,7 +115,7 @@ class Publisher:
     of its own events. Metered ack (the default with the embedded, memory-only broker): each request
     appends its events to the durable spool INFERMETER_HOME/spool/api.sqlite3 (one SQLite
     transaction) and is answered; this process's outbox publishes them and forgets them only once
-    metering has recorded them (metering/outbox.py), so a crash of the broker or of this process
+    metering has recorded them (metering/publisher.py), so a crash of the broker or of this process
     loses none: they are published again on the next start."""
 
     def __init__(self, bootstrap: str, settings: Settings):

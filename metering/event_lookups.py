@@ -47,7 +47,7 @@ def handled_event_keys(
 ) -> set[tuple[str, str]]:
     """Which of these (source, event id) keys metering has handled: recorded (in `event_keys`) or
     dead-lettered. The producers' outbox asks this, in batches of thousands, to know which events
-    it may forget (metering/outbox.py).
+    it may forget (metering/confirmer.py).
 
     `since` (unix seconds or a datetime): only dead letters received from then on are looked at
     (dead_letters is indexed by received_at, not by key); None looks at all of them. One statement

@@ -9,7 +9,7 @@ Broker ack (`publish_lines`): published straight from the file; Kafka's ack is t
 ack (`spool_lines` + `publish_spooled`, the default with the embedded broker): the events go to the
 outbox spool INFERMETER_HOME/spool/ingest.sqlite3 first and stay there until metering has recorded
 them, so a stack killed with events its broker had acknowledged publishes them again on the next
-`infermeter up` (metering/outbox.py).
+`infermeter up` (metering/spool.py, metering/publisher.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import psycopg
 from metering.contract import event_partition_key
 from metering.kafka import publish_and_wait
 from metering.kafka_types import Producer
-from metering.outbox import Outbox, Spool, identity_of
 from metering.processor import INGEST_ID_HEADER
+from metering.publisher import Outbox
+from metering.spool import Spool, identity_of
 
 _json = msgspec.json.Decoder()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import MetaData
 
+import alerts.tables  # noqa: F401
 import billing_service.stripe.tables  # noqa: F401
 import billing_service.tables  # noqa: F401
 import metering.tables  # noqa: F401

@@ -3,23 +3,22 @@
 margin under each price book.
 
 How (docs/prediction.md, "Per period"): the rest of a period is made of days drawn, with
-replacement, from the days already metered (24 hours each, the period's last one partial):
-weekdays from the observed weekdays and weekend days from the observed weekend days when each kind
-has MIN_STRATUM days, else from all of them. Each draw first resamples the observed days themselves
+replacement, from the days already metered (24 hours each, the period's last one partial), by the
+day bootstrap of `pricing.bootstrap.day_draws` (the price recommendation draws its periods with it
+too): weekdays from the observed weekdays and weekend days from the observed weekend days when each
+kind has enough days, else from all of them. Each draw first resamples the observed days themselves
 (a two-stage bootstrap): a fortnight of days estimates the customer's daily rate with an error of
 its own, and drawing straight from the observed days would leave that error out (intervals too
-narrow: 66% of the demo month's customer-periods inside the 80% interval, 76% with it). Draws
-with the same seed and period end (`day_draws`) are shared by customers and by the platform's cost,
-so their sums keep the days' common swings. A customer's usage at the period's end in a draw is its
-usage to date plus the drawn days' usage (a partial day in proportion); rating it with the
-customer's book (`pricing.rating`: free allowances, tiers and minimum as the invoice applies them)
-gives the spend of that draw. The forecast is the draws' mean, with their p10 and p90 as the 80%
-interval.
+narrow: 66% of the demo month's customer-periods inside the 80% interval, 76% with it). Draws with
+the same seed and period end are shared by customers and by the platform's cost, so their sums keep
+the days' common swings. A customer's usage at the period's end in a draw is its usage to date plus
+the drawn days' usage (a partial day in proportion); rating it with the customer's book
+(`pricing.rating`: free allowances, tiers and minimum as the invoice applies them) gives the spend
+of that draw. The forecast is the draws' mean, with their p10 and p90 as the 80% interval.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,19 +26,14 @@ from decimal import Decimal
 
 from prediction.distribution import Distribution
 from pricing.book import PriceBook
+from pricing.bootstrap import is_weekend
 from pricing.money import Currency
 from pricing.rating import line_quantities, rounded_total
 from pricing.usage import Usage, UsageKey
 
 DAY = timedelta(days=1)
-DRAWS = 400
-MIN_STRATUM = 2
 ZERO = Decimal(0)
 Quantities = Mapping[UsageKey, Decimal | int]
-
-
-def is_weekend(moment: datetime) -> bool:
-    return moment.weekday() >= 5
 
 
 def observed_days(start: datetime, as_of: datetime) -> list[tuple[datetime, datetime]]:
@@ -61,31 +55,6 @@ def remaining_slots(as_of: datetime, end: datetime) -> list[tuple[bool, Decimal]
         slots.append((is_weekend(t), Decimal(round((nxt - t) / DAY, 6)).quantize(Decimal("0.000001"))))
         t = nxt
     return slots
-
-
-def day_draws(days: Sequence[datetime], slots: Sequence[tuple[bool, Decimal]], *, draws: int = DRAWS,
-              seed: str = "periods") -> list[list[tuple[int, Decimal]]]:
-    """For each draw, the observed day (an index into `days`, given by their start) standing in for
-    each slot, with the slot's fraction of a day. No observed day: no draws."""
-    if not days:
-        return []
-    rng = random.Random(seed)
-    weekend = [i for i, d in enumerate(days) if is_weekend(d)]
-    weekday = [i for i, d in enumerate(days) if not is_weekend(d)]
-    every = list(range(len(days)))
-    stratified = len(weekend) >= MIN_STRATUM and len(weekday) >= MIN_STRATUM
-    out = []
-    for _ in range(draws):
-        # first the days themselves are resampled (the observed days are a sample too: their mean is
-        # uncertain), then the rest of the period is drawn from that resample
-        pools = {kind: [pool[rng.randrange(len(pool))] for _ in pool]
-                 for kind, pool in ((True, weekend), (False, weekday), (None, every)) if pool}
-        row = []
-        for slot_weekend, fraction in slots:
-            pool = pools[slot_weekend] if stratified else pools[None]
-            row.append((pool[rng.randrange(len(pool))], fraction))
-        out.append(row)
-    return out
 
 
 def _grown(to_date: Quantities, daily: Sequence[Quantities], draw: Sequence[tuple[int, Decimal]]) -> dict:

@@ -195,10 +195,9 @@ def forecast_cmd(
 ) -> None:
     """Each customer's spend at the end of its billing period with an 80% interval, when its prepaid credit
     or monthly budget runs out; with --platform the month's revenue, cost and margin under each book."""
-    from infermeter.db import get_engine
+    from prediction_service.budgets import ServingBudgets
     from prediction_service.forecast import customer_forecasts, platform_forecasts
     from pricing_service.books import book_paths, read_price_book
-    from serving.budgets import AdmissionController, get_budget
 
     with _clear_errors():
         settings = get_settings()
@@ -206,20 +205,9 @@ def forecast_cmd(
         model = _cost_model(cost_model)
         with open_stack(settings, broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
             conn.execute("SET TIME ZONE 'UTC'")
-            engine = get_engine(stack.database_url)
-            controller = AdmissionController(engine, stack.settings_for(settings))
-
-            def budgets(customer_id: str, at: datetime):
-                budget = get_budget(engine, customer_id)
-                if budget is None or budget.monthly_cap is None:
-                    return None
-                return budget.monthly_cap, controller.spend(customer_id, now=at).total
-
-            try:
+            with ServingBudgets(stack.database_url, stack.settings_for(settings)) as budgets:
                 rows = customer_forecasts(conn, moment, cost_model=model, customer_ids=customer or None,
                                           budgets=budgets)
-            finally:
-                controller.close()
             result: dict = {"customers": rows}
             if platform:
                 books = [read_price_book(p) for p in (price_book or book_paths(settings.pricing_books))]

@@ -5,6 +5,7 @@ statistics):
   period (its plan's book, its time zone and anchor day: billing_service) with an 80% interval, when
   its prepaid credit runs out (billing_service `credits_view`), and when its monthly budget does
   (serving.budgets: the cap and the month's spend as admission counts it).
+- `forecast_for(conn, customer_id, as_of=...)`: one customer's row of the above (the dashboards' read).
 - `platform_forecasts(conn, as_of, books, cost_model)`: the calendar month's revenue under each book,
   cost (the cost model's) and margin.
 - `spend_calibration(conn, start, end, cost_model)`: each customer-period whose middle falls in
@@ -37,7 +38,6 @@ from prediction.periods import (
     DAY,
     PlatformForecast,
     SpendForecast,
-    day_draws,
     forecast_platform,
     forecast_spend,
     remaining_slots,
@@ -45,6 +45,7 @@ from prediction.periods import (
     spend_of,
 )
 from pricing.book import PriceBook
+from pricing.bootstrap import day_draws
 from pricing.cost import CostModel, attribute
 from pricing.money import Currency
 from pricing_service.rate_period import load_period_usages, priced_meters
@@ -176,6 +177,14 @@ def customer_forecasts(conn: psycopg.Connection, as_of: datetime, *, cost_model:
         out.append(row)
     out.sort(key=lambda r: r["customer_id"])
     return out
+
+
+def forecast_for(conn: psycopg.Connection, customer_id: str, *, as_of: datetime, cost_model: CostModel | None = None,
+                 budgets=None) -> dict:
+    """One customer's row of `customer_forecasts` (the same keys; `available` false with a `message` for
+    a customer without a billing record or a plan): what the customer dashboard shows beside the
+    customer's alerts (docs/alerts.md, "For the dashboards")."""
+    return customer_forecasts(conn, as_of, cost_model=cost_model, customer_ids=[customer_id], budgets=budgets)[0]
 
 
 def platform_forecasts(conn: psycopg.Connection, as_of: datetime, books: Sequence[PriceBook],

@@ -10,6 +10,8 @@ loading usage, storing books and writing reports live in `pricing_service`.
 - `pricing.task_outcomes`: which task outcome a book bills (its trusted sources, timeout and rule).
 - `pricing.cost`: GPU-second attribution, cost per customer/model/request/task.
 - `pricing.experiments`: the same usage under several books, beside its cost.
+- `pricing.bootstrap`: billing periods made of days drawn from metered days (seeded).
+- `pricing.recommend`: the smallest scale of a book's prices that meets a target margin at a given risk.
 """
 
 from pricing.book import PriceBook, PriceBookError, parse_price_book

@@ -33,11 +33,13 @@ EXPECTED = (PriceBookError, CostModelError, ExperimentError, StackError, ValueEr
 
 
 @contextmanager
-def _clear_errors() -> Iterator[None]:
+def _clear_errors(*, one_line: bool = False) -> Iterator[None]:
     try:
         yield
     except EXPECTED as exc:
         message = str(exc).strip() or type(exc).__name__
+        if one_line:  # a book with several problems, a YAML error with its context: one line all the same
+            message = "; ".join(part.strip() for part in message.splitlines() if part.strip())
         err.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -80,6 +82,42 @@ def compare_cmd(
         if csv_out:
             report.write_csv(csv_out)
             err.print(f"CSV: {csv_out}")
+
+
+@app.command("recommend")
+def recommend_cmd(
+    price_book: Annotated[list[str], typer.Option("--price-book", help="A price book YAML, or stored:<book id>. Repeat for several.")],
+    target_margin: Annotated[str, typer.Option("--target-margin", help="The margin to reach over the window, a share of revenue in (-1, 1) (0.25: 25%).")],
+    risk: Annotated[str, typer.Option("--risk", help="The largest acceptable probability, in (0, 1), of a billing period with a negative margin.")],
+    start: Annotated[str, typer.Option("--from", help="Window start, a whole UTC hour (e.g. 2026-11-01T00:00:00Z).")],
+    end: Annotated[str, typer.Option("--to", help="Window end (exclusive), a whole hour; at least a day after --from.")],
+    cost_model: Annotated[Path | None, typer.Option("--cost-model", help="Cost model YAML (default: INFERMETER_PRICING_COST_MODEL or pricing_books/cost-model.yaml).")] = None,
+    draws: Annotated[int, typer.Option(min=1, max=100_000, help="Billing periods to bootstrap from the window's days.")] = 400,
+    period_days: Annotated[int, typer.Option("--period-days", min=1, max=366, help="Days in a billing period.")] = 30,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap (the same seed, window and books give the same answer).")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON instead of tables.")] = False,
+    html_out: Annotated[Path | None, typer.Option("--html", help="Write the HTML page (margin distributions before and after) here.")] = None,
+) -> None:
+    """Scale a book's prices so that over the window the margin reaches --target-margin and a billing
+    period loses money with probability at most --risk (docs/pricing.md, "Price recommendation")."""
+    from infermeter.times import parse_time
+    from pricing_service.recommend import check_inputs, render_console, run_recommendation
+
+    with _clear_errors(one_line=True):
+        window = parse_time(start, "--from"), parse_time(end, "--to")
+        check_inputs(*window, price_book, target_margin, risk)  # before the database starts
+        cost_model = cost_model or get_settings().pricing_cost_model
+        with err.status("Loading usage and searching for the scale...", spinner="dots"):
+            report = run_recommendation(_database_url(), window[0], window[1], price_book, cost_model,
+                                        target=target_margin, risk=risk, draws=draws, period_days=period_days, seed=seed)
+        if as_json:
+            sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        else:
+            render_console(report, console)
+        if html_out:
+            from pricing_service.recommend_html import write_html
+
+            err.print(f"HTML report: {write_html(report, html_out)}")
 
 
 @app.command("shadow")

@@ -69,7 +69,8 @@ spend + its worst case <= cap, so the overshoot is 0 (well inside the required "
 case"). LiteLLM's races (#34732 check-then-increment without a lock; #36926 spend updated only
 after the response) are exactly what the lock + reservation-before-forwarding avoid.
 Customers without a budget row are admitted without touching the database (cached for
-INFERMETER_BUDGET_CONFIG_TTL_S).
+INFERMETER_BUDGET_CONFIG_TTL_S; a customer in use is checked again in the background shortly before
+that expires, serving/single_flight.py, so its requests do not wait for the check).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ from metering.event_lookups import recorded_event_keys
 from metering.queries import customer_token_sums
 from serving import ratelimit
 from serving.gateway_contracts import Admitted, Rejected
+from serving.single_flight import SingleFlight, due
 from serving.tables import budget_reservations, customer_budgets
 
 WARNING_HEADER = "X-Infermeter-Budget-Warning"
@@ -379,7 +381,8 @@ class AdmissionController:
         self.settings = settings or get_settings()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._executor = executor or ThreadPoolExecutor(max_workers=8, thread_name_prefix="admission")
-        self._unlimited: dict[str, float] = {}
+        self._unlimited: dict[str, float] = {}  # customer -> until when it is known to have no budget row
+        self._flights = SingleFlight("customers without limits")
         self._lock = threading.Lock()
         self._housekeep_every_s = housekeep_every_s
         self._housekept: dict[str, float] = {}
@@ -387,7 +390,10 @@ class AdmissionController:
     # --- async faces for the gateway -----------------------------------------------------------
 
     async def admit(self, customer_id: str, **kwargs) -> Admitted | Rejected:
-        if self._known_unlimited(customer_id):
+        expires = self._unlimited.get(customer_id)
+        if expires is not None and (now := time.monotonic()) < expires:
+            if due(expires, self.settings.budget_config_ttl_s, now):
+                self._flights.refresh(customer_id, self._check_unlimited, customer_id)
             return Admitted(kwargs["request_id"], customer_id)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, partial(self.admit_sync, customer_id, **kwargs))
@@ -404,6 +410,18 @@ class AdmissionController:
     def _known_unlimited(self, customer_id: str) -> bool:
         expires = self._unlimited.get(customer_id)
         return expires is not None and expires > time.monotonic()
+
+    def _check_unlimited(self, customer_id: str) -> None:
+        """Read again whether the customer still has no budget row (the background refresh of `admit`)."""
+        with self.engine.connect() as conn:
+            limited = conn.execute(
+                select(customer_budgets.c.customer_id).where(customer_budgets.c.customer_id == customer_id)
+            ).first() is not None
+        with self._lock:
+            if limited:
+                self._unlimited.pop(customer_id, None)
+            else:
+                self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
 
     def spend(self, customer_id: str, *, now: datetime | None = None, conn=None) -> Spend:
         now = now or self._clock()

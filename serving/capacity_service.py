@@ -7,7 +7,8 @@ Public API:
     as_of_for(now) -> datetime          # end of the last complete minute, SETTLE_S behind `now`
     capacity_reports(conn, *, now, policy, deployment_id=None, history=False) -> list[dict]
     publish_gauges(reports)             # the infermeter_deployment_* gauges of serving/metrics.py
-    CapacityRefresher(engine, settings) # .start() / await .aclose(); .refresh_once() (tests)
+    CapacityRefresher(engine, settings) # await .refresh_if_stale() (the gateway's /metrics);
+                                        # .start() / await .aclose() (every period); .refresh_once()
 
 Every reader (GET /v1/deployments/{id}/capacity, `infermeter capacity`, the gauges) computes the
 same report from the same window, statelessly: the last HISTORY_MIN minutes of demand are replayed
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -101,9 +103,11 @@ def publish_gauges(reports: list[dict]) -> None:
 
 
 class CapacityRefresher:
-    """Recomputes every deployment's report every `settings.capacity_refresh_s` seconds (first at
-    start) on a worker thread, reading metering through the gateway's SQLAlchemy engine, and
-    publishes the gauges. A failed round is logged and the gauges keep their last values."""
+    """Recomputes every deployment's report on a worker thread, reading metering through the
+    gateway's SQLAlchemy engine, and publishes the gauges: when they are read (`refresh_if_stale`,
+    called by the gateway's /metrics: at most once per `settings.capacity_refresh_s`, nothing while
+    nobody scrapes), or every period from `start` on. A failed round is logged and the gauges keep
+    their last values."""
 
     def __init__(self, engine, settings: Settings, *, clock=None) -> None:
         self.engine = engine
@@ -112,6 +116,8 @@ class CapacityRefresher:
         self.clock = clock or (lambda: datetime.now(UTC))
         self.task: asyncio.Task | None = None
         self.rounds = 0
+        self._refreshed_at: float | None = None  # time.monotonic() of the last round, failed or not
+        self._refreshing: asyncio.Lock | None = None
 
     def refresh_once(self) -> list[dict]:
         raw = self.engine.raw_connection()  # the pool's psycopg connection
@@ -124,12 +130,29 @@ class CapacityRefresher:
         self.rounds += 1
         return reports
 
+    async def refresh_if_stale(self) -> None:
+        """One round if the last one is a period old or there was none (one at a time)."""
+        if self.period_s <= 0 or self.engine is None or not self._stale():
+            return
+        if self._refreshing is None:
+            self._refreshing = asyncio.Lock()
+        async with self._refreshing:
+            if self._stale():
+                await self._round()
+
+    def _stale(self) -> bool:
+        return self._refreshed_at is None or time.monotonic() - self._refreshed_at >= self.period_s
+
+    async def _round(self) -> None:
+        try:
+            await asyncio.to_thread(self.refresh_once)
+        except Exception:
+            log.exception("capacity refresh failed; gauges keep their last values")
+        self._refreshed_at = time.monotonic()
+
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.to_thread(self.refresh_once)
-            except Exception:
-                log.exception("capacity refresh failed; gauges keep their last values")
+            await self._round()
             await asyncio.sleep(self.period_s)
 
     def start(self) -> None:

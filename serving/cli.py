@@ -81,6 +81,8 @@ def serve_gateway(
             http="httptools",
             access_log=False,
             log_level="warning",
+            # The gateway reads no client address: no X-Forwarded-* rewriting of every request's scope.
+            proxy_headers=False,
         )
 
 

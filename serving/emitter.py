@@ -5,7 +5,7 @@ Public API (the gateway and the replica agent code against this):
     emitter = Emitter(spool_dir, bootstrap, settings, name="gateway-0")
     emitter.start()                 # replays whatever is spooled, then publishes in a thread
     emitter.emit(event_dict)        # CloudEvent dict (metering.contract.make_event); durable on return
-    emitter.emit_many([...])        # several in one spool transaction
+    emitter.emit_many([...])        # several in one append
     emitter.emit_batched(event_dict)  # on an event loop: with the rest of this iteration's events
     emitter.flush()                 # append now what `emit_batched` has gathered
     emitter.depth() -> int          # events spooled and not yet forgotten (see `ack`)
@@ -15,21 +15,23 @@ Public API (the gateway and the replica agent code against this):
     await emitter.aclose()          # the same from async code (runs close in a thread)
 
 Semantics:
-- `emit` encodes the event (`metering.contract.encode_event`) and appends it to the spool
-  (`metering.outbox.Spool`, SQLite WAL) BEFORE returning. With the default
-  INFERMETER_SPOOL_SYNC=normal the append is a write(2) into the WAL, no fsync: `kill -9` of
-  the process loses nothing already emitted; only a power loss / kernel crash can lose the
-  last appends since the previous checkpoint. Set INFERMETER_SPOOL_SYNC=full to fsync every
-  append (power-loss safe, ~ a disk flush per emit). `emit` is synchronous and takes tens of
-  microseconds with `normal`, so calling it on the event loop is fine.
+- `emit` encodes the event (`metering.contract.encode_event`) and appends it to the spool's
+  intake file (`metering.spool.Intake`: one write(2); the publisher thread moves it into the
+  SQLite spool `metering.spool.Spool`) BEFORE returning. With the default
+  INFERMETER_SPOOL_SYNC=normal there is no fsync: `kill -9` of the process loses nothing already
+  emitted (the next start moves the intake into the spool); only a power loss / kernel crash can
+  lose the last appends. Set INFERMETER_SPOOL_SYNC=full to write every append through to the disk
+  (power-loss safe, a disk flush per emit). `emit` is synchronous and cheap, so calling it on the
+  event loop is fine.
 - `emit_batched` (the gateway's request events, emitted as or after the client gets its answer)
   gathers the event instead; the first event of a batch schedules `flush` with `loop.call_soon`, which
-  appends everything gathered in ONE transaction right after the callbacks already due (the rest
+  appends everything gathered in ONE write right after the callbacks already due (the rest
   of that event-loop iteration), before any callback scheduled after it: before the loop serves
   anything that arrives later. A `kill -9` can fall between `emit_batched` and that append only
   inside that one iteration, as it always could between vLLM finishing and the append. Without
   a running event loop it is `emit`. `close` appends whatever is still gathered.
-- A background thread (`metering.outbox.Outbox`) reads the spool oldest first in batches
+- A background thread (`metering.publisher.Outbox`), woken by the appends, moves the intake into
+  the spool, then reads the spool oldest first in batches
   (INFERMETER_EMITTER_BATCH_MAX_EVENTS), produces each event to `settings.events_topic` with
   key = the event's `subject` (the customer id), acks=all, waits for every delivery report of
   the batch and retries the failed ones (with backoff; the producer is re-created after failures).
@@ -47,8 +49,10 @@ Semantics:
 - At-least-once: an event published but not yet forgotten when the process dies is published
   again on restart. Metering drops duplicates by CloudEvents (source, id), so the topic may carry
   an event twice but metering counts it once.
-- One spool file per emitter name: `<spool_dir>/<name>.sqlite3`. Each gateway process uses its
-  own name (e.g. its INFERMETER_GATEWAY_ID) and restarts with the same name to replay.
+- One spool file per emitter name: `<spool_dir>/<name>.sqlite3` (its intake beside it,
+  `<name>.sqlite3.intake-<n>`). Each gateway process uses its own name (e.g. its
+  INFERMETER_GATEWAY_ID) and restarts with the same name to replay; a second process opening the
+  same name while the first runs fails (the intake's lock).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ from pathlib import Path
 from typing import Any
 
 from infermeter.settings import Settings, get_settings
-from metering.outbox import MeteringConfirmer, Outbox, Spool, SpooledEvent, ack_mode, identity_of, spool_dir
+from metering.confirmer import MeteringConfirmer
+from metering.publisher import Outbox, ack_mode
+from metering.spool import Intake, Spool, SpooledEvent, identity_of, spool_dir
 from serving import metrics
 
 log = logging.getLogger("serving.emitter")
@@ -85,7 +91,7 @@ class Emitter:
         topic: str | None = None,
         producer_factory: ProducerFactory | None = None,
         batch_max_events: int | None = None,
-        idle_wait_s: float = 0.05,
+        idle_wait_s: float = 1.0,
         ack: str | None = None,
         confirm: Callable | None = None,
     ) -> None:
@@ -103,9 +109,12 @@ class Emitter:
             ack = "metered" if from_stack else "broker"
         self.ack = ack or ack_mode(self.settings)
         spool_dir = Path(spool_dir) if spool_dir else default_spool_dir(self.settings)
-        # The appends run on the gateway's event loop: SQLite's checkpoints (1-9 ms each, with an
-        # fsync) are left to the publisher thread (metering/outbox.py, "Checkpoints").
+        # Only the publisher thread writes to the SQLite spool (the appends go to its intake), and
+        # it runs the checkpoints too (metering/spool.py, "Checkpoints").
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync, checkpoints="publisher")
+        # The producing side appends to the spool's intake file (one write(2) per append), which the
+        # publisher thread moves into the spool each round (metering/spool.py, `Intake`).
+        self.intake = Intake(self.spool, sync=self.settings.spool_sync)
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
         self._producer_factory = producer_factory
         self._closed = False
@@ -141,6 +150,7 @@ class Emitter:
             confirm_batch=self.settings.ack_check_batch,
             max_event_bytes=self.settings.max_event_bytes,
             idle_wait_s=idle_wait_s,
+            intake=self.intake,
             hooks={"on_published": self._published.inc, "on_failure": self._count_failure},
         )
 
@@ -193,8 +203,7 @@ class Emitter:
 
     def emit(self, event: dict) -> None:
         """Append one CloudEvent to the spool (durable when this returns) and wake the publisher."""
-        key, value, identity = self._encode(event)
-        self.spool.append(key, value, identity)
+        self.intake.append([self._encode(event)])
         self._after_append(1)
 
     def emit_batched(self, event: dict) -> None:
@@ -215,11 +224,8 @@ class Emitter:
         """Append what `emit_batched` gathered, in one transaction; how many events."""
         with self._gather_lock:
             items, self._gathered = self._gathered, []
-        if len(items) == 1:  # the usual case at a low request rate: no transaction to open
-            self.spool.append(*items[0])
-        elif items:
-            self.spool.append_many(items)
         if items:
+            self.intake.append(items)
             self._after_append(len(items))
         return len(items)
 
@@ -232,7 +238,7 @@ class Emitter:
     def emit_many(self, events: Iterable[dict]) -> None:
         items = [self._encode(e) for e in events]
         if items:
-            self.spool.append_many(items)
+            self.intake.append(items)
             self._after_append(len(items))
 
     def _after_append(self, count: int) -> None:
@@ -241,17 +247,18 @@ class Emitter:
 
     def _depth_for_metrics(self) -> float:
         if not self._closed:
-            self._last_depth = self.spool.depth()
+            self._last_depth = self.depth()
         return float(self._last_depth)
 
     def _lag_for_metrics(self) -> float:
         return 0.0 if self._closed else self.publish_lag_s()
 
     def depth(self) -> int:
-        return self.spool.depth()
+        return self.outbox.depth()
 
     def publish_lag_s(self) -> float:
-        oldest = self.spool.oldest_enqueued_at()
+        oldest = min((at for at in (self.spool.oldest_enqueued_at(), self.intake.oldest_enqueued_at())
+                      if at is not None), default=None)
         return 0.0 if oldest is None else max(0.0, time.time() - oldest)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -269,6 +276,7 @@ class Emitter:
             self._flush_gathered()
         self.outbox.close(timeout_s)
         if not self._closed:
+            self.intake.close()  # what the publisher had not moved yet goes into the spool
             self._last_depth = self.spool.depth()
             self._closed = True
             self.spool.close()

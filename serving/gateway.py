@@ -16,8 +16,9 @@ Endpoints
 - `POST /v1/events` `{"meter", "quantity", "task_id"?, "id"?}`: tool / verification usage as
   `infermeter.usage.v1` for the caller's customer (`id` makes client retries idempotent).
   Both in serving/task_endpoints.py.
-- `GET /metrics` (Prometheus, serving/metrics.py; the capacity gauges are recomputed from metering
-  every INFERMETER_CAPACITY_REFRESH_S by serving/capacity_service.py), `GET /health`.
+- `GET /metrics` (Prometheus, serving/metrics.py; a scrape recomputes the capacity gauges from
+  metering when they are INFERMETER_CAPACITY_REFRESH_S old, serving/capacity_service.py: nothing
+  runs in the background for them), `GET /health`.
 
 Errors always have the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
@@ -46,14 +47,16 @@ serving/proxy.py (proxy and admission), serving/relay.py (the one event, the SSE
 serving/task_endpoints.py, and this module (the ASGI app and its wiring).
 
 Hot path notes: the two proxy routes are dispatched straight from the ASGI entry (`GatewayApp`:
-no middleware stack, router scan or dependency solving); one keep-alive pool of upstream
-connections (serving/upstream_http.py: httptools parsing, ~0.3-0.4 ms a request cheaper here than
-aiohttp's client, docs/benchmarks.md; aiohttp's client itself measured ~7x cheaper than httpx
-here, a run not kept in the repository); raw bodies parsed with orjson; no Pydantic models. A
+no middleware stack, router scan or dependency solving; uvicorn without proxy-header rewriting);
+the request is read through `ProxyRequest` (headers and body, no Starlette `Request`) and a
+success answered with `JsonAnswer` (two ASGI messages, no header objects); one keep-alive pool of
+upstream connections (serving/upstream_http.py: httptools parsing, one timer handle per wait);
+raw bodies parsed with orjson; no Pydantic models; request ids from a seeded generator, not the
+OS per request; the request metrics kept as plain numbers until scraped (serving/metrics.py). A
 non-streamed request's event is built right after its response is handed to the kernel, in the
 same event-loop step (`RequestContext.after_send`), not before; the emitter appends the events of
-one loop iteration in one spool transaction (`Emitter.emit_batched`). Numbers:
-docs/benchmarks.md, "Gateway overhead".
+one loop iteration with one write (`Emitter.emit_batched`). Measurements: docs/benchmarks.md,
+"Gateway overhead".
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ from starlette.responses import Response
 
 from infermeter.settings import Settings, get_settings
 from serving import metrics
-from serving.gateway_context import GatewayState, authenticate
+from serving.gateway_context import GatewayState, ProxyRequest, authenticate
 from serving.gateway_contracts import (
     AdmissionControl,
     Authenticator,
@@ -116,10 +119,9 @@ class GatewayApp:
         if kind is None or scope["method"] != "POST":
             await self.fastapi(scope, receive, send)
             return
-        request = Request(scope, receive)
         ctx = None
         try:
-            response, ctx = await proxy(self.gateway, request, kind)
+            response, ctx = await proxy(self.gateway, ProxyRequest(scope, receive), kind)
         except ApiError as exc:
             response = exc.response()
         except Exception:  # before the request had a usage record (auth store down, ...)
@@ -133,8 +135,11 @@ class GatewayApp:
             # The event of a non-streamed request is built here, in the same event-loop step that
             # handed the response to the kernel (uvicorn's send does not yield): the client is not
             # kept waiting for it. The emitter spools it at the end of this loop iteration.
-            if ctx is not None and ctx.after_send is not None:
-                await ctx.after_send()
+            if ctx is not None and (after_send := ctx.after_send) is not None:
+                # It holds the context (a closure or partial over it): dropped first, the request's
+                # objects form no cycle and are freed by reference counting, not by the cyclic GC.
+                ctx.after_send = None
+                await after_send()
 
 
 def create_app(
@@ -235,7 +240,10 @@ def create_app(
         return await post_usage_event(state, request)
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        refresher = getattr(request.app.state, "capacity_refresher", None)  # build_gateway's
+        if refresher is not None:
+            await refresher.refresh_if_stale()
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/health")
@@ -282,12 +290,12 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     if hasattr(authenticator, "residency"):
         authenticator.residency = residency
 
-    # the capacity gauges on /metrics, recomputed from metering every INFERMETER_CAPACITY_REFRESH_S
+    # the capacity gauges on /metrics, recomputed from metering by a scrape that finds them
+    # INFERMETER_CAPACITY_REFRESH_S old (no background task)
     refresher = CapacityRefresher(engine, settings)
 
     async def start() -> None:
         emitter.start()
-        refresher.start()
 
     async def stop() -> None:
         await refresher.aclose()
@@ -336,7 +344,8 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) 
 
     port = port or free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools",
+                       proxy_headers=False)
     )
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()

@@ -9,12 +9,16 @@ for which customer the request counts (admin and producer tokens must name one).
 from __future__ import annotations
 
 import collections
+import os
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from fastapi import Request
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 
 from infermeter.auth import AuthError, Principal, bearer_token
 from infermeter.settings import Settings
@@ -34,6 +38,37 @@ REQUEST_ID_HEADER = "x-request-id"
 # --- per-request state ---------------------------------------------------------------------
 
 
+class ProxyRequest:
+    """What the proxy routes read of a request: its headers and its body (the hot path's lighter
+    stand-in for Starlette's `Request`, whose body is an async generator over `receive`)."""
+
+    __slots__ = ("headers", "receive")
+
+    def __init__(self, scope: dict, receive: Callable[[], Awaitable[dict]]) -> None:
+        self.headers = Headers(scope=scope)
+        self.receive = receive
+
+    async def body(self) -> bytes:
+        chunks = []
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+# Request ids: 128 random bits, as uuid4's 122, from a generator seeded from the OS once per process
+# (uuid4 asks the OS for each); they name the request and its event, and are no secret.
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
+
+
+def new_request_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{_ids.getrandbits(128):032x}"
+
+
 @dataclass(slots=True)
 class RequestContext:
     request_id: str
@@ -42,6 +77,7 @@ class RequestContext:
     kind: str  # chat | completion
     route: ModelRoute  # the model asked for; after a failover, the model of the replica tried last
     body: dict
+    raw_body: bytes | None  # the body as the client sent it (forwarded as is when nothing changes)
     started_at: datetime
     started_mono: float
     task_id: str | None
@@ -84,7 +120,7 @@ class GatewayState:
 # --- auth ------------------------------------------------------------------------------------
 
 
-async def authenticate(state: GatewayState, request: Request) -> Principal:
+async def authenticate(state: GatewayState, request: Request | ProxyRequest) -> Principal:
     try:
         token = bearer_token(request.headers.get("authorization"))
         return await state.authenticator.authenticate(token)
@@ -92,7 +128,7 @@ async def authenticate(state: GatewayState, request: Request) -> Principal:
         raise ApiError(401, str(exc), type_="authentication_error", code="invalid_api_key") from None
 
 
-def acting_customer(principal: Principal, request: Request, explicit: str | None = None) -> str:
+def acting_customer(principal: Principal, request: Request | ProxyRequest, explicit: str | None = None) -> str:
     if principal.kind == "customer":
         return principal.customer_id or ""
     customer = explicit or request.headers.get(CUSTOMER_HEADER)

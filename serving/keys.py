@@ -26,12 +26,14 @@ Revocation on every gateway process: each process caches a *positive* lookup for
 working everywhere within that TTL. Key ids that do not exist or are revoked are remembered
 as refused for the same TTL (neither can become valid again); a wrong secret for a valid key
 id is never remembered, so it cannot lock the real key out. Cache misses cost one primary-key
-lookup, done in a worker thread so the event loop never blocks.
+lookup, done in a worker thread so the event loop never blocks; concurrent misses of one key share
+it, and a key in use is read again in the background shortly before its entry expires, so its
+requests do not wait for the database (serving/single_flight.py). An entry is never used past its
+expiry.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
@@ -51,6 +53,7 @@ from sqlalchemy.engine import Engine
 
 from infermeter.auth import AuthError, Principal, static_principal
 from infermeter.settings import Settings, get_settings
+from serving.single_flight import SingleFlight, due
 from serving.tables import api_keys, customer_residency
 
 KEY_PREFIX = "im_live_"
@@ -130,6 +133,7 @@ class KeyStore:
         # (admin token, producer token), read once: each read of a Settings property costs ~10 us
         # (pydantic attribute access, generated credentials), twice per request otherwise.
         self._static_tokens: tuple[str, str] | None = None
+        self._flights = SingleFlight("API keys")  # one lookup per key at a time (serving/single_flight.py)
 
     # --- administration -------------------------------------------------------------------
 
@@ -204,15 +208,20 @@ class KeyStore:
         return static_principal(token, *tokens)
 
     def _from_cache(self, key_id: str, secret: str) -> Principal | None:
+        return self._cached(key_id, secret)[0]
+
+    def _cached(self, key_id: str, secret: str) -> tuple[Principal | None, bool]:
+        """(the cached principal or None, whether its entry is due for a refresh)."""
+        now = self._clock()
         refused = self._unknown.get(key_id)
-        if refused is not None and refused[0] > self._clock():
+        if refused is not None and refused[0] > now:
             raise AuthError(refused[1])
         entry = self._cache.get(key_id)
-        if entry is None or entry.expires_at <= self._clock():
-            return None
+        if entry is None or entry.expires_at <= now:
+            return None, False
         if not hmac.compare_digest(entry.secret_sha256, _hash(secret)):
             raise AuthError("invalid API key")
-        return entry.principal
+        return entry.principal, due(entry.expires_at, self.cache_ttl_s, now)
 
     async def session_principal(self, key_id: str) -> Principal | None:
         """The principal of the key a signed-in session was opened with (the session's signed cookie
@@ -226,7 +235,7 @@ class KeyStore:
         entry = self._cache.get(key_id)
         if entry is not None and entry.expires_at > self._clock():
             return entry.principal
-        return await asyncio.to_thread(self._lookup, key_id, None)
+        return await self._flights.run((key_id, None), self._lookup, key_id, None)
 
     def _lookup(self, key_id: str, secret: str | None) -> Principal | None:
         """The principal of key `key_id` with `secret` (AuthError otherwise), cached; with `secret` None
@@ -273,13 +282,17 @@ class KeyStore:
             self._unknown[key_id] = (self._clock() + self.cache_ttl_s, reason)
 
     async def authenticate(self, token: str) -> Principal:
-        """The principal of a bearer token (admin, producer or customer key); AuthError otherwise."""
+        """The principal of a bearer token (admin, producer or customer key); AuthError otherwise.
+        A cached key near its expiry is read again in the background (serving/single_flight.py)."""
         if (principal := self._static(token)) is not None:
             return principal
         key_id, secret = parse_token(token)
-        if (principal := self._from_cache(key_id, secret)) is not None:
-            return principal
-        return await asyncio.to_thread(self._lookup, key_id, secret)
+        principal, refresh = self._cached(key_id, secret)
+        if principal is None:
+            return await self._flights.run((key_id, secret), self._lookup, key_id, secret)
+        if refresh:
+            self._flights.refresh((key_id, secret), self._lookup, key_id, secret)
+        return principal
 
     def authenticate_sync(self, token: str) -> Principal:
         if (principal := self._static(token)) is not None:

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from datetime import UTC, datetime
 
 import orjson
@@ -31,9 +30,11 @@ from serving.gateway_context import (
     TASK_HEADER,
     TIMEOUT_HEADER,
     GatewayState,
+    ProxyRequest,
     RequestContext,
     acting_customer,
     authenticate,
+    new_request_id,
 )
 from serving.gateway_contracts import Rejected
 from serving.openai_api import (
@@ -44,7 +45,7 @@ from serving.openai_api import (
     prompt_token_bound,
     upstream_error,
 )
-from serving.relay import MeteredStream, finish, finish_after_send, release, with_headers
+from serving.relay import JsonAnswer, MeteredStream, finish, finish_after_send, release, with_headers
 from serving.residency import RESIDENCY_REASON, pick_allowed, rejection
 from serving.routing import pick_in_chain, pick_replica
 from serving.task_endpoints import remember_task
@@ -56,7 +57,7 @@ log = logging.getLogger("serving.gateway")
 DEFAULT_CONTEXT_LENGTH = 8192
 
 
-def task_headers(request: Request) -> tuple[str | None, int]:
+def task_headers(request: Request | ProxyRequest) -> tuple[str | None, int]:
     task_id = request.headers.get(TASK_HEADER)
     attempt_raw = request.headers.get(ATTEMPT_HEADER)
     if task_id is not None and not (0 < len(task_id) <= 256):
@@ -72,13 +73,14 @@ def task_headers(request: Request) -> tuple[str | None, int]:
     return task_id or None, attempt
 
 
-async def proxy(state: GatewayState, request: Request, kind: str) -> tuple[Response, RequestContext]:
+async def proxy(state: GatewayState, request: ProxyRequest, kind: str) -> tuple[Response, RequestContext]:
     started_at = datetime.now(UTC)
     started_mono = time.perf_counter()
     principal = await authenticate(state, request)
     customer_id = acting_customer(principal, request)
     task_id, attempt = task_headers(request)
-    body = parse_body(await request.body(), kind)
+    raw_body = await request.body()
+    body = parse_body(raw_body, kind)
     route = state.upstreams.route(body["model"])
     if route is None:
         raise ApiError(
@@ -89,12 +91,13 @@ async def proxy(state: GatewayState, request: Request, kind: str) -> tuple[Respo
             type_="not_found_error",
         )
     ctx = RequestContext(
-        request_id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+        request_id=new_request_id(kind),
         principal=principal,
         customer_id=customer_id,
         kind=kind,
         route=route,
         body=body,
+        raw_body=raw_body,
         started_at=started_at,
         started_mono=started_mono,
         task_id=task_id,
@@ -175,13 +178,16 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
         data = data.replace(
             f'"model":"{route.upstream_model}"'.encode(), f'"model":"{route.name}"'.encode(), 1
         )
-    return with_headers(Response(data, media_type="application/json"), ctx)
+    return JsonAnswer(data, ctx)
 
 
 def upstream_payload(ctx: RequestContext, stream: bool, route: ModelRoute | None = None) -> bytes:
-    """The body sent to a replica of `route` (default: the model asked for)."""
+    """The body sent to a replica of `route` (default: the model asked for): the client's own bytes
+    when nothing in it changes (not a stream, the replica's model name the same)."""
     body = ctx.body
     route = route or ctx.route
+    if not stream and route.upstream_model == body["model"] and ctx.raw_body is not None:
+        return ctx.raw_body
     if stream:
         body = dict(body)
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}

@@ -10,8 +10,8 @@ the model, deployment and replica of the last try (the one that served, after a 
 replica was tried, `prefix_seen` / `prefix_seen_replica` from the gateway's prefix memory
 (serving/prefix_memory.py).
 
-`MeteredStream` relays vLLM's SSE stream chunk by chunk. The gateway always asks vLLM for
-`stream_options: {include_usage: true, continuous_usage_stats: true}`, so the tokens generated so
+`MeteredStream` relays vLLM's SSE stream as it arrives (the chunks of one burst in one write). The
+gateway always asks vLLM for `stream_options: {include_usage: true, continuous_usage_stats: true}`, so the tokens generated so
 far are known at every chunk, and strips from what the client sees whatever it did not ask for
 (the usage-only final chunk, the per-chunk usage). When the client disconnects mid-stream the
 upstream connection is closed (vLLM aborts the request) and the event says `cancelled` with the
@@ -56,6 +56,25 @@ def with_headers(response: Response, ctx: RequestContext) -> Response:
     for name, value in ctx.extra_headers.items():
         response.headers[name] = value
     return response
+
+
+class JsonAnswer(Response):
+    """A 200 JSON answer with the request's headers, sent as two ASGI messages: what `Response` +
+    `with_headers` send, without building header objects (the proxy's success path)."""
+
+    def __init__(self, body: bytes, ctx: RequestContext) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [
+            (b"content-length", str(len(body)).encode()), (b"content-type", b"application/json"),
+            (REQUEST_ID_HEADER.encode(), ctx.request_id.encode()),
+            *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in ctx.extra_headers.items()),
+        ]
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
 # --- finishing a request: the one event -------------------------------------------------------
@@ -194,61 +213,70 @@ class MeteredStream(Response):
         rename = ctx.route.upstream_model != ctx.route.name
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            relayed = 0
-            async for line in self.upstream.lines():
-                if not line.startswith(b"data: "):
-                    continue
-                relayed += 1
-                if relayed % YIELD_EVERY == 0:
-                    # Lines already buffered (a burst from vLLM, or this process late for the CPU) are relayed
-                    # without the event loop running, and after a client has gone the server's send returns
-                    # quietly: let the loop see a disconnect (the watcher cancels this task) now and then.
-                    await asyncio.sleep(0)
-                payload = line[6:].rstrip(b"\r\n")
-                if payload == b"[DONE]":
-                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+            since_yield = 0
+            done = False
+            # Every line that came in one burst is relayed in one send (one write to the client).
+            async for lines in self.upstream.line_batches():
+                out: list[bytes] = []
+                for line in lines:
+                    if not line.startswith(b"data: "):
+                        continue
+                    payload = line[6:].rstrip(b"\r\n")
+                    if payload == b"[DONE]":
+                        out.append(b"data: [DONE]\n\n")
+                        done = True
+                        break
+                    try:
+                        chunk = orjson.loads(payload)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if not isinstance(chunk, dict):
+                        continue
+                    if "error" in chunk:
+                        status = "error"
+                        tags["error"] = "upstream_stream_error"
+                    choices = chunk.get("choices")
+                    chunk_usage = chunk.get("usage")
+                    if chunk_usage:
+                        usage = chunk_usage
+                        if not choices:
+                            usage_final = True
+                    if choices:
+                        for choice in choices:
+                            delta = choice.get("delta")
+                            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                            if text or (
+                                isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("reasoning"))
+                            ):
+                                streamed += 1
+                                if first_token_at is None:
+                                    first_token_at = datetime.now(UTC)
+                        if chunk_usage is not None and not self.client_continuous:
+                            del chunk["usage"]
+                            payload = orjson.dumps(chunk)
+                    elif chunk_usage is not None and not self.client_usage:
+                        continue  # the usage-only final chunk the client did not ask for
+                    if rename:
+                        payload = payload.replace(
+                            b'"model":"' + upstream_model + b'"', b'"model":"' + ctx.route.name.encode() + b'"', 1
+                        )
+                    out.append(b"data: " + payload + b"\n\n")
+                    since_yield += 1
+                    if since_yield == YIELD_EVERY:
+                        # Lines already buffered (a burst from vLLM, or this process late for the CPU) are
+                        # relayed without the event loop running, and after a client has gone the server's
+                        # send returns quietly: let the loop see a disconnect (the watcher cancels this
+                        # task) now and then.
+                        await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                        out, since_yield = [], 0
+                        await asyncio.sleep(0)
+                if out:
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                if done:
                     break
-                try:
-                    chunk = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    continue
-                if not isinstance(chunk, dict):
-                    continue
-                if "error" in chunk:
-                    status = "error"
-                    tags["error"] = "upstream_stream_error"
-                choices = chunk.get("choices")
-                chunk_usage = chunk.get("usage")
-                if chunk_usage:
-                    usage = chunk_usage
-                    if not choices:
-                        usage_final = True
-                if choices:
-                    for choice in choices:
-                        delta = choice.get("delta")
-                        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                        if text or (
-                            isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("reasoning"))
-                        ):
-                            streamed += 1
-                            if first_token_at is None:
-                                first_token_at = datetime.now(UTC)
-                    if chunk_usage is not None and not self.client_continuous:
-                        del chunk["usage"]
-                        payload = orjson.dumps(chunk)
-                elif chunk_usage is not None and not self.client_usage:
-                    continue  # the usage-only final chunk the client did not ask for
-                if rename:
-                    payload = payload.replace(
-                        b'"model":"' + upstream_model + b'"', b'"model":"' + ctx.route.name.encode() + b'"', 1
-                    )
-                await send(
-                    {"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": True}
-                )
-            else:
-                if status == "ok":  # the upstream closed without [DONE]
-                    status = "error"
-                    tags["error"] = "upstream_stream_truncated"
+            if not done and status == "ok":  # the upstream closed without [DONE]
+                status = "error"
+                tags["error"] = "upstream_stream_truncated"
             streaming = False
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:

@@ -31,7 +31,6 @@ regions, on the first try, on failover and on the fallback models alike:
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,6 +42,7 @@ from sqlalchemy.engine import Engine
 
 from serving.openai_api import ApiError
 from serving.routing import pick_replica
+from serving.single_flight import SingleFlight
 from serving.tables import customer_residency
 from serving.upstreams import ModelRoute, Replica, parse_regions, unknown_regions_error
 
@@ -126,6 +126,7 @@ class ResidencyCache:
         self._regions: dict[str, tuple[float, frozenset[str] | None]] = {}
         self._excluded: dict[tuple[str, frozenset[str]], frozenset[str] | None] = {}
         self._lock = threading.Lock()
+        self._flights = SingleFlight("customer regions")  # one read per customer at a time
 
     def prime(self, customer_id: str, regions: Iterable[str] | None) -> None:
         """Remember a customer's regions read elsewhere (the API-key lookup)."""
@@ -151,7 +152,7 @@ class ResidencyCache:
         entry = self._regions.get(customer_id)
         if entry is not None and entry[0] > self._clock():
             return entry[1]
-        return await asyncio.to_thread(self._load, customer_id)
+        return await self._flights.run(customer_id, self._load, customer_id)
 
     async def excluded(self, customer_id: str, route: ModelRoute) -> frozenset[str] | None:
         """Replica ids of `route`'s chain outside the customer's regions; None: nothing excluded."""

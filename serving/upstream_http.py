@@ -6,15 +6,15 @@
     data = await response.read()            # the whole body (chunked transfer decoded)
     await response.first_data()             # or: wait for its first piece (a stream's first chunk)
     async for line in response.lines(): ... # or line by line as it arrives (SSE)
+    async for lines in response.line_batches(): ...  # or every complete line in at once (a burst: one list)
     response.release()                      # back to the pool once the body is read
     response.close()                        # drop the connection (vLLM aborts the request)
     await pool.close()
 
-Why not aiohttp's client (the gateway used it before): on this machine aiohttp's request path
-(ClientRequest, connector, tracing, cookie jar, ClientResponse) added 0.3-0.45 ms per request at
-200 req/s to a bare uvicorn pass-through, against ~0.05 ms for this module (docs/benchmarks.md,
-"Gateway overhead"). The gateway needs none of what that buys: it only ever sends a JSON body to a
-known replica and reads a JSON body or an SSE stream back. The HTTP parsing is httptools (llhttp,
+Why not aiohttp's client (the gateway used it before): its request path (ClientRequest, connector,
+tracing, cookie jar, ClientResponse) cost several times this module's per request
+(docs/benchmarks.md, "Gateway overhead"), and the gateway needs none of what that buys: it only
+ever sends a JSON body to a known replica and reads a JSON body or an SSE stream back. The HTTP parsing is httptools (llhttp,
 the parser uvicorn serves with), chunked transfer decoding included; this module only pools
 connections, writes requests and hands the body over.
 
@@ -48,6 +48,21 @@ _LOW_WATER = 64 * 1024
 
 class UpstreamError(Exception):
     """Any failure talking to an upstream replica."""
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+async def _within(waiter: asyncio.Future, timeout_s: float) -> None:
+    """Wait for `waiter`, TimeoutError after `timeout_s`: one timer handle, cheaper on every read
+    of a stream than `asyncio.timeout` (a context object, the current task, a reschedule)."""
+    timer = waiter.get_loop().call_later(timeout_s, _expire, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
 
 
 class UpstreamConnectError(UpstreamError):
@@ -107,21 +122,29 @@ class UpstreamResponse:
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The body line by line, each with its b"\\n" (a last unterminated line as it is)."""
+        async for batch in self.line_batches():
+            for line in batch:
+                yield line
+
+    async def line_batches(self) -> AsyncIterator[list[bytes]]:
+        """The body as lists of lines: each list holds every complete line buffered when it was taken
+        (what the replica sent in a burst), each line with its b"\\n"; a last unterminated line
+        comes alone, as it is."""
         start = 0
         while True:
-            end = self._buffer.find(b"\n", start)
+            end = self._buffer.rfind(b"\n", start)
             if end >= 0:
-                line = bytes(self._buffer[: end + 1])
+                pieces = bytes(self._buffer[: end + 1]).split(b"\n")
                 del self._buffer[: end + 1]
                 start = 0
                 self._maybe_resume()
-                yield line
+                yield [piece + b"\n" for piece in pieces[:-1]]
                 continue
             if self.complete:
                 if self._buffer:
                     line = bytes(self._buffer)
                     self._buffer.clear()
-                    yield line
+                    yield [line]
                 return
             start = len(self._buffer)
             await self._wait()
@@ -130,10 +153,9 @@ class UpstreamResponse:
         if self.error is not None:
             raise self.error
         self._maybe_resume()
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._connection.loop.create_future()
         try:
-            async with asyncio.timeout(self._read_timeout_s):
-                await self._waiter
+            await _within(self._waiter, self._read_timeout_s)
         finally:
             self._waiter = None
         if self.error is not None:
@@ -175,9 +197,10 @@ class UpstreamResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to a replica; serves one request at a time."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple) -> None:
+    def __init__(self, pool: UpstreamPool, key: tuple, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.key = key
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
@@ -322,10 +345,9 @@ class UpstreamPool:
     async def _exchange(self, connection: _Connection, raw: bytes, timeout: float) -> UpstreamResponse:
         response = UpstreamResponse(connection, timeout)
         connection.response = response
-        connection.headers_ready = asyncio.get_running_loop().create_future()
+        connection.headers_ready = ready = connection.loop.create_future()
         connection.transport.write(raw)
-        async with asyncio.timeout(timeout):
-            await connection.headers_ready
+        await _within(ready, timeout)
         return response
 
     def _target(self, url: str) -> tuple[tuple, str, str]:
@@ -362,7 +384,7 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _transport, connection = await loop.create_connection(
-                    lambda: _Connection(self, key), host, port, ssl=ssl_context
+                    lambda: _Connection(self, key, loop), host, port, ssl=ssl_context
                 )
         except TimeoutError:
             raise UpstreamConnectError(

@@ -15,7 +15,8 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 # What serving may import of metering; every other metering module must be in the serving contract.
 METERING_PUBLIC = {"metering.contract", "metering.queries", "metering.ops_reads", "metering.event_lookups", "metering.kafka",
-                   "metering.kafka_types", "metering.kafka_backends", "metering.outbox", "metering.schemas"}
+                   "metering.kafka_types", "metering.kafka_backends", "metering.schemas", "metering.spool",
+                   "metering.publisher", "metering.confirmer"}
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:

@@ -27,6 +27,12 @@ def test_demo_replays_the_trace_and_everything_reconciles():
     risk = summary["pricing"]["books"][0]["risk"]
     assert risk["bucket"] == "day" and len(risk["buckets"]) == 30
     assert (home / "demo" / "pricing.html").stat().st_size > 10_000
+    advice = summary["pricing"]["recommendation"]  # the pricing step ends with the price recommendation
+    assert [b["id"] for b in advice["books"]] == [b["id"] for b in summary["pricing"]["books"]]
+    for book in advice["books"]:
+        assert book["before"]["margin"] == next(b["margin"] for b in summary["pricing"]["books"] if b["id"] == book["id"])
+        assert float(book["after"]["margin_pct"]) >= 25 and float(book["after"]["loss_probability"]) <= 0.05
+    assert (home / "demo" / "recommend.html").stat().st_size > 10_000
     billing = summary["billing"]
     assert billing["period"] == "2026-11" and billing["reconcile_ok"] is True and billing["unbilled"] == []
     assert billing["invoices"] == billing["finalized"] > 0 and 0 < float(billing["credits_applied"]) <= 10

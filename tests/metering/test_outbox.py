@@ -3,18 +3,23 @@ atomic, timed-out rows go again, and a lost broker costs nothing."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
 
 import psycopg
+import pytest
 
 from infermeter.stack import free_port, start_tansu, to_libpq_url
+from metering.confirmer import MeteringConfirmer
 from metering.consumer import MeteringConsumer, run_in_thread
 from metering.event_lookups import handled_event_keys
 from metering.kafka import ensure_topics, make_producer
-from metering.outbox import INGEST_ID_HEADER, MeteringConfirmer, Outbox, Spool, event_identity
+from metering.kafka_types import DeliveryFailed
 from metering.processor import INGEST_ID_HEADER as PROCESSOR_INGEST_ID_HEADER
+from metering.publisher import INGEST_ID_HEADER, Outbox
+from metering.spool import NO_IDENTITY, Intake, Spool, event_identity, intake_depth
 from tests.metering.conftest import request_event
 
 
@@ -86,6 +91,45 @@ def test_a_spool_that_leaves_checkpoints_to_its_publisher_never_checkpoints_on_a
     assert sizes["auto"] > 1_000_000 and sizes["publisher"] < 100_000
 
 
+def _abandon(intake: Intake) -> None:
+    """What `kill -9` leaves of an intake: its files as they are, its lock released by the kernel."""
+    for descriptor in (intake._fd, intake._reader, intake._lock_file):
+        os.close(descriptor)
+
+
+def test_an_intake_left_by_a_killed_process_is_moved_once_and_a_torn_last_frame_dropped(tmp_path):
+    spool = Spool(tmp_path / "g.sqlite3")
+    intake = Intake(spool, rotate_bytes=2048)
+    events = [(b"cust", b'{"n": %d}' % i, ("//s", f"e{i}")) for i in range(100)]
+    for event in events[:60]:
+        intake.append([event])
+    assert (intake.pending(), spool.depth(), intake_depth(spool.path)) == (60, 0, 60)
+    assert intake.move() == 60 and intake.pending() == 0  # past 2,048 bytes: a new file from here on
+    assert [p.name for p in tmp_path.glob("g.sqlite3.intake-*")] == ["g.sqlite3.intake-2"]
+    intake.append(events[60:80])
+    intake.append([(None, b"no key, no identity", None), (b"", b"empty key, none to name", NO_IDENTITY)])
+    _abandon(intake)
+    [left] = tmp_path.glob("g.sqlite3.intake-*")
+    left.write_bytes(left.read_bytes() + b"\x30\x00\x00\x00 a write cut short")
+    assert intake_depth(spool.path) == 22
+
+    again = Intake(spool)  # the next start: moves the 22 whole events, drops the torn one, new file
+    assert again.pending() == 0 and spool.depth() == 82
+    assert [p.name for p in tmp_path.glob("g.sqlite3.intake-*")] == ["g.sqlite3.intake-3"]
+    rows = spool.peek(200)
+    assert [row.value for row in rows[:80]] == [event[1] for event in events[:80]]
+    assert [row.identity for row in rows[:80]] == [event[2] for event in events[:80]]
+    assert [(row.key, row.value, row.identity) for row in rows[80:]] == [
+        (None, b"no key, no identity", None), (b"", b"empty key, none to name", None)]
+    with pytest.raises(RuntimeError, match="in use by another process"):
+        Intake(spool)
+    again.append(events[80:])
+    again.close()  # a clean stop moves the rest
+    assert spool.depth() == 102 and intake_depth(spool.path) == 0
+    Intake(spool).close()  # and a start after it finds nothing twice
+    assert spool.depth() == 102
+
+
 def test_event_identity():
     assert event_identity(b'{"source": "//s", "id": "e1", "data": {"x": [1, 2]}}') == ("//s", "e1")
     assert event_identity(b'{"source": "//s", "id": 7}') is None
@@ -115,6 +159,53 @@ class AckingProducer:
 
     def close(self, timeout_s: float = 5) -> None:
         pass
+
+
+class RefusingOnceProducer(AckingProducer):
+    """Refuses the first delivery of each value starting with b"refuse", acknowledges the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: set[bytes] = set()
+
+    def produce(self, topic, value, key=None, headers=None, on_delivery=None) -> None:
+        if value.startswith(b"refuse") and value not in self.refused:
+            self.refused.add(value)
+            self.sent.append(value)
+            self.queued.append(lambda _err, _msg, report=on_delivery: report(DeliveryFailed("broker said no"), None))
+            return
+        super().produce(topic, value, key, headers, on_delivery)
+
+
+def _rows_ever_inserted(spool: Spool) -> int:
+    with sqlite3.connect(spool.path) as conn:
+        found = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'spooled_events'").fetchone()
+    return 0 if found is None else found[0]
+
+
+def test_broker_ack_publishes_straight_from_the_intake_and_spools_only_what_failed(tmp_path):
+    """The emitter's setup (an intake, broker ack): acknowledged events never become spool rows; a
+    refused one goes into the spool and is published from there in a later round."""
+    spool = Spool(tmp_path / "d.sqlite3", checkpoints="publisher")
+    intake = Intake(spool)
+    producer = RefusingOnceProducer()
+    outbox = Outbox(spool, topic="t", bootstrap="b:1", producer_factory=lambda _b: producer, ack="broker",
+                    intake=intake, linger_s=0.05, idle_wait_s=5.0)
+    outbox.start()
+    try:
+        intake.append([(b"k", b"ok %d" % n, ("//s", f"a{n}")) for n in range(40)])
+        outbox.wake()
+        assert outbox.wait_drained(10)
+        assert _rows_ever_inserted(spool) == 0 and len(producer.sent) == 40
+        intake.append([(b"k", b"ok 40", ("//s", "a40")), (b"k", b"refuse 41", ("//s", "a41"))])
+        outbox.wake()  # woken by the append (the idle wait is 5 s): published within the linger
+        assert outbox.wait_drained(10), outbox.last_error
+        assert _rows_ever_inserted(spool) == 1  # the refused one, published from the spool the next time
+        assert sorted(producer.sent[40:]) == [b"ok 40", b"refuse 41", b"refuse 41"]
+    finally:
+        outbox.close()
+        intake.close()
+        spool.close()
 
 
 def test_metered_rows_stay_until_confirmed_and_go_again_after_the_timeout(tmp_path):

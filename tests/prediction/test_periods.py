@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from prediction.periods import (
-    day_draws,
     forecast_platform,
     forecast_spend,
     observed_days,
@@ -14,6 +13,7 @@ from prediction.periods import (
     runs_out,
 )
 from pricing.book import parse_price_book
+from pricing.bootstrap import day_draws
 from pricing.usage import UsageKey
 
 START, END = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)  # Nov 1 is a Sunday

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -68,6 +70,30 @@ def test_customer_without_budget_is_admitted_without_a_reservation(engine, budge
     assert isinstance(result, Admitted) and not result.limited
     assert ctl.settle_sync("r1", input_tokens=5, cached_input_tokens=0, output_tokens=5,
                            event_source="s", event_id="r1") is None
+
+
+def test_a_customer_without_limits_in_use_is_checked_again_before_its_entry_expires(engine, budget_settings):
+    """Known to have no budget: admitted from memory. In the last quarter of the entry's lifetime the
+    request is still admitted from memory and the check runs again in the background; a budget set
+    meanwhile is found by it, and the next request takes a reservation."""
+    ctl = controller(engine, budget_settings)
+    assert not admit(ctl, "later-limited", "r1").limited  # now known to have no budget row
+    set_budget(engine, "later-limited", monthly_cap=Decimal("10"))
+    ttl = budget_settings.budget_config_ttl_s
+    ctl._unlimited["later-limited"] = time.monotonic() + ttl * 0.1  # due for the background check
+
+    async def near_expiry() -> Admitted:
+        result = await ctl.admit("later-limited", model="tiny", request_id="r2", prompt_tokens=PROMPT,
+                                 max_tokens=MAX_TOKENS)
+        for _ in range(500):
+            if "later-limited" not in ctl._unlimited:
+                break
+            await asyncio.sleep(0.01)
+        return result
+
+    assert not asyncio.run(near_expiry()).limited  # within the TTL: still from memory
+    assert "later-limited" not in ctl._unlimited  # the background check found the budget
+    assert admit(ctl, "later-limited", "r3").limited
 
 
 def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_case(engine, other_engine, budget_settings):

@@ -14,7 +14,7 @@ from infermeter.settings import Settings
 from infermeter.stack import free_port, start_tansu
 from metering.contract import encode_event
 from metering.kafka import ensure_topics
-from metering.outbox import Spool
+from metering.spool import Spool, intake_depth
 from serving import metrics
 from serving.emitter import Emitter
 from tests.serving_control.emit_child import request_event
@@ -49,34 +49,42 @@ def test_events_reach_the_topic_exactly_as_emitted(settings, kafka_bootstrap, tm
     assert all(key == orjson_subject(value) for key, value in records)
 
 
-def test_events_emitted_in_one_loop_iteration_are_spooled_in_one_transaction(
+def spooled(path: Path) -> int:
+    """What a restart of the emitter of spool `path` would find: its rows and its intake's events."""
+    spool = Spool(path)
+    try:
+        return spool.depth() + intake_depth(path)
+    finally:
+        spool.close()
+
+
+def test_events_emitted_in_one_loop_iteration_are_spooled_in_one_append(
     settings, kafka_bootstrap, tmp_path, monkeypatch
 ):
     """The gateway's request events (`emit_batched` on its event loop): the events of one iteration
-    are appended together, in one transaction, before the loop runs anything scheduled after
-    them; the publisher sees each."""
+    are appended together, in one write, before the loop runs anything scheduled after them; the
+    publisher sees each."""
     ensure_topics(kafka_bootstrap, settings)
     events = [request_event(i) for i in range(5)]
     emitter = Emitter(tmp_path / "spool", kafka_bootstrap, settings, name="loop")
-    transactions: list[int] = []
-    append_many = emitter.spool.append_many
-    monkeypatch.setattr(emitter.spool, "append_many", lambda items: transactions.append(len(items)) or append_many(items))
-    watch = Spool(tmp_path / "spool" / "loop.sqlite3")  # another connection: what a restart would find
+    appends: list[int] = []
+    append = emitter.intake.append
+    monkeypatch.setattr(emitter.intake, "append", lambda items: appends.append(len(items)) or append(items))
+    path = tmp_path / "spool" / "loop.sqlite3"
 
     async def requests_finishing_in_one_iteration() -> tuple[int, int]:
         for event in events:
             emitter.emit_batched(event)
-        gathered = watch.depth()
+        gathered = spooled(path)
         await asyncio.sleep(0)  # anything scheduled from here on runs after the append
-        return gathered, watch.depth()
+        return gathered, spooled(path)
 
     assert asyncio.run(requests_finishing_in_one_iteration()) == (0, 5)
-    assert transactions == [5]
+    assert appends == [5]
     with emitter:
         assert emitter.wait_drained(30), emitter.last_error
     records = read_events(kafka_bootstrap, settings.events_topic, len(events))
     assert sorted(v for _, v in records) == sorted(encode_event(e) for e in events)
-    watch.close()
 
 
 def test_close_spools_what_the_loop_gathered(settings, tmp_path):
@@ -136,19 +144,19 @@ def test_kill_9_loses_nothing_already_emitted(settings, kafka_bootstrap, tmp_pat
     spool_dir = tmp_path / "spool"
     # 1. a gateway emits 3000 events with the broker up and is killed while still publishing
     child = _child(spool_dir, kafka_bootstrap, settings, "gw", 0, 3000)
-    watch = Spool(spool_dir / "gw.sqlite3")
+    path = spool_dir / "gw.sqlite3"
     deadline = time.monotonic() + 10
-    while watch.depth() == 3000 and time.monotonic() < deadline:  # kill once publishing has begun
+    while spooled(path) == 3000 and time.monotonic() < deadline:  # kill once publishing has begun
         time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    left_after_first = Spool(spool_dir / "gw.sqlite3").depth()
+    left_after_first = spooled(path)
     # 2. it restarts with Kafka unreachable, emits 500 more and is killed again: all 500 spooled
     child = _child(spool_dir, f"127.0.0.1:{free_port()}", settings, "gw", 3000, 500)
     time.sleep(0.3)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    assert Spool(spool_dir / "gw.sqlite3").depth() == left_after_first + 500
+    assert spooled(path) == left_after_first + 500
     # 3. restarted with the broker: the spool is replayed; every event is on the topic
     with Emitter(spool_dir, kafka_bootstrap, settings, name="gw") as emitter:
         assert emitter.wait_drained(60), emitter.last_error

@@ -148,3 +148,44 @@ def test_a_sessions_key_comes_from_the_verified_key_cache_and_revocation_ends_it
     assert web.revoke(other_id)
     assert asyncio.run(web.session_principal(other_id)) is None  # the revoking process: at once
     assert asyncio.run(web.session_principal("0" * 16)) is None  # no such key
+
+
+def test_misses_of_one_key_share_a_lookup_and_a_key_in_use_is_read_again_before_it_expires(engine, settings):
+    """Ten concurrent requests with an uncached key: one database read. A request in the last
+    quarter of the entry's lifetime is answered from the cache and the key is read again in the
+    background; a revocation found that way ends the key at once; an expired entry is never used."""
+    now = [100.0]
+    store = KeyStore(engine, settings, cache_ttl_s=2.0, clock=lambda: now[0])
+    key_id, token = store.create("cust-a")
+    lookups: list[tuple] = []
+    real = store._lookup
+    store._lookup = lambda *a: lookups.append(a) or real(*a)  # type: ignore[method-assign]
+
+    async def burst() -> list:
+        return await asyncio.gather(*(store.authenticate(token) for _ in range(10)))
+
+    async def background_lookups(count: int) -> None:
+        while len(lookups) < count or store._flights._flights:
+            await asyncio.sleep(0.01)
+
+    assert {p.customer_id for p in asyncio.run(burst())} == {"cust-a"} and len(lookups) == 1
+    now[0] = 101.4  # 0.6 s left of 2: cached, not due
+    asyncio.run(store.authenticate(token))
+    assert len(lookups) == 1
+
+    async def near_expiry_then(count: int) -> None:
+        assert (await store.authenticate(token)).customer_id == "cust-a"  # answered from the cache
+        await asyncio.wait_for(background_lookups(count), 10)
+
+    now[0] = 101.6  # 0.4 s left: due
+    asyncio.run(near_expiry_then(2))
+    assert len(lookups) == 2 and store._cache[key_id].expires_at == 103.6  # read again: 2 s from now
+    now[0] = 103.7  # expired: never used, read (one lookup for the burst)
+    assert {p.customer_id for p in asyncio.run(burst())} == {"cust-a"} and len(lookups) == 3
+    assert KeyStore(engine, settings).revoke(key_id)  # another process revokes it
+
+    now[0] = 105.5  # due again: still answered from the cache (within the TTL), and the read finds it revoked
+    asyncio.run(near_expiry_then(4))
+    with pytest.raises(AuthError, match="revoked"):
+        asyncio.run(store.authenticate(token))  # at once, before the entry's own expiry (105.7)
+    assert len(lookups) == 4

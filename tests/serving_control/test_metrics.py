@@ -40,3 +40,30 @@ def test_every_documented_name_is_registered():
     documented = [line.split("|")[1].strip() for line in metrics.__doc__.splitlines() if line.startswith("| infermeter_")]
     for name in documented:
         assert name.removesuffix("_total") in names, name
+
+
+def test_a_scrape_recomputes_the_capacity_gauges_at_most_once_a_period(settings):
+    """The gateway runs nothing in the background for the capacity gauges: /metrics recomputes them
+    when they are a period old (serving/capacity_service.py), and not again within the period."""
+    from fastapi.testclient import TestClient
+
+    from serving.capacity_service import CapacityRefresher
+    from serving.gateway import create_app
+    from serving.upstreams import single_upstream
+
+    class Counted(CapacityRefresher):
+        def refresh_once(self) -> list[dict]:
+            self.rounds += 1
+            return []
+
+    app = create_app(settings, upstreams=single_upstream("m", "http://127.0.0.1:9"))
+    refreshers = {
+        "hourly": Counted(object(), settings.model_copy(update={"capacity_refresh_s": 3600})),
+        "off": Counted(object(), settings.model_copy(update={"capacity_refresh_s": 0})),
+    }
+    with TestClient(app) as client:
+        for refresher in refreshers.values():
+            app.state.capacity_refresher = refresher
+            for _ in range(3):
+                assert client.get("/metrics").status_code == 200
+    assert refreshers["hourly"].rounds == 1 and refreshers["off"].rounds == 0
