@@ -7,7 +7,6 @@ runs as planned.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -16,6 +15,7 @@ import psycopg
 
 from alerts import delivery
 from alerts.evaluate import default_thresholds, evaluate
+from infermeter.periodic import Periodic
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from infermeter.times import utc_now
@@ -23,9 +23,12 @@ from infermeter.times import utc_now
 log = logging.getLogger(__name__)
 
 
-class AlertSchedule:
+class AlertSchedule(Periodic):
+    thread_name = "alerts"
+
     def __init__(self, settings: Settings, database_url: str, *, clock: Callable[[], datetime] = utc_now,
                  budgets_factory: Callable[[], object] | None = None, cost_model=None) -> None:
+        super().__init__()
         self.settings = settings
         self.interval_s = settings.alert_interval_s
         self.database_url = database_url
@@ -34,9 +37,7 @@ class AlertSchedule:
         self.clock = clock
         self.budgets_factory = budgets_factory or self._serving_budgets
         self.cost_model = cost_model
-        self.stop_event = threading.Event()
         self.rounds = 0
-        self._thread: threading.Thread | None = None
 
     def _serving_budgets(self):
         from prediction_service.budgets import ServingBudgets
@@ -99,13 +100,3 @@ class AlertSchedule:
             until_round = next_round - time.monotonic()
             self.stop_event.wait(max(0.05, until_round if due is None else min(due, until_round)))
 
-    def start(self) -> AlertSchedule:
-        if self.interval_s > 0:
-            self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self.stop_event.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)

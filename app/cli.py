@@ -165,7 +165,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
                 if serving_stack is not None:  # before the broker stops: the gateway's last events go out
                     serving_stack.stop()
                 if retention is not None:  # stops between two batches of a file: the month stays whole
-                    retention.close()
+                    retention.stop()
                 for replayer in replayers:  # unconfirmed events stay spooled for the next up
                     replayer.close(2.0)
                     replayer.spool.close()

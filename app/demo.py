@@ -359,9 +359,9 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
             from metering.publisher import ack_mode
 
             run_settings = run_settings.model_copy(update={"ack": ack_mode(settings)})
-            app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)
-            if pricing:  # the month was billed as of BILLING_AS_OF: the pages show billing figures as of then
-                app.state.billing_clock = demo_billing_clock
+            # the month was billed as of BILLING_AS_OF: the pages show billing figures as of then
+            app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap,
+                             billing_clock=demo_billing_clock if pricing else None)
             serve_http(app, host=bind, port=port or settings.api_port, log_level="warning")
         return summary
 

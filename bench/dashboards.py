@@ -250,9 +250,8 @@ def main() -> None:
         settings = Settings(INFERMETER_HOME=folder / "home", DATABASE_URL=url,
                             INFERMETER_ADMIN_TOKEN="bench-admin-token-0123456789",
                             INFERMETER_PRODUCER_TOKEN="bench-producer-token-0123456789")
-        app = create_app(settings, url, None)
         store = KeyStore(get_engine(url), settings=settings)
-        app.state.keys = store
+        app = create_app(settings, url, None, keys=store)
         _, key = store.create(CUSTOMER)
         load_at_start = os.getloadavg()
         results = {name: (percentiles(e), percentiles(h), percentiles(b))

@@ -22,28 +22,18 @@ writes nothing. Mount with `app.include_router(billing_service.api.router)`; it 
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from billing_service.store import UnknownCustomer, UnknownInvoice
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, error_responses, scope
-from infermeter.times import utc_now
+from infermeter.http import Now, PrincipalDep, error, error_responses, scope
 
 router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
-
-
-def now() -> datetime:
-    """The instant a request's command acts at (a dependency: tests override it)."""
-    return utc_now()
-
-
-Now = Annotated[datetime, Depends(now)]
 
 
 def _admin(principal: Principal) -> None:

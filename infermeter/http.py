@@ -8,6 +8,7 @@ those answers in the OpenAPI document with `error_responses(...)` (the shape is 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
@@ -16,6 +17,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 
 from infermeter.auth import AuthError, Forbidden, Principal, bearer_token
+from infermeter.times import utc_now
 
 
 class ErrorDetail(BaseModel):
@@ -78,6 +80,16 @@ async def get_principal(request: Request, _declared: Annotated[Any, Depends(_bea
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def now(request: Request) -> datetime:
+    """The instant a request acts at, every router's one clock: the app's `clock` (`app.state.clock`,
+    what `create_app(clock=...)` is given; the demo and the tests give one), else the current time."""
+    clock = getattr(request.app.state, "clock", None)
+    return clock() if clock is not None else utc_now()
+
+
+Now = Annotated[datetime, Depends(now)]
 
 
 def scope(principal: Principal, customer_id: str | None) -> str | None:

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from infermeter.periodic import Periodic
 from infermeter.settings import Settings
 from infermeter.times import add_months, month_start
 from metering.processor import oldest_retained_month
@@ -296,20 +296,19 @@ def archived_lines(path: Path) -> Iterator[tuple[int, bytes]]:
             yield number, payload.encode()
 
 
-class RetentionJob:
+class RetentionJob(Periodic):
     """`infermeter up`'s retirement of storage: at start, then every `interval_s`, archives and drops
     the months before the oldest retained one (by `clock`), and reports what it did."""
 
     def __init__(self, dsn: str, *, retention_months: int, directory: Path, interval_s: float, clock=None,
                  report: Callable[[str], None] | None = None) -> None:
+        super().__init__()
         self.dsn = dsn
         self.retention_months = retention_months
         self.directory = directory
         self.interval_s = interval_s
         self.clock = clock or (lambda: datetime.now(UTC))
         self.report = report or log.info
-        self.stop_event = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def run_once(self, *, say_idle: bool = False) -> list[ArchivedMonth]:
         """One pass; reports each month archived, a failure, and with `say_idle` also that there was
@@ -335,20 +334,12 @@ class RetentionJob:
                         f"{self.interval_s / 3600:g} h")
         return done
 
-    def start(self) -> RetentionJob:
-        def loop() -> None:
-            self.run_once(say_idle=True)
-            while not self.stop_event.wait(self.interval_s):
-                self.run_once()
+    thread_name = "metering-retention"
 
-        self._thread = threading.Thread(target=loop, name="metering-retention", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        self.stop_event.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def _run(self) -> None:
+        self.run_once(say_idle=True)
+        while not self.stop_event.wait(self.interval_s):
+            self.run_once()
 
 
 __all__ = ["archive_before", "archive_month", "archived_lines", "archive_dir", "archive_file", "parse_month",

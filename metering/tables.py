@@ -149,7 +149,7 @@ task_outcomes = Table(
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
     Column("failure_cause", Text),  # the outcome's failure_cause (migration 0008), NULL when not given
-    # What this task adds to task_period_totals now (migration 0017): the period its outcome counted in,
+    # What this task adds to task_period_totals now (migration 0018): the period its outcome counted in,
     # that outcome and its attempts then; NULL/0 until counted. A later outcome or attempt changes what
     # it adds: the writer applies the difference in the same transaction (metering.period_totals).
     timestamp_column("counted_period"),
@@ -219,7 +219,7 @@ gpu_ledger_hourly = Table(
     ),
 )
 
-# --- billing periods as data, and the period totals kept at ingest (migration 0017) ---------------
+# --- billing periods as data, and the period totals kept at ingest (migration 0018) ---------------
 # metering imports no billing code: billing hands each customer's schedule and the schedule's periods
 # over through metering.calendars.set_calendar. A customer without a row is kept by UTC calendar month.
 

@@ -9,19 +9,18 @@ Errors answer `{"error": {"message", "code"}}`: 400 invalid_request (bad JSON, a
 out of range), 404 unknown_customer / unknown_model (and another customer's id given with a customer
 key: not_found), 409 no_plan or not_fitted (no predictors fitted yet). Mount with
 `app.include_router(prediction_service.api.router)`; it reads `request.app.state.pool`. The clock is
-`clock()`.
+`infermeter.http.now` (a dependency).
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.http import Now, PrincipalDep, error, error_responses, scope
 
 router = APIRouter(tags=["predictions"])
 
@@ -36,10 +35,6 @@ QUOTE_BODY = {"requestBody": {"required": True, "content": {"application/json": 
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
         "customer_id": {"type": "string", "minLength": 1, "description": "admin only; customers quote themselves"},
     }}, "example": _QUOTE_EXAMPLE}}}}
-
-
-def clock() -> datetime:
-    return datetime.now(UTC)
 
 
 async def _call(request: Request, work) -> Any:
@@ -58,7 +53,7 @@ async def _call(request: Request, work) -> Any:
 
 
 @router.post("/v1/quotes", responses=error_responses(400, 401, 403, 404, 409), openapi_extra=QUOTE_BODY)
-async def post_quote(request: Request, principal: PrincipalDep) -> dict[str, Any]:
+async def post_quote(request: Request, principal: PrincipalDep, at: Now) -> dict[str, Any]:
     """Expected cost of a request and of a successful task under the customer's price book, 80% interval."""
     from prediction_service.quotes import quote
 
@@ -82,7 +77,6 @@ async def post_quote(request: Request, principal: PrincipalDep) -> dict[str, Any
     customer = scope(principal, requested)
     if customer is None:
         raise error(400, "customer_id is required with the admin token", "invalid_request")
-    at = clock()
     return await _call(request, lambda conn: quote(conn, customer, body["model"], body["prompt_tokens"], at=at,
                                                    task_steps=body.get("task_steps"),
                                                    max_tokens=body.get("max_tokens")))

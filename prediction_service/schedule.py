@@ -7,12 +7,12 @@ The first fit runs at start-up; a failed fit is logged and the next one runs at 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 
+from infermeter.periodic import Periodic
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from infermeter.times import floor_hour
@@ -27,15 +27,16 @@ def default_window(now: datetime, days: int) -> tuple[datetime, datetime]:
     return end - timedelta(days=days), end
 
 
-class RefitSchedule:
+class RefitSchedule(Periodic):
+    thread_name = "predict-refit"
+
     def __init__(self, settings: Settings, database_url: str, *, clock: Callable[[], datetime] | None = None) -> None:
+        super().__init__()
         self.interval_s = settings.predict_refit_interval_s
         self.window_days = settings.predict_window_days
         self.database_url = database_url
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.stop_event = threading.Event()
         self.fits = 0
-        self._thread: threading.Thread | None = None
 
     def fit_once(self) -> store.FitInfo | None:
         now = self.clock()
@@ -55,13 +56,3 @@ class RefitSchedule:
             self.fit_once()
             self.stop_event.wait(self.interval_s)
 
-    def start(self) -> RefitSchedule:
-        if self.interval_s > 0:
-            self._thread = threading.Thread(target=self._run, name="predict-refit", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self.stop_event.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)

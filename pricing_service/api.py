@@ -4,30 +4,23 @@ Mount with `app.include_router(pricing_service.api.router)`. Reads `request.app.
 (INFERMETER_PRICING_BOOKS, INFERMETER_PRICING_COST_MODEL) and `request.app.state.pool` (the psycopg
 ConnectionPool the app puts there, app.api.create_app).
 Admin: every customer, or `?customer_id=`; a customer API key: only itself (asking for another
-customer answers 404). The period ends at the `now` dependency (the current time; tests override it).
+customer answers 404). The period ends at `infermeter.http.now` (the current time; a dependency the tests override).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from infermeter.http import PrincipalDep, error, error_responses, scope
-from infermeter.times import utc_now
+from infermeter.http import Now, PrincipalDep, error, error_responses, scope
 from pricing.book import PriceBookError
 from pricing.cost import CostModelError
 from pricing_service.books import book_paths, read_cost_model, read_price_book
 from pricing_service.shadow import shadow_rating_on
 
 router = APIRouter(tags=["pricing"], responses=error_responses(400, 401, 403, 404))
-
-
-def now() -> datetime:
-    """The instant the running period ends at (a dependency: tests override it)."""
-    return utc_now()
 
 
 def candidate_books(settings) -> list:
@@ -38,7 +31,7 @@ def candidate_books(settings) -> list:
 async def get_shadow(
     request: Request,
     principal: PrincipalDep,
-    as_of: Annotated[datetime, Depends(now)],
+    as_of: Now,
     customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
 ) -> dict[str, Any]:
     customer = scope(principal, customer_id)

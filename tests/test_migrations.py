@@ -109,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -191,16 +191,16 @@ def test_0009_keeps_every_task_outcome_already_stored_with_its_source(pg_server_
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def test_0017_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_url):
+def test_0018_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_url):
     """Events written at head (billed customers' calendars handed to metering, totals kept at ingest),
-    then down to 0016 and up again: 0017 seeds the calendars from billing_customers and fills the
+    then down to 0017 and up again: 0018 seeds the calendars from billing_customers and fills the
     totals and each task's counted share exactly as ingest had kept them."""
     from datetime import UTC, datetime, timedelta
 
     from metering.writer import BatchWriter
     from tests.metering.period_checks import Events, give_calendar, totals_snapshot
 
-    name = "t_mig_0017_totals"
+    name = "t_mig_0018_totals"
     try:
         url = _fresh_database(pg_server_url, name)
         upgrade(url, "heads")
@@ -233,8 +233,8 @@ def test_0017_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_u
             periods = conn.execute("SELECT * FROM calendar_periods ORDER BY 1, 2, 3").fetchall()
         assert all(kept[t] for t in ("request_period_totals", "usage_period_totals", "task_period_totals",
                                      "gpu_period_totals"))
-        _downgrade(url, "0016")
-        upgrade(url, "0017")
+        _downgrade(url, "0017")
+        upgrade(url, "0018")
         with psycopg.connect(to_libpq_url(url)) as conn:
             assert totals_snapshot(conn) == kept
             assert conn.execute("SELECT customer_id, timezone, anchor_day FROM customer_calendars "

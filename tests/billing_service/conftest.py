@@ -247,7 +247,6 @@ def api(db_url, tmp_path):
     from sqlalchemy import create_engine
 
     from app.api import create_app
-    from billing_service import api as billing_api
     from infermeter.settings import Settings
     from serving.keys import KeyStore
 
@@ -255,8 +254,7 @@ def api(db_url, tmp_path):
     store = KeyStore(create_engine(db_url), settings=settings)
     _, key_acme = store.create("acme")
     _, key_other = store.create("other")
-    app = create_app(settings, db_url, None)
-    app.dependency_overrides[billing_api.now] = lambda: AFTER_GRACE
+    app = create_app(settings, db_url, None, clock=lambda: AFTER_GRACE)
     with TestClient(app) as client:
         yield client, {"acme": key_acme, "other": key_other, "admin": settings.admin_token,
                        "producer": settings.producer_token}

@@ -217,7 +217,6 @@ def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_c
     from sqlalchemy import create_engine
 
     from app.api import create_app
-    from billing_service import api as billing_api
     from metering.contract import encode_event, task_event
     from metering.kafka import ensure_topics
     from serving.keys import KeyStore
@@ -233,8 +232,7 @@ def test_over_http_a_customer_cannot_lower_its_per_task_invoice_and_a_verifier_c
 
     cloudevent = {"Content-Type": "application/cloudevents+json"}
     customer = {"Authorization": f"Bearer {key}", **cloudevent}
-    app = create_app(settings, settings.database_url, settings.kafka_bootstrap)
-    app.dependency_overrides[billing_api.now] = lambda: at(20)
+    app = create_app(settings, settings.database_url, settings.kafka_bootstrap, clock=lambda: at(20))
     with TestClient(app) as client:
         def preview() -> str:
             answer = client.get("/v1/invoices/preview", params={"period": "2026-02"}, headers=customer)

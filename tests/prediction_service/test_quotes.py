@@ -101,8 +101,8 @@ def api(fitted_month, tmp_path, monkeypatch):
 
     settings = Settings(INFERMETER_HOME=tmp_path / "home", DATABASE_URL=fitted_month.url)
     keys = KeyStore(create_engine(fitted_month.url), settings=settings)
-    monkeypatch.setattr("prediction_service.api.clock", lambda: QUOTE_AT)
-    with TestClient(create_app(settings, fitted_month.url, None)) as client:
+    app = create_app(settings, fitted_month.url, None, clock=lambda: QUOTE_AT)
+    with TestClient(app) as client:
         yield client, {"cust-002": keys.create("cust-002")[1], "ghost": keys.create("ghost")[1],
                        "admin": settings.admin_token, "producer": settings.producer_token}
 

@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
-from pricing_service import api as pricing_api
 from pricing_service.api import router
 from pricing_service.books import book_paths, read_cost_model, read_price_book
 from pricing_service.shadow import shadow_rating
@@ -50,9 +49,8 @@ def test_shadow_is_live_and_matches_one_customer_view(synthetic_db):
 def test_shadow_endpoint_scopes_customers(synthetic_db, tmp_path):
     settings = Settings(INFERMETER_HOME=tmp_path, DATABASE_URL=synthetic_db, INFERMETER_PRICING_BOOKS=str(TEST_BOOKS),
                         INFERMETER_PRICING_COST_MODEL=str(TEST_BOOKS / "cost-model.yaml"))
-    app = create_app(settings, synthetic_db, None)
+    app = create_app(settings, synthetic_db, None, clock=lambda: NOW)
     app.include_router(router)
-    app.dependency_overrides[pricing_api.now] = lambda: NOW
     _, token = app.state.keys.create("cust-3")
     with TestClient(app) as client:
         admin = client.get("/v1/pricing/shadow", headers={"Authorization": f"Bearer {settings.admin_token}"})

@@ -1,7 +1,7 @@
 """metering: billing calendars as data and period totals kept at ingest
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 
 Metering keeps, in the same transaction as the hourly rollups, totals per customer x billing period
 (docs/metering.md, "Period totals"): request_period_totals (per model x deployment x project),
@@ -24,8 +24,8 @@ what this migration does.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
-down_revision = "0016"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
