@@ -478,6 +478,43 @@ def metering_run(
             console.print(f"stopped: accepted={s.accepted} duplicates={s.duplicates} rejected={s.rejected}")
 
 
+@metering_app.command("rebuild-totals")
+def metering_rebuild_totals(
+    customer: Annotated[list[str] | None, typer.Option(help="A customer whose period totals to rebuild (repeatable).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every customer metering holds anything of.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {\"customers\": [...], \"rows\": N}.")] = False,
+) -> None:
+    """Recompute customers' period totals from what metering stored, under their current calendars.
+
+    One transaction per customer, holding the calendar lock exclusive (ingest waits for it). A customer
+    metering never saw is rebuilt to 0 rows."""
+    from metering.period_totals import customers_to_rebuild, rebuild
+
+    if bool(customer) == all_:
+        raise CliError("name the customers to rebuild with --customer C (repeatable), or give --all")
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        names = customers_to_rebuild(conn) if all_ else list(dict.fromkeys(customer))
+        conn.commit()
+        results = []
+        with _progress(as_json) as progress:
+            task = progress.add_task("rebuilding period totals", total=len(names))
+            for name in names:
+                results.append(rebuild(conn, name))
+                conn.commit()
+                progress.update(task, advance=1)
+    rows = sum(r.rows for r in results)
+    if as_json:
+        _print_json({"customers": [r.as_dict() for r in results], "rows": rows})
+        return
+    table = Table("customer", "request rows", "usage rows", "task rows", "gpu rows",
+                  title=f"period totals rebuilt: {len(results):,} customers, {rows:,} rows")
+    for r in results[:50]:
+        table.add_row(r.customer_id, f"{r.request_rows:,}", f"{r.usage_rows:,}", f"{r.task_rows:,}", f"{r.gpu_rows:,}")
+    console.print(table)
+    if len(results) > 50:
+        console.print(f"… and {len(results) - 50:,} more customers (--json lists them all)")
+
+
 @metering_app.command("archive")
 def metering_archive(
     before: Annotated[str, typer.Option(help="Archive every month before this one (YYYY-MM, UTC) that still has "

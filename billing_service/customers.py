@@ -3,6 +3,10 @@ billing periods), which price book it is billed under from which local date, and
 those commands take (`parse_local_date`, `local_midnight`). Every function takes an open psycopg
 connection and the injected clock (`now`); each runs in its own transaction and writes nothing
 when it raises.
+
+A customer's calendar (time zone, anchor day) is handed to metering as data in the transaction that
+creates the customer or changes its calendar (`metering.calendars.set_calendar`), so metering keeps
+the customer's period totals by the periods billing cuts.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from datetime import UTC, date, datetime
 import psycopg
 
 from billing.invoice import CHARGING
-from billing.periods import Period, check_anchor_day, next_period, period_containing, zone
+from billing.periods import Period, check_anchor_day, next_period, period_containing, periods_between, zone
 from billing_service.store import (
     BillingServiceError,
     Customer,
@@ -32,6 +36,7 @@ from billing_service.store import (
     save_customer,
     store_book,
 )
+from metering.calendars import SPAN, set_calendar
 from pricing.money import Currency, UnknownCurrency
 
 
@@ -48,7 +53,9 @@ def set_customer(
 ) -> tuple[Customer, bool]:
     """Create a customer (defaults UTC, USD, anchor day 1) or update the fields given. The time zone,
     anchor day and currency are fixed once the customer has a plan or an invoice (its periods and
-    plans were cut from them). Returns (the customer, whether anything changed)."""
+    plans were cut from them). When the customer is created or its time zone or anchor day changes,
+    its calendar is handed to metering in the same transaction (`calendar_to_metering`). Returns
+    (the customer, whether anything changed)."""
     now = checked_now(now)
     check_customer_id(customer_id)
     if timezone is not None:
@@ -83,7 +90,19 @@ def set_customer(
                     "bill under a new customer id instead"
                 )
         save_customer(conn, new, now)
+        if old is None or (old.timezone, old.anchor_day) != (new.timezone, new.anchor_day):
+            calendar_to_metering(conn, new)
     return new, True
+
+
+def calendar_to_metering(conn: psycopg.Connection, customer: Customer) -> None:
+    """Hand metering the customer's calendar inside the caller's transaction: its schedule and, if
+    metering does not have that schedule yet, its periods labelled `metering.calendars.SPAN`, cut by
+    `billing.periods` (metering does no time zone arithmetic). Metering rebuilds the customer's
+    period totals when the schedule it kept them by changes and it holds usage of the customer."""
+    timezone, anchor_day = customer.timezone, customer.anchor_day
+    set_calendar(conn, customer.customer_id, timezone, anchor_day,
+                 ((p.start, p.end) for p in periods_between(*SPAN, timezone, anchor_day)))
 
 
 def parse_local_date(text: str, what: str) -> date:
