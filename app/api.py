@@ -14,12 +14,16 @@
                      declare what they need of billing as a protocol)
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
-resolves bearer tokens), `billing` (billing's views for the dashboards), `clock` (now: the dashboards'
-windows, the webhook's signature check, the status port), `billing_clock` (None, or the instant the
+resolves bearer tokens), `billing` (billing's views for the dashboards), `clock` (now: what every
+router acts at through `infermeter.http.now`, the dashboards' windows, the webhook's signature check,
+the status port), `billing_clock` (None, or the instant the
 dashboards show a customer's billing figures as of), `publisher` (the event-bus publisher, None
 without a broker), `stripe_webhook_events` (the webhook's event log), `stripe_status_port` (records
 paid / payment_failed / void through billing_service, on its own connection and transaction).
 `create_app` takes the key store and the clocks as arguments (tests pass their own).
+
+Every operation is behind `dashboards.web.backoff.AuthBackoff`: a client address whose bearer keys,
+admin or producer tokens or sign-ins keep failing (401) is answered 429 with Retry-After for a while.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
+from time import monotonic
 
 import psycopg
 import sqlalchemy.exc
@@ -42,6 +47,7 @@ from billing_service.stripe.state import PostgresWebhookEventLog
 from billing_service.stripe.webhook import utc_now
 from dashboards.billing_views import BillingViews
 from dashboards.web.app import router as dashboards_router
+from dashboards.web.backoff import AuthBackoff
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
@@ -74,11 +80,12 @@ def dashboard_billing(settings: Settings, database_url: str) -> BillingViews:
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, keys: KeyStore | None = None,
-               clock: Callable[[], datetime] = utc_now, billing_clock: Callable[[], datetime] | None = None) -> FastAPI:
+               clock: Callable[[], datetime] = utc_now, billing_clock: Callable[[], datetime] | None = None,
+               auth_clock: Callable[[], float] = monotonic) -> FastAPI:
     """The API app on `database_url` (`bootstrap`: the broker, None for none). `keys`: the key store
     (default: one on the database, with the settings' key cache); `clock`: now; `billing_clock`: the
     instant the dashboards show billing figures as of (None: now; the demo: the instant its billing
-    run is made as of)."""
+    run is made as of); `auth_clock`: the seconds the backoff on failed authentication counts in."""
     @asynccontextmanager
     async def lifespan(app_: FastAPI):
         await open_read_pool(app_)  # the customer dashboard's chart data endpoints read in the event loop
@@ -114,6 +121,9 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, 
     app.add_exception_handler(sqlalchemy.exc.DataError, data_error_handler)
     # the customer dashboard's chart JSON for a bearer API key, answered before routing (dashboards.web)
     app.add_middleware(DataFastPath)
+    # outermost: failed authentications (401 to a bearer key, an admin or producer token, a sign-in form)
+    # slow their client down, on every router's operations and the fast path's (dashboards.web.backoff)
+    app.add_middleware(AuthBackoff, settings=settings, clock=auth_clock)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

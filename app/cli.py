@@ -26,6 +26,7 @@ from infermeter.settings import get_settings, settings_table
 from infermeter.stack import (
     StackError,
     Stopped,
+    check_listen_port,
     clean_stale,
     embedded_pgdata,
     open_stack,
@@ -85,8 +86,9 @@ def up(
     `kill -9`; what such a kill leaves behind (PostgreSQL) is found and reused by the next `up`.
 
     With --serving it also starts N vLLM CPU replicas (--replicas), a replica agent for each and
-    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; they
-    stop first, before the broker (docs/serving.md, "One command").
+    the gateway on INFERMETER_GATEWAY_PORT, and prints OPENAI_BASE_URL and OPENAI_API_KEY; a replica
+    that dies is restarted (with backoff); they stop first, before the broker (docs/serving.md,
+    "One command").
     """
     settings = get_settings()
     if not serving and (replicas != 1 or model is not None or customer != "local"):
@@ -110,6 +112,7 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
     pid_file = pid_file_for(settings)
     for line in clean_stale(settings, pid_file):
         console.print(line, soft_wrap=True, highlight=False)
+    _check_ports(settings, api=api, serving=serving is not None)  # before anything starts
     pid_file.start_run()
     try:
         with open_stack(settings, pid_file=pid_file) as stack:
@@ -182,6 +185,21 @@ def _run_up(settings, guard, *, api: bool, consumers: int, serving: dict | None 
         pid_file.remove()
 
 
+def _check_ports(settings, *, api: bool, serving: bool) -> None:
+    """The ports `up` will listen on are free (after `clean_stale`: a killed run's gateway may have held
+    one), else one line naming the port and its setting."""
+    ports = []
+    if api:
+        ports.append((settings.api_host, settings.api_port, "INFERMETER_API_PORT"))
+    if serving:
+        ports.append((settings.gateway_host, settings.gateway_port, "INFERMETER_GATEWAY_PORT"))
+    if len(ports) == 2 and ports[0][1] == ports[1][1]:
+        raise CliError(f"INFERMETER_API_PORT and INFERMETER_GATEWAY_PORT are both {settings.api_port}: "
+                       "the API and the gateway need a port each")
+    for host, port, setting in ports:
+        check_listen_port(host, port, setting)
+
+
 def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serving) -> None:
     """Print what runs, then serve the API (or wait) until a signal."""
     table = Table(title="infermeter stack", show_header=False)
@@ -204,8 +222,10 @@ def _serve_up(settings, stack, ack, path, api, run_settings, serving_stack, serv
     if api:
         from app.api import create_app
 
-        serve_http(create_app(run_settings, stack.database_url, stack.kafka_bootstrap),
-                   host=settings.api_host, port=settings.api_port, log_level="warning")
+        api_app = create_app(run_settings, stack.database_url, stack.kafka_bootstrap)
+        if serving_stack is not None:
+            serving_stack.add_metrics_route(api_app)  # GET /metrics/serving: the replica restarts
+        serve_http(api_app, host=settings.api_host, port=settings.api_port, log_level="warning")
     else:
         console.print("running; Ctrl-C stops")
         wait_for_signal()
@@ -285,6 +305,10 @@ def events_ingest(
     retention of the consumer that meters them, e.g. INFERMETER_RETENTION_MONTHS=N for the replay). With --wait, the counts are metering's: accepted, duplicates
     (already metered), rejected (dead-lettered, plus bad lines). When this command had to start
     its own broker, it also runs the metering consumer and waits, since that broker dies with it.
+
+    Exit status 1 when no event of the file is metered: with --wait, none accepted nor already
+    metered (duplicates), i.e. every line rejected or the file empty; without it, none published.
+    The counts are printed all the same, then one `error:` line.
 
     With metered acknowledgement (INFERMETER_ACK; the default with the embedded broker) the events
     go to INFERMETER_HOME/spool/ingest.sqlite3 first and stay there until metering has recorded
@@ -391,6 +415,12 @@ def events_ingest(
         _print_json(result)
     else:
         console.print(" ".join(f"{k}={v}" for k, v in result.items()))
+    metered = result["accepted"] + result["duplicates"] if "accepted" in result else result["published"]
+    if metered == 0:
+        err_console.print(f"[red]error:[/] no event of the file was {'metered' if 'accepted' in result else 'published'} "
+                          f"({result['rejected']} rejected): see the lines above and `infermeter events dead-letters`",
+                          soft_wrap=True, highlight=False)
+        raise typer.Exit(1)
 
 
 @events_app.command("dead-letters")
@@ -446,6 +476,43 @@ def metering_run(
         s = consumer.stats
         if not quiet:
             console.print(f"stopped: accepted={s.accepted} duplicates={s.duplicates} rejected={s.rejected}")
+
+
+@metering_app.command("rebuild-totals")
+def metering_rebuild_totals(
+    customer: Annotated[list[str] | None, typer.Option(help="A customer whose period totals to rebuild (repeatable).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every customer metering holds anything of.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {\"customers\": [...], \"rows\": N}.")] = False,
+) -> None:
+    """Recompute customers' period totals from what metering stored, under their current calendars.
+
+    One transaction per customer, holding the calendar lock exclusive (ingest waits for it). A customer
+    metering never saw is rebuilt to 0 rows."""
+    from metering.period_totals import customers_to_rebuild, rebuild
+
+    if bool(customer) == all_:
+        raise CliError("name the customers to rebuild with --customer C (repeatable), or give --all")
+    with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
+        names = customers_to_rebuild(conn) if all_ else list(dict.fromkeys(customer))
+        conn.commit()
+        results = []
+        with _progress(as_json) as progress:
+            task = progress.add_task("rebuilding period totals", total=len(names))
+            for name in names:
+                results.append(rebuild(conn, name))
+                conn.commit()
+                progress.update(task, advance=1)
+    rows = sum(r.rows for r in results)
+    if as_json:
+        _print_json({"customers": [r.as_dict() for r in results], "rows": rows})
+        return
+    table = Table("customer", "request rows", "usage rows", "task rows", "gpu rows",
+                  title=f"period totals rebuilt: {len(results):,} customers, {rows:,} rows")
+    for r in results[:50]:
+        table.add_row(r.customer_id, f"{r.request_rows:,}", f"{r.usage_rows:,}", f"{r.task_rows:,}", f"{r.gpu_rows:,}")
+    console.print(table)
+    if len(results) > 50:
+        console.print(f"… and {len(results) - 50:,} more customers (--json lists them all)")
 
 
 @metering_app.command("archive")

@@ -47,12 +47,14 @@ How the trace becomes a month (seeded; docs/demo.md says the same, with the numb
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -63,7 +65,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import Settings
-from infermeter.stack import open_stack, to_libpq_url
+from infermeter.stack import check_listen_port, open_stack, to_libpq_url
 from metering.contract import encode_event, replica_event, request_event, task_event, usage_event
 from serving.replay import TraceRequest, load_trace, trace_path
 
@@ -326,8 +328,9 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
     the dashboards' addresses, a demo customer's API key and the admin sign-in; `serve` keeps the API
     and the pages up on the same stack until Ctrl-C or SIGTERM (the caller handles the signals)."""
     bind = host or settings.api_host
-    if serve:
-        settings.check_listen_address(bind)  # before the work: no development credentials off loopback
+    if serve:  # before the work: no development credentials off loopback, and a port free to serve on
+        settings.check_listen_address(bind)
+        check_listen_port(bind, port or settings.api_port, "--port" if port else "INFERMETER_API_PORT")
     limit = None if full else (limit or DEFAULT_REQUESTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     with console.status("reading the Mooncake trace and laying out the month…"):
@@ -338,8 +341,8 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
                   f"conversations, {totals.tasks:,} tasks, {totals.replica_intervals:,} replica intervals "
                   f"-> {len(events):,} events ({events_file})")
 
-    with open_stack(settings) as stack:
-        counts = _meter(settings, stack, events, console)
+    with open_stack(settings) as stack, _metering(settings, stack) as metering_runs:
+        counts = _meter(settings, stack, events, console, metering_runs)
         summary = {"window": [start.isoformat(), end.isoformat()], "counts": counts.as_dict()}
         agree = _usage_and_reconcile(stack.database_url, totals, start, end, console, summary)
         if pricing:
@@ -416,19 +419,35 @@ def _dashboard_links(settings: Settings, database_url: str, base: str, start: da
     return {**links, "customer_id": DEMO_CUSTOMER}
 
 
-def _meter(settings: Settings, stack, events: list[bytes], console: Console):
-    """Publish the events to Kafka and wait until the metering consumer has written them all."""
+@contextlib.contextmanager
+def _metering(settings: Settings, stack) -> Iterator[Callable[[], bool] | None]:
+    """A metering consumer for the demo's whole run, `--serve` included (events posted to the served
+    API are metered, as under `infermeter up`), when the demo's stack owns its broker; on `up`'s
+    broker or a configured one, that stack's consumers meter. Yields "is it running" (None when not
+    ours), for the waits."""
+    from metering.consumer import MeteringConsumer, run_in_thread
+
+    if not stack.owns_broker:
+        yield None
+        return
+    consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
+    thread = run_in_thread(consumer)
+    try:
+        yield thread.is_alive
+    finally:
+        consumer.stop()
+        thread.join(30)
+
+
+def _meter(settings: Settings, stack, events: list[bytes], console: Console,
+           metering_runs: Callable[[], bool] | None):
+    """Publish the events to Kafka and wait until metering has written them all (`metering_runs`:
+    whether our consumer still runs, None when another process meters)."""
     from rich.progress import Progress
 
-    from metering.consumer import MeteringConsumer, run_in_thread
     from metering.ingest import publish_lines, wait_for_receipt
     from metering.kafka import ensure_topics, make_producer
 
-    consumer = None
-    thread = None
-    if stack.owns_broker:
-        consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
-        thread = run_in_thread(consumer)
     ensure_topics(stack.kafka_bootstrap, settings)
     producer = make_producer(stack.kafka_bootstrap, settings.kafka_backend)
     ingest_id = f"demo-{uuid.uuid4().hex[:12]}"
@@ -441,11 +460,8 @@ def _meter(settings: Settings, stack, events: list[bytes], console: Console):
         counts = wait_for_receipt(
             to_libpq_url(stack.database_url), ingest_id, publication.published, timeout_s=900,
             on_progress=lambda c: progress.update(metered, completed=c.total),
-            still_running=(thread.is_alive if thread else None),
+            still_running=metering_runs,
         )
-    if consumer is not None:
-        consumer.stop()
-        thread.join(30)
     console.print(f"metered: accepted={counts.accepted:,} duplicates={counts.duplicates:,} "
                   f"rejected={counts.rejected:,}")
     analyze(stack.database_url)

@@ -25,6 +25,17 @@ none outlives `up`, even on `kill -9`:
 The agents and the gateway find the database and the broker through the stack file of the running
 `up` (INFERMETER_HOME/stack.json), as they would if started by hand in another terminal; so the
 stack file must be written before `start`. Logs: INFERMETER_HOME/serving/*.log.
+
+A replica that dies (a crash, `kill -9`) is healed: a watch thread polls the replicas every
+WATCH_S; a dead one's session is stopped (what its server leaves running: the engine core, its
+workers, multiprocessing's resource tracker; on a GPU they would hold its memory), and it is
+started again on the same port (the gateway's upstream file and its agent still point there) after
+a backoff: INFERMETER_REPLICA_RESTART_BACKOFF_S (1 s), doubled for each restart in a row that did
+not stay up STABLE_S, at most INFERMETER_REPLICA_RESTART_BACKOFF_MAX_S (60 s); what is left of a
+session gets SIGTERM, then SIGKILL after INFERMETER_REPLICA_STOP_GRACE_S (5 s). Each step is a line
+on the console, and each restart counts in `infermeter_replica_restarts_total{replica}`
+(serving/metrics.py), served on `up`'s API at /metrics/serving (`add_metrics_route`). `stop` stops
+every child's whole session the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -54,6 +66,22 @@ from infermeter.stack import (
 )
 
 DEPLOYMENT_ID = "tiny-cpu"
+WATCH_S = 1.0  # how often the watch thread looks at the replicas
+STABLE_S = 60.0  # a restarted replica answering this long starts the backoff over
+
+
+def _replica_id(index: int) -> str:
+    return f"{DEPLOYMENT_ID}-{index}"
+
+
+@dataclass
+class _Health:
+    """What the watch thread knows of one replica."""
+
+    ready_since: float | None  # time.monotonic() it answered since it (re)started, None while starting
+    restarts: int = 0
+    failures: int = 0  # restarts in a row that did not stay up STABLE_S (the backoff's exponent)
+    restart_at: float | None = None  # set while a dead replica waits for its restart
 
 
 @dataclass
@@ -65,8 +93,8 @@ class _Child:
     def log_tail(self, lines: int = 20) -> str:
         return log_tail(self.log_path, lines)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        stop_process_group(self.process, timeout_s)
+    def stop(self, timeout_s: float = 15.0, grace_s: float = 5.0) -> None:
+        stop_process_group(self.process, timeout_s, grace_s)  # its whole session
 
 
 @dataclass
@@ -80,6 +108,12 @@ class ServingStack:
     base_url: str | None = None
     api_key: str | None = None
     api_key_id: str | None = None
+    _vllm: dict = field(default_factory=dict)  # python, model and served name: what a restart starts
+    _health: list[_Health] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # the watch's checks vs `stop`
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _stopped: threading.Event = field(default_factory=threading.Event)  # the replicas are stopped
+    _watch_thread: threading.Thread | None = None
 
     def __post_init__(self) -> None:
         self.folder = Path(self.settings.home) / "serving"
@@ -115,24 +149,21 @@ class ServingStack:
         self._wait_gateway(gateway, f"http://{host}:{port}/health")
         self.base_url = f"http://{host}:{port}/v1"
         self.api_key_id, self.api_key = self._create_key(customer)
+        now = time.monotonic()
+        self._health = [_Health(ready_since=now) for _ in self.replicas]
+        # It outlives the replicas it restarts (`_watch`): they get its parent-death signal.
+        self._watch_thread = threading.Thread(target=self._watch, name="replica-watch", daemon=True)
+        self._watch_thread.start()
 
     def _start_replicas(self, python: str, model: str, served_name: str, count: int) -> None:
-        from serving.vllm_server import start_vllm
-
+        self._vllm = {"python": python, "model": model, "served_name": served_name}
         for index in range(count):
-            port = free_port()
-            server = start_vllm(
-                python, model, served_model_name=served_name, port=port,
-                state_dir=Path(self.settings.home) / "vllm" / str(port),
-            )  # fmt: skip
-            self.replicas.append(server)
-            ipc = str(server.ipc_folder) if server.ipc_folder else None  # the next `up` removes it after a kill -9
-            self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port, ipc_folder=ipc))
+            self.replicas.append(self._spawn_replica(index, free_port()))
         pending = dict(enumerate(self.replicas))
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=self.console, transient=True) as progress:  # fmt: skip
             tasks = {
-                index: progress.add_task(f"vLLM replica {DEPLOYMENT_ID}-{index} starting on {server.url}")
+                index: progress.add_task(f"vLLM replica {_replica_id(index)} starting on {server.url}")
                 for index, server in pending.items()
             }
             deadline = time.monotonic() + 300
@@ -144,17 +175,99 @@ class ServingStack:
                                          f"(the end of its log is above; all of it in {server.log_path})")
                     if _answers(server.url + "/v1/models"):
                         del pending[index]
-                        progress.update(tasks[index], description=f"vLLM replica {DEPLOYMENT_ID}-{index} "
+                        progress.update(tasks[index], description=f"vLLM replica {_replica_id(index)} "
                                         f"ready on {server.url}")
-                        self.console.print(f"vLLM replica {DEPLOYMENT_ID}-{index} ready on {server.url}",
+                        self.console.print(f"vLLM replica {_replica_id(index)} ready on {server.url}",
                                            highlight=False)
                 if time.monotonic() > deadline:
                     raise StackError(f"vLLM replicas not ready after 300 s; logs in {self.settings.home}/vllm")
                 time.sleep(0.5)
 
+    def _spawn_replica(self, index: int, port: int):
+        """Start replica `index` on `port` (its state and log in INFERMETER_HOME/vllm/<port>) and record
+        it; from the main thread at start, from the watch thread on a restart (its parent-death
+        signal goes with the thread that started it)."""
+        from serving.vllm_server import start_vllm
+
+        server = start_vllm(
+            self._vllm["python"], self._vllm["model"], served_model_name=self._vllm["served_name"], port=port,
+            state_dir=Path(self.settings.home) / "vllm" / str(port),
+        )  # fmt: skip
+        ipc = str(server.ipc_folder) if server.ipc_folder else None  # the next `up` removes it after a kill -9
+        self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port, ipc_folder=ipc))
+        return server
+
+    # --- healing ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """The watch thread: every WATCH_S, each replica's `_check`, until `stop`; then it waits until
+        the replicas are stopped (a replica it restarted gets SIGTERM when this thread exits)."""
+        while not self._stopping.wait(WATCH_S):
+            with self._lock:
+                for index in range(len(self.replicas)):
+                    if self._stopping.is_set():
+                        break
+                    try:
+                        self._check(index, time.monotonic())
+                    except Exception as exc:  # noqa: BLE001 - the watch must go on for the other replicas
+                        self._say(f"vLLM replica {_replica_id(index)}: watching it failed ({exc!r}); trying again")
+        self._stopped.wait()
+
+    def _check(self, index: int, now: float) -> None:
+        """One look at replica `index`: a dead one's session is stopped and its restart scheduled
+        (backoff); a scheduled restart that is due starts it; a restarted one is watched until it
+        answers."""
+        from serving.metrics import REPLICA_RESTARTS
+
+        health, server, name = self._health[index], self.replicas[index], _replica_id(index)
+        if health.restart_at is not None:
+            if now >= health.restart_at:
+                port = int(server.url.rsplit(":", 1)[1])
+                self.replicas[index] = server = self._spawn_replica(index, port)
+                health.restart_at, health.ready_since = None, None
+                health.restarts += 1
+                REPLICA_RESTARTS.labels(replica=name).inc()
+                self._say(f"vLLM replica {name}: restart {health.restarts} (pid {server.process.pid}) on {server.url}; "
+                          f"log {server.log_path}")
+            return
+        code = server.process.poll()
+        if code is None:
+            if health.ready_since is None:
+                if _answers(server.url + "/v1/models"):
+                    health.ready_since = now
+                    self._say(f"vLLM replica {name} ready again on {server.url}")
+            elif health.failures and now - health.ready_since >= STABLE_S:
+                health.failures = 0
+            return
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        when = "" if health.ready_since is not None else " while starting"
+        left = server.stop(grace_s=self.settings.replica_stop_grace_s)
+        delay = restart_delay(self.settings.replica_restart_backoff_s, self.settings.replica_restart_backoff_max_s,
+                              health.failures)  # fmt: skip
+        health.failures += 1
+        health.restart_at = now + delay
+        leftovers = f"; stopped what it left running ({len(left)} process{'es' if len(left) > 1 else ''})" if left else ""
+        self._say(f"vLLM replica {name} died{when} ({how}){leftovers}; restarting it in {delay:g} s")
+
+    def _say(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    @staticmethod
+    def add_metrics_route(api) -> None:
+        """GET /metrics/serving on `up`'s API app: this process's serving metrics (the replica
+        restarts), with no credentials, a scrape target like /metrics/metering."""
+        from fastapi import Response
+
+        from serving import metrics
+
+        def serving_metrics() -> Response:
+            return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+
+        api.add_api_route("/metrics/serving", serving_metrics, methods=["GET"], include_in_schema=False)
+
     def _write_upstreams(self, served_name: str) -> Path:
         path = self.folder / "upstreams.yaml"
-        replicas = [{"id": f"{DEPLOYMENT_ID}-{i}", "url": s.url} for i, s in enumerate(self.replicas)]
+        replicas = [{"id": _replica_id(i), "url": s.url} for i, s in enumerate(self.replicas)]
         config = {"models": [{"name": served_name, "deployment_id": DEPLOYMENT_ID, "replicas": replicas}]}
         path.write_text("# written by `infermeter up --serving`; rewritten at each start\n"
                         + yaml.safe_dump(config, sort_keys=False))
@@ -196,24 +309,37 @@ class ServingStack:
     # --- stop ----------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """The gateway first (its last events spool and go to the broker, which still runs), then
-        the agents (their last interval), then vLLM."""
-        for child in reversed(self.children):
-            child.stop()
-        self.children.clear()
-        for server in self.replicas:
-            server.stop()
-        self.replicas.clear()
+        """No more restarts; then the gateway first (its last events spool and go to the broker,
+        which still runs), then the agents (their last interval), then vLLM: each child's whole
+        session, what it left running included (`infermeter.stack.stop_process_group`)."""
+        self._stopping.set()
+        with self._lock:  # a check under way (a restart, a dead replica's clean-up) ends first
+            grace_s = self.settings.replica_stop_grace_s
+            for child in reversed(self.children):
+                child.stop(grace_s=grace_s)
+            self.children.clear()
+            for server in self.replicas:
+                server.stop(grace_s=grace_s)
+            self.replicas.clear()
+        self._stopped.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(30)
 
     def status_lines(self, customer: str) -> list[str]:
         return [
             f"serving: {len(self.replicas)} vLLM CPU replica(s) of tiny-llama (deployment {DEPLOYMENT_ID}), "
-            f"a replica agent each, the gateway; logs in {self.folder}",
+            f"a replica agent each, the gateway; logs in {self.folder}; a replica that dies is restarted",
             f"OPENAI_BASE_URL={self.base_url}",
             f"OPENAI_API_KEY={self.api_key}",
             f"(key {self.api_key_id} of customer {customer}: kept in {self.folder / f'key-{customer}.json'}, "
             "mode 0600; stored hashed in the database)",
         ]
+
+
+def restart_delay(first_s: float, max_s: float, failures: int) -> float:
+    """The delay before a dead replica's restart: `first_s` doubled `failures` times (the restarts in a
+    row that did not stay up STABLE_S), at most `max_s`."""
+    return min(first_s * 2.0 ** min(failures, 64), max_s)
 
 
 def _answers(url: str) -> bool:

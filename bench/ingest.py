@@ -3,8 +3,9 @@
     python -m bench.ingest --events 200000 --json
     python -m bench.ingest --events 200000 --processes 1,2 --backends confluent,kafka-python
     python -m bench.ingest --events 100000 --processes 1 --backends confluent --ack broker,metered
+    python -m bench.ingest --events 200000 --processes 1 --backends confluent --totals on,off,on,off
     (options: --events N, --processes 1,2, --backends confluent,kafka-python, --partitions 8,
-     --ack broker[,metered], --json)
+     --ack broker[,metered], --totals on[,off...], --json)
 
 For each backend and each number of consumer processes, in one run:
 1. produce N pre-generated request events (~330 bytes each) to a fresh topic;
@@ -37,6 +38,19 @@ the embedded broker), and while the metering processes run, a confirmer asks the
 0.5 s which events are recorded and deletes those from the spool (the outbox's confirm round, the work
 `infermeter up` does). Reported in addition: `spool_append_events_per_s`, and `confirmed_s_after`,
 how long after the last event was metered the spool was empty.
+
+`--totals on,off,...` compares ingest with the period totals kept (`on`, what metering does) and
+without them (`off`: the writer's statement without the totals CTEs, no calendar lock, no task
+statement), one cell per value in the order given (alternate them: on,off,on,off). Every cell's
+database gives a third of the customers an Asia/Kolkata calendar (periods handed over as billing
+does), so the period lookups find rows. Both variants then run through `consume` below (a
+`metering run` whose writers may leave the totals out). The same run then measures the write floor
+(bench.write_path's PostgreSQL rate, the old statement and the new one alternating batch by batch,
+in-process), the same over the events as agent traffic (`with_tasks`: requests in tasks with
+attempts, outcome events, so the task statement runs), each also as CPU time per event (the
+PostgreSQL backend's and the writing thread's: what a busy shared machine disturbs least), the
+calendar lock's own cost per batch, and prints `totals_ratio` (mean steady rate on / off) and
+`floor_ratio` (mean steady rate on / the old statement's PostgreSQL rate).
 """
 
 from __future__ import annotations
@@ -55,7 +69,7 @@ import psycopg
 from rich.console import Console
 
 from infermeter.db import upgrade
-from infermeter.settings import Settings
+from infermeter.settings import Settings, get_settings
 from infermeter.stack import scratch_folder, start_embedded_postgres, start_tansu, to_libpq_url
 from infermeter.times import add_months, month_start
 from metering.contract import REQUEST_V1, encode_event, make_event
@@ -200,30 +214,56 @@ def copy_database(server_url: str, url: str) -> str:
     return head.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
 
 
-def new_database(server_url: str, revision: str = "heads") -> str:
+def new_database(server_url: str, revision: str = "heads", *, calendars: bool = False) -> str:
+    """A fresh database migrated to `revision`; with `calendars`, every third of generate()'s customers
+    kept by Asia/Kolkata periods (anchor day 1), handed to metering as billing does."""
     name = f"bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(to_libpq_url(server_url), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     head, _, query = server_url.partition("?")
     url = head.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
     upgrade(url, revision)
+    if calendars:
+        from billing.periods import periods_between
+        from metering.calendars import SPAN, set_calendar
+
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            for n in range(1, 51, 3):
+                set_calendar(conn, f"cust-{n:03d}", "Asia/Kolkata", 1,
+                             ((p.start, p.end) for p in periods_between(*SPAN, "Asia/Kolkata", 1)))
     return url
 
 
+def consume(period_totals: bool) -> None:
+    """`infermeter metering run --quiet` (configured by the environment), its writers keeping the
+    period totals or not: the consumer of `--totals` cells."""
+    import signal
+
+    from metering.consumer import MeteringConsumer
+
+    settings = get_settings()
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    for writer in consumer.writers:
+        writer.period_totals = period_totals
+    signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
+    consumer.run()
+
+
 def metering_rate(bootstrap: str, backend: str, topic_prefix: str, database_url: str, processes: int,
-                  expected: int, ingest_id: str, spool_path: Path | None = None) -> tuple[float, float, float | None]:
+                  expected: int, ingest_id: str, spool_path: Path | None = None,
+                  period_totals: bool | None = None) -> tuple[float, float, float | None]:
     """(rate from process start to the last commit, steady rate from the first commit to the last,
-    with `spool_path` (metered ack): seconds from the last commit until the confirmer emptied the spool)."""
+    with `spool_path` (metered ack): seconds from the last commit until the confirmer emptied the spool).
+    `period_totals` True/False: the processes are `consume(period_totals)`; None: `infermeter metering run`."""
     confirming = Confirming(spool_path, database_url) if spool_path else None
     group = f"bench-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, DATABASE_URL=database_url, KAFKA_BOOTSTRAP=bootstrap, INFERMETER_KAFKA_BACKEND=backend,
                INFERMETER_TOPIC_PREFIX=topic_prefix, INFERMETER_CONSUMER_GROUP=group)
     dsn = to_libpq_url(database_url)
     started = time.perf_counter()
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "app.cli", "metering", "run", "--quiet"], env=env)
-        for _ in range(processes)
-    ]
+    command = [sys.executable, "-m", "app.cli", "metering", "run", "--quiet"] if period_totals is None else \
+        [sys.executable, "-c", f"from bench.ingest import consume; consume({period_totals})"]
+    workers = [subprocess.Popen(command, env=env) for _ in range(processes)]
     try:
         deadline = started + 600
         first: tuple[float, int] | None = None
@@ -264,6 +304,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backends", default="confluent,kafka-python")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--ack", default="broker", help="comma-separated acknowledgement modes: broker,metered")
+    parser.add_argument("--totals", default=None,
+                        help="comma-separated on/off: ingest with the period totals kept or without, one cell each "
+                             "(e.g. on,off,on,off), then the write floor and the ratios")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--stored-keys", type=int, default=0,
                         help="the stored-keys mode: ingest with N event keys already stored vs an empty store")
@@ -290,8 +333,9 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
         console.print(f"generating {args.events} events…")
         events = generate(args.events)
         results = []
+        variants = [None] if args.totals is None else [_on_off(v) for v in args.totals.split(",")]
         for backend in args.backends.split(","):
-            for ack in args.ack.split(","):
+            for ack, period_totals in [(a, v) for a in args.ack.split(",") for v in variants]:
                 if ack not in ("broker", "metered"):
                     raise SystemExit(f"--ack: broker or metered, not {ack!r}")
                 prefix = f"bench{uuid.uuid4().hex[:6]}"
@@ -306,9 +350,10 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
                     produce_rate = produce(bootstrap, topic, events, ingest_id)
                 for processes in [int(p) for p in args.processes.split(",")]:
                     raw = raw_consume_rate(bootstrap, backend, topic, args.events)
-                    database_url = new_database(server_url)
+                    database_url = new_database(server_url, calendars=period_totals is not None)
                     rate, steady, confirmed_after = metering_rate(
-                        bootstrap, backend, prefix, database_url, processes, args.events, ingest_id, spool_path
+                        bootstrap, backend, prefix, database_url, processes, args.events, ingest_id, spool_path,
+                        period_totals,
                     )
                     cell = {
                         "backend": backend,
@@ -323,17 +368,120 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
                         "metering_steady_events_per_s": round(steady),
                         "steady_ratio": round(steady / raw, 3),
                     }
+                    if period_totals is not None:
+                        cell["period_totals"] = "on" if period_totals else "off"
                     if ack == "metered":
                         cell["spool_append_events_per_s"] = round(append_rate)
                         cell["confirmed_s_after"] = None if confirmed_after is None else round(confirmed_after, 2)
                     results.append(cell)
                     console.print(cell)
         report = {"benchmark": "ingest", "results": results}
+        if args.totals is not None:
+            report["period_totals"] = totals_comparison(server_url, results)
         print(json.dumps(report, indent=None if args.json else 2))
         return report
     finally:
         for broker in owned:
             broker.stop()
+
+
+# --- period totals kept or not (--totals) ---------------------------------------------------------
+
+
+def _without_totals(name: str, writer) -> None:
+    """`alternating_write_costs`' setup: the writer named "without" leaves the period totals out."""
+    writer.period_totals = name != "without"
+
+
+def _floor_figures(name: str, costs: dict[str, dict[str, float]]) -> dict:
+    """Rates, CPU per event and their ratios (with the totals / without) of one floor measurement."""
+    without, with_ = costs["without"], costs["with"]
+    return {
+        f"{name}_without_totals_events_per_s": round(without["events_per_s"]),
+        f"{name}_with_totals_events_per_s": round(with_["events_per_s"]),
+        f"{name}_totals_ratio": round(with_["events_per_s"] / without["events_per_s"], 3),
+        f"{name}_without_totals_cpu_us_per_event": round(without["cpu_us_per_event"], 2),
+        f"{name}_with_totals_cpu_us_per_event": round(with_["cpu_us_per_event"], 2),
+        f"{name}_totals_cpu_ratio": round(with_["cpu_us_per_event"] / without["cpu_us_per_event"], 3),
+    }
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise SystemExit(f"--totals: on or off, not {value!r}")
+    return value == "on"
+
+
+def with_tasks(events: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The same request events as agent traffic: each customer's requests in tasks of up to 4 attempts
+    (a new task every 8 of its requests), a task's outcome event after its last request (one in five
+    failed), so every batch moves task period totals."""
+    import orjson
+
+    from metering.contract import TASK_V1
+
+    out, seen = [], {}
+    for key, value in events:
+        event = orjson.loads(value)
+        data = event["data"]
+        n = seen[data["customer_id"]] = seen.get(data["customer_id"], -1) + 1
+        data["task_id"], data["attempt"] = f"{data['customer_id']}-task-{n // 8}", 1 + n % 8 // 2
+        out.append((key, orjson.dumps(event)))
+        if n % 8 == 7:
+            outcome = make_event(TASK_V1, source="//bench/agents", subject=data["customer_id"],
+                                 event_id=f"{data['task_id']}/outcome", time=datetime.fromisoformat(event["time"]),
+                                 data={"task_id": data["task_id"], "customer_id": data["customer_id"],
+                                       "outcome": "failed" if n % 40 == 39 else "succeeded",
+                                       "finished_at": datetime.fromisoformat(event["time"])})
+            out.append((key, encode_event(outcome)))
+    return out
+
+
+def totals_comparison(server_url: str, results: list[dict], events: int = 60_000) -> dict:
+    """The ratios of `--totals`: ingest on / off (mean steady rates of the cells), the write floor in
+    the same run (bench.write_path's PostgreSQL rate: the old statement and the one with the totals,
+    alternating batch by batch, each into its own database with the same calendars), ingest on / that
+    floor, and the calendar lock's own cost (the shared lock's statement alone, per batch)."""
+    import statistics
+
+    from bench.write_path import BATCH, alternating_write_costs
+    from metering.kafka_types import Message
+    from metering.period_totals import LOCK_CALENDARS_SHARED
+
+    def mean_steady(on: bool) -> float | None:
+        rates = [r["metering_steady_events_per_s"] for r in results if r.get("period_totals") == ("on" if on else "off")]
+        return statistics.fmean(rates) if rates else None
+
+    console.print(f"write floor: {events} events, the old statement and the new one alternating…")
+    generated = generate(events, seed=3)
+    messages = [Message("events", i % 8, i // 8, key, value, {}, None) for i, (key, value) in enumerate(generated)]
+    floor = alternating_write_costs({"without": (new_database(server_url, calendars=True), messages),
+                                     "with": (new_database(server_url, calendars=True), messages)},
+                                    flip=True, setup=_without_totals)
+    tasks = [Message("events", i % 8, i // 8, key, value, {}, None) for i, (key, value) in enumerate(with_tasks(generated))]
+    console.print(f"write floor with tasks: {len(tasks)} events…")
+    task_floor = alternating_write_costs({"without": (new_database(server_url, calendars=True), tasks),
+                                          "with": (new_database(server_url, calendars=True), tasks)},
+                                         flip=True, setup=_without_totals)
+    lock_s = []
+    with psycopg.connect(to_libpq_url(new_database(server_url))) as conn:
+        for _ in range(200):
+            started = time.perf_counter()
+            conn.execute(LOCK_CALENDARS_SHARED)
+            lock_s.append(time.perf_counter() - started)
+            conn.commit()
+    on, off = mean_steady(True), mean_steady(False)
+    out = {
+        "ingest_steady_on_events_per_s": on and round(on), "ingest_steady_off_events_per_s": off and round(off),
+        "totals_ratio": round(on / off, 3) if on and off else None,
+        "floor_ratio": round(on / floor["without"]["events_per_s"], 3) if on else None,
+        **_floor_figures("floor", floor),
+        **_floor_figures("tasks_floor", task_floor),
+        "calendar_lock_us": round(statistics.median(lock_s) * 1e6, 1),
+        "calendar_lock_share_of_a_batch": round(statistics.median(lock_s) / (BATCH / floor["with"]["events_per_s"]), 5),
+    }
+    console.print(out)
+    return out
 
 
 # --- the stored-keys mode ------------------------------------------------------------------------

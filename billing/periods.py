@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import calendar
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -171,6 +172,17 @@ def next_period(period: Period) -> Period:
 def previous_period(period: Period) -> Period:
     year, month = _shift(*parse_label(period.label), -1)
     return billing_period(format_label(year, month), period.timezone, period.anchor_day)
+
+
+def periods_between(first: str, last: str, timezone: str, anchor_day: int) -> Iterator[Period]:
+    """The periods of a schedule labelled `first` to `last` ("YYYY-MM", both included), in order
+    (what metering is handed as a customer's calendar: `metering.calendars.SPAN`)."""
+    period, end = billing_period(first, timezone, anchor_day), parse_label(last)
+    while parse_label(period.label) <= end:
+        yield period
+        if period.label == last:
+            return
+        period = next_period(period)
 
 
 def period_containing(instant: datetime, timezone: str, anchor_day: int) -> Period:

@@ -128,6 +128,8 @@ async def get_customer(request: Request, _admin: AdminDep, customer_id: str) -> 
 class PlanBody(BaseModel):
     price_book: str = Field(description="the price book YAML text")
     from_: str = Field(alias="from", description="local date YYYY-MM-DD", json_schema_extra=DATE)
+    backdate: bool = Field(default=False, description="allow `from` before the customer's first plan "
+                           "(the periods in between are billed too)")
     source_name: str = "api"
 
 
@@ -136,7 +138,8 @@ async def post_plan(request: Request, _admin: AdminDep, at: Now, customer_id: st
     from billing_service.customers import assign_plan
 
     def work(conn: psycopg.Connection) -> dict:
-        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at)
+        result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at,
+                             backdate=body.backdate, backdate_hint='send "backdate": true')
         return {"customer_id": customer_id, "price_book": result.book.book.id,
                 "price_book_version": result.book.version, "effective_period": result.effective.label,
                 "created": result.created}
@@ -220,8 +223,8 @@ async def post_credit_note(request: Request, _admin: AdminDep, at: Now, invoice_
 
 
 class GrantBody(BaseModel):
-    amount: str = Field(description="a positive decimal in the customer's currency, e.g. 50.00",
-                        json_schema_extra={"pattern": "^([1-9][0-9]{0,14}([.][0-9]{1,2})?|0[.]([1-9][0-9]?|0[1-9]))$"})
+    amount: str = Field(description="a positive decimal in the customer's currency, at most its minor unit's places, e.g. 50.00",
+                        json_schema_extra={"pattern": "^[0-9]{1,26}([.][0-9]{1,12})?$"})
     expires: str | None = Field(default=None, description="local date YYYY-MM-DD", json_schema_extra=DATE)
     reason: str | None = None
 

@@ -160,6 +160,7 @@ def plans_assign(
     customer: Annotated[str, typer.Option("--customer", help="Customer id.")],
     price_book: Annotated[Path, typer.Option("--price-book", help="Price book YAML (stored as an immutable snapshot).")],
     from_date: Annotated[str, typer.Option("--from", help="Local date YYYY-MM-DD; in force from the first period boundary at or after it.")],
+    backdate: Annotated[bool, typer.Option("--backdate", help="Allow --from before the customer's first plan (the periods in between are billed too).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Bill a customer under a price book from a date (a change inside a period applies from the next one)."""
@@ -167,7 +168,7 @@ def plans_assign(
 
     text = _read_text(price_book)
     with _connect() as conn:
-        result = assign_plan(conn, customer, text, str(price_book), from_date, now=clock())
+        result = assign_plan(conn, customer, text, str(price_book), from_date, now=clock(), backdate=backdate)
     payload = {"customer_id": customer, "price_book": result.book.book.id, "price_book_version": result.book.version,
                "from": from_date, "effective_period": result.effective.label,
                "effective_at": result.effective.start.isoformat().replace("+00:00", "Z"), "created": result.created}
@@ -229,6 +230,9 @@ def billing_run_cmd(
                 err.print(f"{o.invoice_id}: {o.note}", highlight=False, soft_wrap=True)
         for c in result.not_started:
             console.print(f"{c}: period {period} has not started yet")
+        for n in result.nothing_to_bill:
+            console.print(f"{n.customer_id}: period {n.period} has nothing to bill (no usage, no minimum): no invoice",
+                          highlight=False, soft_wrap=True)
     for u in result.unbilled:
         err.print(f"unbilled usage: {u.customer_id} {u.period}: {u.reason}: "
                   + ", ".join(f"{k}={v}" for k, v in u.quantities.items()), highlight=False, soft_wrap=True)

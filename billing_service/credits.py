@@ -29,7 +29,7 @@ from billing_service.store import (
     require_customer,
 )
 from infermeter.times import utc_text
-from pricing.money import Currency
+from pricing.money import Currency, plain_decimal
 
 CREDIT_NOTE_PREFIX = "CN"
 
@@ -54,12 +54,12 @@ def grant_credits(
     now = checked_now(now)
     customer = require_customer(conn, customer_id)
     money = Currency.of(customer.currency)
+    if not isinstance(amount, str):
+        raise CreditError(f"amount must be a decimal string such as \"50.00\", got {type(amount).__name__}")
     try:
-        value = Decimal(amount.strip()) if isinstance(amount, str) else None
-    except ArithmeticError:
-        value = None
-    if value is None or not value.is_finite():
-        raise CreditError(f"amount {amount!r} is not a decimal number such as 50.00")
+        value = plain_decimal(amount, what="amount")
+    except ValueError as exc:
+        raise CreditError(str(exc)) from None
     if value <= 0:
         raise CreditError(f"amount {amount} must be greater than zero")
     check_minor_units(value, money, "credit amount", CreditError)

@@ -3,6 +3,10 @@ billing periods), which price book it is billed under from which local date, and
 those commands take (`parse_local_date`, `local_midnight`). Every function takes an open psycopg
 connection and the injected clock (`now`); each runs in its own transaction and writes nothing
 when it raises.
+
+A customer's calendar (time zone, anchor day) is handed to metering as data in the transaction that
+creates the customer or changes its calendar (`metering.calendars.set_calendar`), so metering keeps
+the customer's period totals by the periods billing cuts.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from datetime import UTC, date, datetime
 import psycopg
 
 from billing.invoice import CHARGING
-from billing.periods import Period, check_anchor_day, next_period, period_containing, zone
+from billing.periods import Period, check_anchor_day, next_period, period_containing, periods_between, zone
 from billing_service.store import (
     BillingServiceError,
     Customer,
@@ -32,6 +36,7 @@ from billing_service.store import (
     save_customer,
     store_book,
 )
+from metering.calendars import SPAN, set_calendar
 from pricing.money import Currency, UnknownCurrency
 
 
@@ -48,7 +53,9 @@ def set_customer(
 ) -> tuple[Customer, bool]:
     """Create a customer (defaults UTC, USD, anchor day 1) or update the fields given. The time zone,
     anchor day and currency are fixed once the customer has a plan or an invoice (its periods and
-    plans were cut from them). Returns (the customer, whether anything changed)."""
+    plans were cut from them). When the customer is created or its time zone or anchor day changes,
+    its calendar is handed to metering in the same transaction (`calendar_to_metering`). Returns
+    (the customer, whether anything changed)."""
     now = checked_now(now)
     check_customer_id(customer_id)
     if timezone is not None:
@@ -83,7 +90,19 @@ def set_customer(
                     "bill under a new customer id instead"
                 )
         save_customer(conn, new, now)
+        if old is None or (old.timezone, old.anchor_day) != (new.timezone, new.anchor_day):
+            calendar_to_metering(conn, new)
     return new, True
+
+
+def calendar_to_metering(conn: psycopg.Connection, customer: Customer) -> None:
+    """Hand metering the customer's calendar inside the caller's transaction: its schedule and, if
+    metering does not have that schedule yet, its periods labelled `metering.calendars.SPAN`, cut by
+    `billing.periods` (metering does no time zone arithmetic). Metering rebuilds the customer's
+    period totals when the schedule it kept them by changes and it holds usage of the customer."""
+    timezone, anchor_day = customer.timezone, customer.anchor_day
+    set_calendar(conn, customer.customer_id, timezone, anchor_day,
+                 ((p.start, p.end) for p in periods_between(*SPAN, timezone, anchor_day)))
 
 
 def parse_local_date(text: str, what: str) -> date:
@@ -117,11 +136,14 @@ class PlanAssignment:
 
 
 def assign_plan(
-    conn: psycopg.Connection, customer_id: str, book_text: str, source_name: str, from_date: str, *, now: datetime
+    conn: psycopg.Connection, customer_id: str, book_text: str, source_name: str, from_date: str, *, now: datetime,
+    backdate: bool = False, backdate_hint: str = "pass --backdate",
 ) -> PlanAssignment:
     """Give the customer a price book from a local date (in force from the first period boundary at
-    or after it). Refused for a book in another currency, and when a finalized invoice exists for a
-    period it would reach (a plan change never rewrites an issued invoice)."""
+    or after it). Refused for a book in another currency, when a finalized invoice exists for a
+    period it would reach (a plan change never rewrites an issued invoice), and, unless `backdate`,
+    from a period before the customer's first plan (it would bill those periods too; the refusal ends
+    with `backdate_hint`, how the caller's user says yes)."""
     now = checked_now(now)
     day = parse_local_date(from_date, "from")
     customer = require_customer(conn, customer_id)
@@ -135,6 +157,12 @@ def assign_plan(
     with conn.transaction():
         lock_customer(conn, customer_id)
         assigned = plans(conn, customer_id)
+        first = min(assigned, key=lambda p: p.effective_at, default=None)
+        if first is not None and effective.start < first.effective_at and not backdate:
+            raise BillingServiceError(
+                f"customer {customer_id}'s first plan is in force from period {first.effective_period}; a plan from "
+                f"{from_date} (period {effective.label}) would bill the periods before it: {backdate_hint} to do so"
+            )
         finalized = conn.execute(
             "SELECT period, number, period_start FROM billing_invoices WHERE customer_id = %s AND status = ANY(%s) "
             "AND period_start >= %s ORDER BY period_start",

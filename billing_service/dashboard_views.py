@@ -162,6 +162,11 @@ class DashboardViews:
                                "used": None if not cap else round(float(Decimal(spend["subtotal"]) / cap), 6)}
         return spend
 
+    def customer_name(self, conn: psycopg.Connection, customer_id: str) -> str | None:
+        """The customer's display name (its billing account's); None without one or without a name."""
+        customer = get_customer(conn, customer_id)
+        return None if customer is None else customer.name or None
+
     def customer_price_book(self, conn: psycopg.Connection, customer_id: str, at: datetime) -> PriceBook | None:
         """The book of the customer's plan for the period containing `at`; None without one."""
         customer = get_customer(conn, customer_id)

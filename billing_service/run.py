@@ -5,7 +5,10 @@ For period P, per customer, in the customer's time zone from its anchor day:
    is created or refreshed from the usage rated under the period's plan (`billing_service.drafts`:
    late usage of periods already finalized lands on it as adjustment lines); once the grace window
    (INFERMETER_BILLING_GRACE_H after the period's end) is over the draft is finalized: numbered
-   without gaps, prepaid credits applied, immutable from then on;
+   without gaps, prepaid credits applied, immutable from then on. A period with nothing to bill (its
+   draft has no line: no usage, no minimum, no adjustment) gets no numbered invoice: past the grace
+   window no draft is created for it (one made while it was open stays an unnumbered draft), and the
+   run lists it in `nothing_to_bill`; usage that arrives for it later is billed on its own invoice;
 2. usage of customers without a customer record or without a plan is reported as unbilled
    (`billing_service.usage.unbilled_usage`).
 
@@ -17,7 +20,7 @@ it raises.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
@@ -93,16 +96,29 @@ class InvoiceOutcome:
                 "total": money_text(self.total, self.currency), "note": self.note}
 
 
+@dataclass(frozen=True)
+class NothingToBill:
+    """A period past its grace window whose draft would have no line: no invoice number is taken for it."""
+
+    customer_id: str
+    period: str
+
+    def to_json(self) -> dict:
+        return {"customer_id": self.customer_id, "period": self.period}
+
+
 @dataclass
 class RunResult:
     period: str
     invoices: list[InvoiceOutcome]
     unbilled: list[Unbilled]
     not_started: list[str]
+    nothing_to_bill: list[NothingToBill] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"period": self.period, "invoices": [o.to_json() for o in self.invoices],
-                "unbilled": [u.to_json() for u in self.unbilled], "not_started": self.not_started}
+                "unbilled": [u.to_json() for u in self.unbilled], "not_started": self.not_started,
+                "nothing_to_bill": [n.to_json() for n in self.nothing_to_bill]}
 
 
 # the bulk path's way of billing a customer's first invoice straight from its rating (`first_invoice_outcome`);
@@ -161,13 +177,13 @@ def billing_run(
             started.append((customer, target))
     if bulk and customer_id is None:
         result.invoices.extend(_bulk_run(conn, started, now, grace, cost_model, issuer_prefix, batch_size, read_usage,
-                                         quick_path or first_invoice_outcome))
+                                         quick_path or first_invoice_outcome, result.nothing_to_bill))
     else:
         for customer, target in started:
             with conn.transaction():
                 lock_customer(conn, customer.customer_id)
                 ctx = draft_context(conn, customer, now, cost_model, read_usage)
-                result.invoices.extend(_run_customer(ctx, target, grace, issuer_prefix))
+                result.invoices.extend(_run_customer(ctx, target, grace, issuer_prefix, result.nothing_to_bill))
     result.unbilled = unbilled_usage(conn, period, customers=customers, only=customer_id, cost_model=cost_model)
     return result
 
@@ -195,7 +211,9 @@ def _periods_between(first_label: str, timezone: str, anchor_day: int, target: P
     return tuple(out)
 
 
-def _run_customer(ctx: DraftContext, target: Period, grace: timedelta, prefix: str) -> list[InvoiceOutcome]:
+def _run_customer(ctx: DraftContext, target: Period, grace: timedelta, prefix: str,
+                  nothing_to_bill: list[NothingToBill]) -> list[InvoiceOutcome]:
+    """The customer's invoices up to `target`; the periods with nothing to bill are appended to `nothing_to_bill`."""
     now = ctx.now
     outcomes = []
     for period in _periods_to_bill(ctx, target):
@@ -209,12 +227,19 @@ def _run_customer(ctx: DraftContext, target: Period, grace: timedelta, prefix: s
         existing = drafts[-1] if drafts else None
         sequence = existing.invoice.sequence if existing else max((s.invoice.sequence for s in group), default=0) + 1
         draft = build_draft(ctx, period, plan, existing, sequence)
+        closed = grace_over(period, now, grace)
+        if closed and not draft.lines and existing is None:  # never drafted, and nothing to bill
+            nothing_to_bill.append(NothingToBill(ctx.customer.customer_id, period.label))
+            continue
         changed = ctx.store.save(draft, book_sha256=plan.book_sha256, now=now,
                                  change="created" if existing is None else "refreshed", previous=existing)
         action = "created" if existing is None else ("refreshed" if changed else "unchanged")
         stored = _reload(ctx, draft.id)
         note = ""
-        if grace_over(period, now, grace):
+        if closed and not draft.lines:  # drafted while the period was open: it stays a draft, unnumbered
+            nothing_to_bill.append(NothingToBill(ctx.customer.customer_id, period.label))
+            continue
+        if closed:
             if draft.total < 0:
                 note = (f"held as a draft: its total {draft.total} {draft.currency} is negative (usage was corrected "
                         "down); it is finalized once later usage covers it, or issue a credit note instead")
@@ -229,7 +254,7 @@ def _run_customer(ctx: DraftContext, target: Period, grace: timedelta, prefix: s
 
 def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], now: datetime, grace: timedelta,
               cost_model: CostModel | None, prefix: str, batch_size: int, read_usage: UsageReader,
-              quick_path: QuickPath) -> list[InvoiceOutcome]:
+              quick_path: QuickPath, nothing_to_bill: list[NothingToBill]) -> list[InvoiceOutcome]:
     """The billing run of many customers: ratings up front, then `batch_size` customers a transaction."""
     ids = [c.customer_id for c, _ in started]
     ratings = _bulk_ratings(conn, started, plans_of(conn, ids), load_stored(conn, ids), cost_model)
@@ -251,7 +276,7 @@ def _bulk_run(conn: psycopg.Connection, started: list[tuple[Customer, Period]], 
                     continue
                 ctx = DraftContext(conn, customer, now, cost_model, store, stored[cid], assigned[cid],
                                    dict(ratings.get(cid, {})), ledger, numbers, read_usage)
-                outcomes.extend(_run_customer(ctx, target, grace, prefix))
+                outcomes.extend(_run_customer(ctx, target, grace, prefix, nothing_to_bill))
             store.flush()
             ledger.flush()
             numbers.flush()
@@ -286,8 +311,8 @@ def first_invoice_outcome(conn: psycopg.Connection, customer: Customer, target: 
         return None
     action = "created"
     if grace_over(target, now, grace):
-        if invoice.total < 0:
-            return None  # held as a draft, with its note: `_run_customer` says so
+        if invoice.total < 0 or not invoice.lines:  # held as a draft, or nothing to bill: `_run_customer` says so
+            return None
         invoice = finalize_first(invoice, number=numbers.next_number(prefix, now.year), at=now)
         action = "finalized"
     store.add_first(invoice, book_sha256=plan.book_sha256, now=now)

@@ -148,6 +148,10 @@ class BillingViews(Protocol):
         bad label raises TimeInputError), with its credit balance and budget."""
         ...
 
+    def customer_name(self, conn: psycopg.Connection, customer_id: str) -> str | None:
+        """The customer's display name (its billing account's); None without one or without a name."""
+        ...
+
     def customer_price_book(self, conn: psycopg.Connection, customer_id: str, at: datetime) -> PriceBook | None:
         """The book of the customer's plan for the period containing `at` (its spend per successful
         task is rated under it); None without one."""

@@ -7,6 +7,7 @@ Amounts stay exact decimal strings (the charts convert them to numbers for drawi
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -44,11 +45,13 @@ class Chart:
     x_title: str = ""
     extra: dict = field(default_factory=dict)
     x_type: str = ""  # plotly's axis type; "" lets plotly guess (dates for hours), "category" for labels
+    y_percent: bool = False  # the values are shares (0.25): the axis reads in percent (25%)
 
     def spec(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "kind": self.kind, "x": self.x,
                 "series": [{"label": label, "key": key} for label, key in self.series],
-                "rows": self.rows, "y_title": self.y_title, "x_title": self.x_title, "x_type": self.x_type}
+                "rows": self.rows, "y_title": self.y_title, "x_title": self.x_title, "x_type": self.x_type,
+                "y_percent": self.y_percent}
 
     def to_json(self) -> dict[str, Any]:
         return {"chart": self.id, "title": self.title, **self.extra, "rows": self.rows}
@@ -74,6 +77,20 @@ def page_window(from_text: str | None, to_text: str | None, *, now: datetime, de
     if end - start > MAX_WINDOW:
         raise TimeInputError(f"the window is longer than {MAX_WINDOW.days} days; choose a shorter one")
     return Window(start, end)
+
+
+PICKED_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d)?")  # what a datetime-local picker sends
+
+
+def picked_time(text: str | None) -> str | None:
+    """A time from a page's date picker (`<input type="datetime-local">`: no zone) as UTC, which the
+    pages' times are ("2026-11-02T10:00" -> "2026-11-02T10:00Z"); any other text as it is."""
+    return f"{text}Z" if text and PICKED_TIME.fullmatch(text) else text
+
+
+def picked_times(params: list[tuple[str, str]], names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """A page's query with the date pickers' fields (`names`) as UTC times (picked_time)."""
+    return [(k, picked_time(v) if k in names else v) for k, v in params]
 
 
 def bucket_for(window: Window) -> str:
@@ -295,8 +312,8 @@ def usage_charts(usage: dict) -> list[Chart]:
         Chart("requests", "Requests", "bar", b, [("requests", "requests")], usage["series"], y_title="requests",
               x_title=b),
         Chart("cache_hit", "Cache-hit rate", "line", b, [("cached / all input tokens", "cache_hit_rate")],
-              usage["series"], y_title="share of input tokens", x_title=b,
-              note="Cached input tokens divided by all input tokens."),
+              usage["series"], y_title="cache-hit rate (%)", x_title=b, y_percent=True,
+              note="Cached input tokens divided by all input tokens, in percent."),
     ]
 
 

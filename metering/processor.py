@@ -17,6 +17,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from infermeter.times import add_months, month_start, utc_text
 from metering.contract import (
     REPLICA_V1,
+    REQUEST_V1,
+    TASK_V1,
     Event,
     InvalidEvent,
     ReplicaData,
@@ -72,6 +74,7 @@ class ProcessedBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     ingest_ids: list[str | None] = field(default_factory=list)  # per seq
     batch_duplicates: Counter = field(default_factory=Counter)  # ingest id -> repeats inside this batch
+    names_tasks: bool = False  # some request or task event names a task (its period totals may move)
 
     @property
     def staged(self) -> int:
@@ -147,8 +150,10 @@ def split_interval(data: ReplicaData) -> list[GpuSlice]:
 
 def stage_row(seq: int, event: Event, payload: bytes) -> StageRow:
     """One staging row: the envelope columns and the event as received (Postgres reads the
-    per-type fields from the payload, in C, once per batch)."""
-    return (seq, event.source, event.id, event.type, event.subject, event.time, payload.decode("utf-8"))
+    per-type fields from the payload, in C, once per batch), and the task a request or task event
+    names (the tasks whose period totals the writer looks at again)."""
+    task_id = event.data.task_id if event.type in (REQUEST_V1, TASK_V1) else None
+    return (seq, event.source, event.id, event.type, event.subject, event.time, payload.decode("utf-8"), task_id)
 
 
 def oldest_retained_month(now: datetime, retention_months: int) -> datetime:
@@ -201,7 +206,9 @@ def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, futur
             continue
         seen.add(key)
         seq = len(batch.stage_rows)
-        batch.stage_rows.append(stage_row(seq, event, payload))
+        row = stage_row(seq, event, payload)
+        batch.stage_rows.append(row)
+        batch.names_tasks = batch.names_tasks or row[7] is not None
         batch.ingest_ids.append(ingest_id)
         if event.type == REPLICA_V1:
             for piece in split_interval(event.data):

@@ -149,6 +149,12 @@ task_outcomes = Table(
     Column("source", Key, nullable=False),
     Column("event_id", Key, nullable=False),
     Column("failure_cause", Text),  # the outcome's failure_cause (migration 0008), NULL when not given
+    # What this task adds to task_period_totals now (migration 0018): the period its outcome counted in,
+    # that outcome and its attempts then; NULL/0 until counted. A later outcome or attempt changes what
+    # it adds: the writer applies the difference in the same transaction (metering.period_totals).
+    timestamp_column("counted_period"),
+    Column("counted_outcome", Text),
+    Column("counted_attempts", Integer, nullable=False, server_default="0"),
     PrimaryKeyConstraint("customer_id", "task_id", name="task_outcomes_pkey"),
 )
 Index("task_outcomes_finished", task_outcomes.c.finished_at)
@@ -211,6 +217,85 @@ gpu_ledger_hourly = Table(
     PrimaryKeyConstraint(
         "customer_id", "deployment_id", "replica_id", "gpu_type", "hour", name="gpu_ledger_hourly_pkey"
     ),
+)
+
+# --- billing periods as data, and the period totals kept at ingest (migration 0018) ---------------
+# metering imports no billing code: billing hands each customer's schedule and the schedule's periods
+# over through metering.calendars.set_calendar. A customer without a row is kept by UTC calendar month.
+
+# A customer's billing schedule: IANA time zone and anchor day (1..31).
+customer_calendars = Table(
+    "customer_calendars",
+    metadata,
+    Column("customer_id", Key, primary_key=True),
+    Column("timezone", Text, nullable=False),
+    Column("anchor_day", Integer, nullable=False),
+    timestamp_column("updated_at", nullable=False, server_default=func.now()),
+)
+
+# The periods of every schedule in use but ('UTC', 1) (UTC calendar months need no rows), as exact UTC
+# instants [period_start, period_end) computed by billing's period function: those labelled 1970-01 to
+# 2100-12 (metering.calendars.SPAN). Consecutive rows of a schedule tile time.
+calendar_periods = Table(
+    "calendar_periods",
+    metadata,
+    Column("timezone", Text, nullable=False),
+    Column("anchor_day", Integer, nullable=False),
+    timestamp_column("period_start", nullable=False),
+    timestamp_column("period_end", nullable=False),
+    PrimaryKeyConstraint("timezone", "anchor_day", "period_start", name="calendar_periods_pkey"),
+)
+
+# infermeter.request.v1 per customer x billing period x model x deployment x project, every meter of
+# request_rollup_hourly; written in the same statement as the hourly rollups. project '' = none.
+request_period_totals = Table(
+    "request_period_totals",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    timestamp_column("period_start", nullable=False),
+    Column("model", Key, nullable=False),
+    Column("deployment_id", Key, nullable=False),
+    Column("project", Key, nullable=False, server_default=""),
+    *_counts(*(c.name for c in request_rollup_hourly.c if c.name not in ("customer_id", "model", "deployment_id", "hour"))),
+    PrimaryKeyConstraint("customer_id", "period_start", "model", "deployment_id", "project",
+                         name="request_period_totals_pkey"),
+)
+
+# infermeter.usage.v1 per customer x billing period x meter.
+usage_period_totals = Table(
+    "usage_period_totals",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    timestamp_column("period_start", nullable=False),
+    Column("meter", Key, nullable=False),
+    Column("quantity", Quantity, nullable=False, server_default="0"),
+    *_counts("events"),
+    PrimaryKeyConstraint("customer_id", "period_start", "meter", name="usage_period_totals_pkey"),
+)
+
+# Tasks by outcome, in the period of the outcome's finished_at (task_outcomes' latest outcome), and the
+# attempts of the succeeded and of the failed ones (abandoned tasks' attempts are not counted).
+task_period_totals = Table(
+    "task_period_totals",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    timestamp_column("period_start", nullable=False),
+    *_counts("succeeded", "failed", "abandoned", "succeeded_attempts", "failed_attempts"),
+    PrimaryKeyConstraint("customer_id", "period_start", name="task_period_totals_pkey"),
+)
+
+# GPU-ms of dedicated deployments (replica intervals with a customer_id) per owner x billing period x
+# deployment x GPU type; an hour's slice counts in the period that contains the hour's start (the
+# billing edge-hour rule). The shared pool's attribution stays on gpu_ledger_hourly.
+gpu_period_totals = Table(
+    "gpu_period_totals",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    timestamp_column("period_start", nullable=False),
+    Column("deployment_id", Key, nullable=False),
+    Column("gpu_type", Key, nullable=False),
+    *_counts("gpu_ms"),
+    PrimaryKeyConstraint("customer_id", "period_start", "deployment_id", "gpu_type", name="gpu_period_totals_pkey"),
 )
 
 # Kafka offsets of the metering consumers, written in the same transaction as the events.

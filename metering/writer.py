@@ -21,9 +21,25 @@ import psycopg
 
 from infermeter.times import month_start, next_month
 from metering.kafka_types import Message, TopicPartition
+from metering.period_totals import (
+    BATCH_TASK_CHANGES,
+    LOCK_CALENDARS_SHARED,
+    LOCK_TASK_CUSTOMERS,
+    REQUEST_COUNTS,
+    REQUEST_FIELDS,
+    REQUEST_SUMS,
+    REQUEST_SUMS_NAMED,
+    USAGE_FIELDS,
+    add_counts,
+    gpu_period_rows,
+    located,
+    move_tasks,
+    request_period_rows,
+    usage_period_rows,
+)
 from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
-STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload")
+STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload", "task_id")
 GPU_STAGE_COLUMNS = (
     "seq", "customer_id", "deployment_id", "replica_id", "gpu_type", "hour",
     "gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms",
@@ -32,7 +48,8 @@ GPU_STAGE_COLUMNS = (
 CREATE_STAGE = """
 CREATE TEMP TABLE IF NOT EXISTS stage (
     seq int NOT NULL, source text COLLATE "C" NOT NULL, event_id text COLLATE "C" NOT NULL, type text NOT NULL,
-    customer_id text COLLATE "C" NOT NULL, occurred_at timestamptz NOT NULL, payload text NOT NULL
+    customer_id text COLLATE "C" NOT NULL, occurred_at timestamptz NOT NULL, payload text NOT NULL,
+    task_id text COLLATE "C"
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
     seq int NOT NULL, customer_id text COLLATE "C" NOT NULL, deployment_id text COLLATE "C" NOT NULL,
@@ -42,19 +59,48 @@ CREATE TEMP TABLE IF NOT EXISTS stage_gpu (
 ) ON COMMIT DELETE ROWS;
 """
 
-_ADD = lambda table, cols: ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in cols)  # noqa: E731
-_REQUEST_COUNTS = (
-    "requests", "requests_ok", "requests_error", "requests_cancelled", "requests_rejected",
-    "input_tokens", "cached_input_tokens", "output_tokens",
-    "retry_requests", "retry_input_tokens", "retry_cached_input_tokens", "retry_output_tokens",
-)
+_ADD = add_counts
+_REQUEST_COUNTS = REQUEST_COUNTS
 _REGION_COUNTS = ("requests", "requests_rejected", "input_tokens", "cached_input_tokens", "output_tokens")
 _GPU_COUNTS = ("gpu_ms", "busy_ms", "prompt_tokens", "generation_tokens", "intervals",
                "wall_ms", "kv_cache_gpu_ms", "queue_ms", "running_ms")
 
+# The period totals (metering.period_totals), extra CTEs of the same statement: each distinct
+# (customer, UTC hour) of the fresh request and usage events and dedicated GPU slices is located among
+# its customer's periods once, then each event counts in the period of its occurred_at, each GPU slice
+# in the period of its hour's start.
+PERIOD_TOTALS_CTES = f"""
+), gpu_slices AS (
+    SELECT g.customer_id, g.hour, g.deployment_id, g.gpu_type, g.gpu_ms
+    FROM stage_gpu g JOIN fresh f USING (seq) WHERE g.customer_id <> ''
+), usage_hours AS (
+    SELECT customer_id, hour, meter, sum(quantity) AS quantity, count(*) AS events FROM used GROUP BY 1, 2, 3
+), period_hours AS (
+    SELECT customer_id, hour FROM request_hours
+    UNION
+    SELECT customer_id, hour FROM usage_hours
+    UNION
+    SELECT customer_id, hour FROM gpu_slices
+), located AS (
+    {located("period_hours")}
+), request_periods AS (
+    INSERT INTO request_period_totals AS rp (customer_id, period_start, model, deployment_id, project,
+                                             {", ".join(_REQUEST_COUNTS)})
+    {request_period_rows("request_hours", "req")}
+    ON CONFLICT (customer_id, period_start, model, deployment_id, project) DO UPDATE SET {_ADD("rp", _REQUEST_COUNTS)}
+), usage_periods AS (
+    INSERT INTO usage_period_totals AS up (customer_id, period_start, meter, quantity, events)
+    {usage_period_rows("usage_hours", "used")}
+    ON CONFLICT (customer_id, period_start, meter) DO UPDATE SET {_ADD("up", ("quantity", "events"))}
+), gpu_periods AS (
+    INSERT INTO gpu_period_totals AS gp (customer_id, period_start, deployment_id, gpu_type, gpu_ms)
+    {gpu_period_rows("gpu_slices")}
+    ON CONFLICT (customer_id, period_start, deployment_id, gpu_type) DO UPDATE SET {_ADD("gp", ("gpu_ms",))}
+"""
+
 # One statement: claim identities, then every table fed from the fresh events only. Every upsert
 # visits its rows in key order, so concurrent writers lock shared rows in one order (no deadlock).
-WRITE_BATCH = f"""
+WRITE_BATCH_TEMPLATE = f"""
 WITH fresh_keys AS (
     INSERT INTO event_keys (source, event_id, occurred_at)
     SELECT source, event_id, occurred_at FROM stage
@@ -67,13 +113,7 @@ WITH fresh_keys AS (
     FROM stage s JOIN fresh_keys k USING (source, event_id)
 ), req AS (
     SELECT customer_id, occurred_at, hour,
-           payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
-           payload->'data'->>'status' AS status, payload->'data'->>'task_id' AS task_id,
-           payload->'data'->>'region' AS region,
-           coalesce((payload->'data'->>'attempt')::int, 1) AS attempt,
-           (payload->'data'->>'input_tokens')::bigint AS input_tokens,
-           (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
-           (payload->'data'->>'output_tokens')::bigint AS output_tokens
+           {REQUEST_FIELDS}
     FROM fresh WHERE type = 'infermeter.request.v1'
 ), outcome AS (
     SELECT customer_id, source, event_id, payload->'data'->>'task_id' AS task_id,
@@ -81,28 +121,14 @@ WITH fresh_keys AS (
            payload->'data'->>'failure_cause' AS failure_cause
     FROM fresh WHERE type = 'infermeter.task.v1'
 ), used AS (
-    SELECT customer_id, hour, payload->'data'->>'meter' AS meter, payload->'data'->>'task_id' AS task_id,
-           (payload->'data'->>'quantity')::numeric AS quantity
+    SELECT customer_id, occurred_at, hour, {USAGE_FIELDS}
     FROM fresh WHERE type = 'infermeter.usage.v1'
 ), raw AS (
     INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload)
     SELECT occurred_at, source, event_id, type, customer_id, payload FROM fresh
-), requests AS (
+{{request_hours}}), requests AS (
     INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, {", ".join(_REQUEST_COUNTS)})
-    SELECT customer_id, model, deployment_id, hour,
-           count(*),
-           count(*) FILTER (WHERE status = 'ok'),
-           count(*) FILTER (WHERE status = 'error'),
-           count(*) FILTER (WHERE status = 'cancelled'),
-           count(*) FILTER (WHERE status = 'rejected'),
-           sum(input_tokens), sum(cached_input_tokens), sum(output_tokens),
-           count(*) FILTER (WHERE attempt > 1),
-           coalesce(sum(input_tokens) FILTER (WHERE attempt > 1), 0),
-           coalesce(sum(cached_input_tokens) FILTER (WHERE attempt > 1), 0),
-           coalesce(sum(output_tokens) FILTER (WHERE attempt > 1), 0)
-    FROM req
-    GROUP BY customer_id, model, deployment_id, hour
-    ORDER BY customer_id, model, deployment_id, hour
+    {{request_rollup_rows}}
     ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
 ), regions AS (
     INSERT INTO request_region_hourly AS rg (customer_id, model, deployment_id, region, hour, {", ".join(_REGION_COUNTS)})
@@ -162,9 +188,43 @@ WITH fresh_keys AS (
     GROUP BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ORDER BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ON CONFLICT (customer_id, deployment_id, replica_id, gpu_type, hour) DO UPDATE SET {_ADD("g", _GPU_COUNTS)}
-)
+{{period_totals}})
 SELECT seq FROM fresh
 """
+
+# With the totals, the request events are grouped once per customer x hour x model x deployment x
+# project; the hourly rollup and the period totals both add up those groups.
+REQUEST_HOURS_CTE = f"""), request_hours AS (
+    SELECT customer_id, hour, model, deployment_id, project,
+           {REQUEST_SUMS_NAMED}
+    FROM req
+    GROUP BY customer_id, hour, model, deployment_id, project
+"""
+_ROLLUP_FROM_EVENTS = f"""SELECT customer_id, model, deployment_id, hour,
+           {REQUEST_SUMS}
+    FROM req
+    GROUP BY customer_id, model, deployment_id, hour
+    ORDER BY customer_id, model, deployment_id, hour"""
+_ROLLUP_FROM_HOURS = f"""SELECT customer_id, model, deployment_id, hour,
+           {", ".join(f"sum({c})" for c in _REQUEST_COUNTS)}
+    FROM request_hours
+    GROUP BY customer_id, model, deployment_id, hour
+    ORDER BY customer_id, model, deployment_id, hour"""
+
+
+def _write_batch(period_totals: bool) -> str:
+    parts = {"{request_hours}": REQUEST_HOURS_CTE if period_totals else "",
+             "{request_rollup_rows}": _ROLLUP_FROM_HOURS if period_totals else _ROLLUP_FROM_EVENTS,
+             "{period_totals}": PERIOD_TOTALS_CTES if period_totals else ""}
+    statement = WRITE_BATCH_TEMPLATE
+    for placeholder, text in parts.items():
+        statement = statement.replace(placeholder, text)
+    return statement
+
+
+WRITE_BATCH = _write_batch(period_totals=True)
+# Without the period totals: the write as it was before them (bench.ingest's comparison only).
+WRITE_BATCH_WITHOUT_TOTALS = _write_batch(period_totals=False)
 
 # Taken by whoever creates or drops a month's partitions (this writer; metering.archive), for its
 # transaction: the archiver's drop and a writer's creation of the same month never interleave.
@@ -229,8 +289,10 @@ class BatchWriter:
     """Owns one Postgres connection; `write(messages)` commits one batch or raises."""
 
     def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None,
-                 retention_months: int | None = None):
+                 retention_months: int | None = None, period_totals: bool = True):
         self.dsn = dsn
+        # False only to measure what the totals cost (bench.ingest): the totals are then left behind.
+        self.period_totals = period_totals
         self.group_id = group_id
         self.max_bytes = max_bytes
         self.future_tolerance_s = future_tolerance_s
@@ -290,11 +352,15 @@ class BatchWriter:
             cur.execute("SELECT month FROM archived_months WHERE month = ANY(%s)", (sorted(missing),))
             archived = {row[0] for row in cur.fetchall()}
             for month in sorted(missing - archived):
+                # event_keys before raw_events: the order in which a batch's statement locks them. A
+                # partition's creation locks its parent exclusive until this commit; in the other
+                # order, a writer whose statement holds event_keys and waits for raw_events deadlocks
+                # with this transaction (two writers, one of them the first to meet a new month).
                 bounds = f"FOR VALUES FROM ('{month.isoformat()}') TO ('{next_month(month).isoformat()}')"
-                cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('raw_events', month)} "
-                            f"PARTITION OF raw_events {bounds}")
                 cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('event_keys', month)} "
                             f"PARTITION OF event_keys (PRIMARY KEY (source, event_id)) {bounds}")
+                cur.execute(f"CREATE TABLE IF NOT EXISTS {partition_name('raw_events', month)} "
+                            f"PARTITION OF raw_events {bounds}")
         conn.commit()
         self._partitions |= missing - archived
 
@@ -390,8 +456,17 @@ class BatchWriter:
             with cur.copy(f"COPY stage_gpu ({', '.join(GPU_STAGE_COLUMNS)}) FROM STDIN") as copy:
                 for row in batch.gpu_rows:
                     copy.write_row(row)
+        if not self.period_totals:
+            cur.execute(WRITE_BATCH_WITHOUT_TOTALS)
+            return [row[0] for row in cur.fetchall()]
+        cur.execute(LOCK_CALENDARS_SHARED)  # before the statement: its snapshot sees the committed calendars
+        if batch.names_tasks:
+            cur.execute(LOCK_TASK_CUSTOMERS, (sorted({row[4] for row in batch.stage_rows if row[7] is not None}),))
         cur.execute(WRITE_BATCH)
-        return [row[0] for row in cur.fetchall()]
+        fresh = [row[0] for row in cur.fetchall()]
+        if batch.names_tasks:
+            move_tasks(cur, BATCH_TASK_CHANGES)  # sees the outcomes and attempts the statement just wrote
+        return fresh
 
     def _dead_letters(self, cur: psycopg.Cursor, batch: ProcessedBatch) -> None:
         if batch.dead_letters:

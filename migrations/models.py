@@ -7,6 +7,7 @@ from sqlalchemy import MetaData
 import alerts.tables  # noqa: F401
 import billing_service.stripe.tables  # noqa: F401
 import billing_service.tables  # noqa: F401
+import dashboards.sessions  # noqa: F401
 import metering.tables  # noqa: F401
 import prediction_service.tables  # noqa: F401
 import pricing_service.tables  # noqa: F401

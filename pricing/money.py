@@ -7,12 +7,14 @@ to its currency's minor unit, and the precise amount is kept beside the rounded 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 # Same scale as the NUMERIC columns (infermeter.db.QUANTITY_SCALE); pricing/ stays free of I/O imports,
 # so the number is repeated here and a test checks the two agree.
 SCALE = 12
+PRECISION = 38  # digits in all in those columns (NUMERIC(38, 12)): at most 26 before the decimal point
 QUANT = Decimal(1).scaleb(-SCALE)  # 0.000000000001
 
 # Wide enough that products of 38-digit quantities and 12-decimal prices never lose digits.
@@ -98,6 +100,28 @@ def exact_decimal(value: object, *, what: str = "amount") -> Decimal:
             f"{what} {value!r} has more than {SCALE} decimal places (the project-wide scale)"
         )
     return d
+
+
+_PLAIN_DECIMAL = re.compile(r"-?([0-9]+)(?:\.([0-9]+))?")
+
+
+def plain_decimal(text: str, *, what: str = "amount") -> Decimal:
+    """An amount typed by a person ("50", "50.00", "-0.5") as a Decimal that fits the NUMERIC(PRECISION,
+    SCALE) columns. Exponents ("1e3"), NaN, Infinity, separators, more than SCALE decimal places or more
+    than PRECISION - SCALE digits before the point are refused with a one-line ValueError. The sign and
+    the currency's minor unit are the caller's to check."""
+    stripped = text.strip()
+    match = _PLAIN_DECIMAL.fullmatch(stripped)
+    if match is None:
+        raise ValueError(f"{what} {text!r} is not a decimal number such as 50.00 (digits, at most one '.', "
+                         f"no exponent)")
+    whole, fraction = match.group(1).lstrip("0"), match.group(2) or ""
+    if len(whole) > PRECISION - SCALE:
+        raise ValueError(f"{what} {stripped} has {len(whole)} digits before the decimal point; at most "
+                         f"{PRECISION - SCALE} fit")
+    if len(fraction) > SCALE:
+        raise ValueError(f"{what} {stripped} has {len(fraction)} decimal places; at most {SCALE} fit")
+    return Decimal(stripped)
 
 
 def mul_div(quantity: Decimal | int, amount: Decimal, per: Decimal) -> Decimal:

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from infermeter.times import utc_text
 from pricing.anatomy import TERMS
+from pricing_service.books import EXAMPLE_COST_MODEL, REPO_ROOT
 from pricing_service.comparison_report import ComparisonReport, gross_margin_pct
 
 CSS = """
@@ -124,13 +125,16 @@ ANATOMY_NOTE = (
 
 def write_html(report: ComparisonReport, path: Path) -> Path:
     c = report.comparison
+    # the cost model as the user gave it; the example one by its place in the project, not this machine's path
+    cost_model = report.cost_model_source
+    cost_model = str(EXAMPLE_COST_MODEL.relative_to(REPO_ROOT)) if cost_model == str(EXAMPLE_COST_MODEL) else cost_model
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>Pricing experiment {html.escape(utc_text(c.start))} .. {html.escape(utc_text(c.end))}</title>",
         f"<style>{CSS}</style></head><body>",
         "<h1>Pricing experiment: the same usage under several price books</h1>",
         f"<p class='note'>Window [{utc_text(c.start)}, {utc_text(c.end)}), currency {c.currency}. Baseline book: "
-        f"<b>{html.escape(c.books[0].book.id)}</b>. Cost model: {html.escape(report.cost_model_source)}. "
+        f"<b>{html.escape(c.books[0].book.id)}</b>. Cost model: {html.escape(cost_model)}. "
         "Per GPU-hour pricing makes the customer carry utilisation; per-token pricing makes the platform carry "
         "production efficiency; per-task pricing makes the platform carry model quality and retries too.</p>",
     ]
@@ -152,7 +156,8 @@ def write_html(report: ComparisonReport, path: Path) -> Path:
         parts.append(f"<h2>{html.escape(title)}</h2><p class='note'>{html.escape(NOTES[key])}</p>")
         parts.append(
             fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{key}",
-                        config={"displaylogo": False, "responsive": True})
+                        config={"displaylogo": False, "responsive": True, "showSendToCloud": False,
+                                "modeBarButtonsToRemove": ["sendChartToCloud", "sendDataToCloud", "editInChartStudio"]})
         )
     parts.append("<h2>Caching and retries in numbers</h2>")
     parts.append(_table(["book", "model", "cached tokens", "cost saved", "passed to customers", "kept by platform"],

@@ -15,7 +15,7 @@ import contextlib
 import re
 import signal
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated
 
 import typer
@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import get_settings
+from pricing.money import plain_decimal
 
 console = Console()
 err_console = Console(stderr=True)
@@ -32,7 +33,7 @@ budgets_app = typer.Typer(help="Per-customer monthly budgets and RPM/TPM rate li
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {message}")
+    err_console.print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line, whatever the terminal's width
     raise typer.Exit(2)
 
 
@@ -115,10 +116,10 @@ def _decimal(value: str | None, what: str) -> Decimal | None:
     if value is None:
         return None
     try:
-        amount = Decimal(value)
-    except InvalidOperation:
-        _fail(f"{what} must be a decimal number such as 100.00, not {value!r}")
-    if not amount.is_finite() or amount < 0:
+        amount = plain_decimal(value, what=what)
+    except ValueError as exc:
+        _fail(str(exc))
+    if amount < 0:
         _fail(f"{what} must be a non-negative decimal number")
     return amount
 

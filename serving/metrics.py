@@ -10,6 +10,7 @@ Public API:
     metrics.record_rejection(reason)       # reason: budget_exceeded | rate_limit_requests | rate_limit_tokens | ...
     metrics.record_failover(model, reason)  # a failed upstream try (reason: connect | reset | timeout | http_5xx | http_429)
     metrics.BREAKER_OPENED.labels(model=..., replica=...).inc()
+    metrics.REPLICA_RESTARTS.labels(replica=...).inc()   # `up --serving` restarted a dead vLLM replica
 
 Metric names (each gateway process exposes its own; Prometheus sums across processes):
 
@@ -28,6 +29,7 @@ Metric names (each gateway process exposes its own; Prometheus sums across proce
 | infermeter_replica_agent_intervals_total | counter | deployment | replica intervals emitted |
 | infermeter_failover_total | counter | model, reason | upstream tries that failed before the client got a byte (the request went on to another replica or failed): connect, reset, timeout, http_5xx, http_429 |
 | infermeter_breaker_opened_total | counter | model, replica | a replica's circuit breaker opened (it was closed and a try on it failed) |
+| infermeter_replica_restarts_total | counter | replica | vLLM replicas `infermeter up --serving` restarted after they died (app/serving_stack.py; on up's API at /metrics/serving) |
 | infermeter_deployment_demand_tokens_per_second | gauge | deployment | metered prompt + output tokens/s of the last complete minute (serving/capacity.py) |
 | infermeter_deployment_demand_forecast_tokens_per_second | gauge | deployment | Holt forecast of that demand at the horizon |
 | infermeter_deployment_capacity_tokens_per_second | gauge | deployment | tokens/s one replica sustains while busy (trailing hour) |
@@ -184,6 +186,12 @@ BREAKER_OPENED = Counter(
     registry=REGISTRY,
 )
 
+REPLICA_RESTARTS = Counter(
+    "infermeter_replica_restarts_total",
+    "vLLM replicas restarted by `infermeter up --serving` after they died.",
+    ["replica"],
+    registry=REGISTRY,
+)
 
 def record_request(
     model: str,

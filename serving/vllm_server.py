@@ -123,7 +123,7 @@ def vllm_env(state_dir: Path, rpc: Path | None = None) -> dict[str, str]:
 
 @dataclass
 class VllmServer:
-    """A running vLLM OpenAI server (child process in its own process group, dying with its parent)."""
+    """A running vLLM OpenAI server (child process in a session of its own, dying with its parent)."""
 
     url: str
     served_model_name: str
@@ -154,14 +154,18 @@ class VllmServer:
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        stop_process_group(self.process, timeout_s)
+    def stop(self, timeout_s: float = 20.0, grace_s: float = 5.0) -> list[int]:
+        """SIGTERM, then whatever is left of its session (its engine core, workers, multiprocessing's
+        resource tracker: they outlive a server killed with -9) SIGTERM and after `grace_s` SIGKILL
+        (`infermeter.stack.stop_process_group`); returns the pids of what outlived the server."""
+        left = stop_process_group(self.process, timeout_s, grace_s)
         if self._log is not None:
             self._log.close()
             self._log = None
         if self._own_folder is not None:
             shutil.rmtree(self._own_folder, ignore_errors=True)
             self._own_folder = None
+        return left
 
 
 def start_vllm(
@@ -201,7 +205,8 @@ def start_vllm(
     env = vllm_env(state_dir, rpc)
     if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    # Its own process group (stop() signals vLLM and its engine processes together), and SIGTERM
+    # Its own session (stop() signals vLLM and its engine processes together, and stops the engine
+    # processes also when the server died before them: they keep its session id), and SIGTERM
     # when the thread that called this exits, even on `kill -9` of this process: vLLM then shuts
     # down its engine processes itself. Call this from the main thread or a thread that outlives
     # the server (infermeter.stack.die_with_parent).

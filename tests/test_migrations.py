@@ -109,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -186,6 +186,60 @@ def test_0009_keeps_every_task_outcome_already_stored_with_its_source(pg_server_
             rows = conn.execute("SELECT task_id, source, event_id, outcome, to_char(finished_at AT TIME ZONE 'UTC', "
                                 "'HH24:MI') FROM task_outcome_reports ORDER BY source").fetchall()
         assert rows == [("t1", "//customer/c", "e2", "failed", "11:00"), ("t1", "//verifier/v", "e1", "succeeded", "10:00")]
+    finally:
+        with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_0018_fills_calendars_and_period_totals_as_ingest_keeps_them(pg_server_url):
+    """Events written at head (billed customers' calendars handed to metering, totals kept at ingest),
+    then down to 0017 and up again: 0018 seeds the calendars from billing_customers and fills the
+    totals and each task's counted share exactly as ingest had kept them."""
+    from datetime import UTC, datetime, timedelta
+
+    from metering.writer import BatchWriter
+    from tests.metering.period_checks import Events, give_calendar, totals_snapshot
+
+    name = "t_mig_0018_totals"
+    try:
+        url = _fresh_database(pg_server_url, name)
+        upgrade(url, "heads")
+        schedules = {"kol": ("Asia/Kolkata", 1), "ktm": ("Asia/Kathmandu", 15), "ber": ("Europe/Berlin", 31)}
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            for customer, (timezone, anchor_day) in schedules.items():
+                conn.execute("INSERT INTO billing_customers (customer_id, timezone, currency, anchor_day) "
+                             "VALUES (%s, %s, 'USD', %s)", (customer, timezone, anchor_day))
+                give_calendar(conn, customer, timezone, anchor_day)
+        ev = Events("m")
+        base = datetime(2026, 2, 27, 12, tzinfo=UTC)
+        lines = []
+        for i in range(0, 60 * 30, 7):  # every 7 minutes for 30 hours, over the period starts of kol and ber
+            at = base + timedelta(minutes=i)
+            for customer in (*schedules, "plain"):
+                lines.append(ev.request(customer, at, input_tokens=i, cached=i // 2, output=i % 9,
+                                        task_id=f"{customer}-t{i % 5}", attempt=1 + i % 3))
+                if i % 35 == 0:
+                    lines.append(ev.usage(customer, "tool_calls", f"{i}.5", at))
+                    lines.append(ev.task(customer, f"{customer}-t{i % 5}", ("succeeded", "failed", "abandoned")[i % 3], at))
+            if i % 140 == 0:
+                lines.append(ev.replica("kol", at, at + timedelta(minutes=50)))
+        writer = BatchWriter(to_libpq_url(url), group_id="m", max_bytes=65536, future_tolerance_s=300)
+        for start in range(0, len(lines), 500):
+            writer.write(ev.messages(lines[start:start + 500]))
+        writer.close()
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            kept = totals_snapshot(conn)
+            calendars = conn.execute("SELECT customer_id, timezone, anchor_day FROM customer_calendars ORDER BY 1").fetchall()
+            periods = conn.execute("SELECT * FROM calendar_periods ORDER BY 1, 2, 3").fetchall()
+        assert all(kept[t] for t in ("request_period_totals", "usage_period_totals", "task_period_totals",
+                                     "gpu_period_totals"))
+        _downgrade(url, "0017")
+        upgrade(url, "0018")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            assert totals_snapshot(conn) == kept
+            assert conn.execute("SELECT customer_id, timezone, anchor_day FROM customer_calendars "
+                                "ORDER BY 1").fetchall() == calendars
+            assert conn.execute("SELECT * FROM calendar_periods ORDER BY 1, 2, 3").fetchall() == periods
     finally:
         with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -7,8 +7,9 @@ Mount with `app.include_router(billing_service.stripe.api.router)`. It reads fro
 - `clock` (optional): returns an aware UTC datetime; default the system clock.
 
 Answers: 200 `{"received": true, "event_id", "outcome": applied|duplicate|ignored}`; 400 for a missing
-or wrong signature, an old timestamp, or a body that is not a Stripe event (`{"error": {"message",
-"code": "invalid_signature"}}` with infermeter.http.error_handler installed); 503 when not configured.
+or wrong signature or an old timestamp (`{"error": {"message", "code": "invalid_signature"}}` with
+infermeter.http.error_handler installed), 400 `invalid_event` for a signed body that is not a Stripe event
+of the shape read here (nothing recorded); 503 when not configured.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from billing_service.stripe.webhook import WebhookHandler, WebhookSignatureError, utc_now
+from billing_service.stripe.webhook import WebhookHandler, WebhookPayloadError, WebhookSignatureError, utc_now
 from infermeter.http import error, error_responses
 
 router = APIRouter(tags=["stripe"], responses=error_responses(400, 503))
@@ -38,6 +39,8 @@ async def stripe_webhook(request: Request) -> dict[str, Any]:
     body = await request.body()
     try:
         result = await run_in_threadpool(handler.handle, body, request.headers.get("stripe-signature"))
+    except WebhookPayloadError as exc:
+        raise error(400, str(exc), "invalid_event") from None
     except WebhookSignatureError as exc:
         raise error(400, str(exc), "invalid_signature") from None
     out: dict[str, Any] = {"received": True, "event_id": result.event_id, "outcome": result.outcome}

@@ -15,6 +15,8 @@ recorded by id in a `WebhookEventLog` in the same step: a replayed event (same i
 If `on_status` raises, the event is not recorded (the endpoint answers 500 and Stripe redelivers it);
 if it raises a `billing.errors.BillingError` (say paid -> payment_failed, delivered out of order) the
 event is recorded as ignored, so Stripe stops redelivering something that can never apply.
+A signed body of another shape (`data`, `data.object` or its `metadata` not an object, the invoice id not
+a string) raises WebhookPayloadError (400 `invalid_event`) before anything is recorded.
 """
 
 from __future__ import annotations
@@ -43,6 +45,58 @@ META_INVOICE = "infermeter_invoice_id"
 
 class WebhookSignatureError(ValueError):
     """The request is not a verified Stripe event: answer 400."""
+
+
+class WebhookPayloadError(WebhookSignatureError):
+    """The body is signed, but is not a Stripe event of the shape this endpoint reads: answer 400
+    (`invalid_event`). Raised before the event is recorded, so it changes nothing."""
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+@dataclass(frozen=True)
+class InvoiceReference:
+    """What a verified event says about an invoice: the Stripe invoice, the infermeter invoice (or None)."""
+
+    stripe_invoice_id: object
+    invoice_id: str | None
+
+
+def read_invoice_reference(event: dict[str, Any]) -> InvoiceReference:
+    """`data.object.id` and `data.object.metadata.infermeter_invoice_id`, their shape checked: objects where
+    Stripe sends objects, a string invoice id; WebhookPayloadError names the first field that is not."""
+    event_id = event["id"]
+
+    def wrong(field: str, value: object, expected: str) -> WebhookPayloadError:
+        return WebhookPayloadError(f"event {event_id}: '{field}' is {_json_kind(value)}, not {expected}")
+
+    data = event.get("data")
+    if not isinstance(data, dict):
+        raise wrong("data", data, "an object")
+    obj = data.get("object")
+    if not isinstance(obj, dict):
+        raise wrong("data.object", obj, "an object")
+    metadata = obj.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise wrong("data.object.metadata", metadata, "an object")
+    invoice_id = metadata.get(META_INVOICE)
+    if invoice_id is not None and not isinstance(invoice_id, str):
+        raise wrong(f"data.object.metadata.{META_INVOICE}", invoice_id, "a string")
+    return InvoiceReference(obj.get("id"), invoice_id or None)
 
 
 class StatusPort(Protocol):
@@ -129,27 +183,27 @@ class WebhookHandler:
         try:
             event = json.loads(payload)
         except ValueError:
-            raise WebhookSignatureError("the signed payload is not JSON") from None
+            raise WebhookPayloadError("the signed payload is not JSON") from None
         if not isinstance(event, dict) or event.get("object") != "event" or not isinstance(event.get("id"), str):
-            raise WebhookSignatureError("the payload is not a Stripe event (object 'event' with an id)")
+            raise WebhookPayloadError("the payload is not a Stripe event (object 'event' with an id)")
         event_id, type_ = event["id"], str(event.get("type", ""))
+        reference = read_invoice_reference(event)  # before the event is recorded: a refused body changes nothing
         with self.events.claim(event_id, type_, event, now) as first:
             if not first:
                 return WebhookResult(event_id, type_, "duplicate")
-            return self._apply(event, event_id, type_)
+            return self._apply(event, event_id, type_, reference)
 
-    def _apply(self, event: dict[str, Any], event_id: str, type_: str) -> WebhookResult:
+    def _apply(self, event: dict[str, Any], event_id: str, type_: str, reference: InvoiceReference) -> WebhookResult:
         status = STATUS_BY_EVENT.get(type_)
         if status is None:
             return WebhookResult(event_id, type_, "ignored", reason=f"event type {type_} is not handled")
-        obj = (event.get("data") or {}).get("object") or {}
-        invoice_id = (obj.get("metadata") or {}).get(META_INVOICE)
-        if not invoice_id:
-            return WebhookResult(event_id, type_, "ignored",
-                                 reason=f"Stripe invoice {obj.get('id')} has no metadata.{META_INVOICE}")
+        invoice_id = reference.invoice_id
+        if invoice_id is None:
+            return WebhookResult(event_id, type_, "ignored", reason=(
+                f"Stripe invoice {reference.stripe_invoice_id} has no metadata.{META_INVOICE}"))
         created = event.get("created")
         if not isinstance(created, int):
-            raise WebhookSignatureError("the event has no integer 'created' time")
+            raise WebhookPayloadError("the event has no integer 'created' time")
         at = datetime.fromtimestamp(created, UTC)
         try:
             self.on_status(invoice_id, status, at)

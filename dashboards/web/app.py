@@ -1,7 +1,8 @@
 """The dashboards' router (every page's routes, in one) and the pages served alone.
 
 Mount `router` on an app whose state has what dashboards.web.state lists, with the `DataFastPath`
-middleware and the read pool's lifespan hooks, as app.api.create_app does; or run
+middleware, the `AuthBackoff` middleware outside it (dashboards.web.backoff: failed authentications
+slow their client down) and the read pool's lifespan hooks, as app.api.create_app does; or run
 `create_dashboard_app` (`infermeter serve dashboards`).
 """
 
@@ -18,6 +19,7 @@ from fastapi.responses import RedirectResponse
 from dashboards import views
 from dashboards.billing_views import BillingViews
 from dashboards.web import auth, customer, finance, invoices, ops, pricing, static
+from dashboards.web.backoff import AuthBackoff
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.http import data_error_handler, validation_error_handler
@@ -58,6 +60,7 @@ def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingV
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
     app.add_exception_handler(RequestValidationError, validation_error_handler)  # 422 in the error shape too
     app.add_middleware(DataFastPath)
+    app.add_middleware(AuthBackoff, settings=settings)  # outermost: it sees every answer, the fast path's too
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

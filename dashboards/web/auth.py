@@ -16,9 +16,18 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
-from dashboards.sessions import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, Session, new_nonce, read_session
-from dashboards.web.cookies import secure, set_cookie, signer
+from dashboards.sessions import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    Session,
+    new_nonce,
+    new_session_id,
+    read_session,
+)
+from dashboards.web.cookies import secure, session_store, set_cookie, signer
 from dashboards.web.responses import error_json, forbidden, render
 from infermeter.auth import AuthError, Principal, bearer_token
 
@@ -66,6 +75,9 @@ async def authenticate(request: Request, *, admin: bool) -> Viewer:
         raise SignInNeeded("Your session is not valid any more; sign in again.", admin)
     if state == "expired":
         raise SignInNeeded("Your session expired; sign in again.", admin or session.kind == "admin")
+    # the session's record (shared by every process): ended by signing out, in any of them
+    if not await session_store(request).is_live(session.session_id):
+        raise SignInNeeded("You signed out of this session; sign in again.", admin or session.kind == "admin")
     if session.kind == "admin":
         if not hmac.compare_digest(session.admin_fingerprint or "", signer(request).admin_fingerprint(settings.admin_token)):
             raise SignInNeeded("The admin token changed; sign in again.", True)
@@ -144,7 +156,8 @@ def admin_signin_page(request: Request, next: str | None = None, reason: str | N
                   reason=reason, signed_out=bool(signed_out))
 
 
-def _start_session(request: Request, session: Session, target: str) -> Response:
+async def _start_session(request: Request, session: Session, target: str) -> Response:
+    await run_in_threadpool(session_store(request).start, session)
     response = RedirectResponse(target, status_code=303)
     ttl = request.app.state.settings.session_ttl_s
     set_cookie(response, request, SESSION_COOKIE, signer(request).sign(session.to_payload()), ttl)
@@ -176,8 +189,9 @@ async def signin(request: Request) -> Response:
         return render(request, "signin.html", 401, admin=False, error=error, next=target, reason=None,
                       signed_out=False)
     ttl = request.app.state.settings.session_ttl_s
-    session = Session("customer", time.time() + ttl, principal.customer_id, principal.api_key_id)
-    return _start_session(request, session, target if target.startswith("/dashboard") else "/dashboard")
+    session = Session("customer", time.time() + ttl, principal.customer_id, principal.api_key_id,
+                      session_id=new_session_id())
+    return await _start_session(request, session, target if target.startswith("/dashboard") else "/dashboard")
 
 
 @router.post("/admin/signin")
@@ -192,8 +206,9 @@ async def admin_signin(request: Request) -> Response:
         return render(request, "signin.html", 401, admin=True, next=target, reason=None, signed_out=False,
                       error="Sign-in failed: that is not the admin token (INFERMETER_ADMIN_TOKEN).")
     session = Session("admin", time.time() + settings.session_ttl_s,
-                      admin_fingerprint=signer(request).admin_fingerprint(settings.admin_token))
-    return _start_session(request, session, target)
+                      admin_fingerprint=signer(request).admin_fingerprint(settings.admin_token),
+                      session_id=new_session_id())
+    return await _start_session(request, session, target)
 
 
 @router.post("/signout")
@@ -202,6 +217,8 @@ async def signout(request: Request) -> Response:
     if (refused := csrf_refused(request, fields)) is not None:
         return refused
     _, session = read_session(signer(request), request.cookies.get(SESSION_COOKIE))
+    if session is not None and session.session_id:  # ended for every process, not only this browser
+        await run_in_threadpool(session_store(request).end, session.session_id)
     target = "/admin/signin?signed_out=1" if session and session.kind == "admin" else "/signin?signed_out=1"
     response = RedirectResponse(target, status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax", secure=secure(request))

@@ -1,4 +1,5 @@
 """The dashboards' cookies: the session signer (HMAC under the app's session secret, built once per
+app), the record of live sessions (dashboards.sessions.SessionStore on the app's pool, built once per
 app), setting a cookie (HttpOnly, SameSite=Lax, Secure when the request came over https) and the
 browser's CSRF nonce."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 from fastapi import Request, Response
 
-from dashboards.sessions import CSRF_COOKIE, Signer, new_nonce
+from dashboards.sessions import CSRF_COOKIE, SessionStore, Signer, new_nonce
 
 
 def signer(request: Request) -> Signer:
@@ -14,6 +15,15 @@ def signer(request: Request) -> Signer:
     found = getattr(state, "dashboards_signer", None)
     if found is None:
         found = state.dashboards_signer = Signer(state.settings.session_secret)
+    return found
+
+
+def session_store(request: Request) -> SessionStore:
+    """The app's record of live sessions (its cache lives as long as the app)."""
+    state = request.app.state
+    found = getattr(state, "dashboards_sessions", None)
+    if found is None:
+        found = state.dashboards_sessions = SessionStore(state.pool, cache_ttl_s=state.settings.session_cache_ttl_s)
     return found
 
 

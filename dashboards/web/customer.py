@@ -34,7 +34,7 @@ router = APIRouter()
 
 @router.get("/dashboard", include_in_schema=False)
 async def dashboard(request: Request) -> Response:
-    params = dict(request.query_params)
+    params = dict(views.picked_times(request.query_params.multi_items(), ("from", "to")))
     try:
         viewer = await authenticate(request, admin=False)
     except SignInNeeded as exc:

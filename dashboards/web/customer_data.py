@@ -81,6 +81,7 @@ def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None
             book, rated = _rated_spend(conn, settings, billing, window, customer)
             result["spend"] = views.spend_view(book, rated, tasks["totals"]["succeeded"])
         if with_billing and billing is not None:  # the page's billing sections (endpoints: invoices.py)
+            result["customer_name"] = billing.customer_name(conn, customer)
             result["invoices"] = billing.invoices(conn, customer)
             result["current_period"] = billing.current_period_spend(
                 conn, customer, billing_now(request), period=params.get("period") or None)

@@ -9,6 +9,7 @@ views on the app's state (dashboards.billing_views; without them these answer 40
 from __future__ import annotations
 
 import urllib.parse
+from decimal import Decimal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -109,11 +110,12 @@ async def customer_invoice(request: Request, name: str) -> Response:
         return found
     viewer, customer, billing = found
 
-    def load() -> Invoice | None:
+    def load() -> tuple[Invoice | None, str | None]:
         with request.app.state.pool.connection() as conn:
-            return billing.invoice(conn, customer, invoice_id)
+            shown = billing.invoice(conn, customer, invoice_id)
+            return shown, None if shown is None or data else billing.customer_name(conn, customer)
 
-    invoice = await run_in_threadpool(load)
+    invoice, customer_name = await run_in_threadpool(load)
     if invoice is None:
         return not_found(request, viewer, data=data)
     if fmt == "json":
@@ -122,7 +124,9 @@ async def customer_invoice(request: Request, name: str) -> Response:
         return csv_response([{k: r.get(k) for k in LINE_COLUMNS} for r in _invoice_lines([invoice])],
                             f"invoice-{invoice_id}")
     query = urllib.parse.urlencode({"customer_id": customer} if viewer.is_admin else {})
-    return render(request, "invoice.html", viewer=viewer, invoice=invoice, query=query)
+    credited = sum((Decimal(n["total"]) for n in invoice["credit_notes"]), Decimal(0))
+    return render(request, "invoice.html", viewer=viewer, invoice=invoice, query=query, customer_name=customer_name,
+                  credited=credited, net=Decimal(invoice["subtotal"]) - credited)
 
 
 @router.get("/dashboard/current-period.{fmt}")

@@ -62,7 +62,7 @@ async def ops_page(request: Request) -> Response:
     viewer = await admin_viewer(request, data=False)
     if isinstance(viewer, Response):
         return viewer
-    params = dict(request.query_params)
+    params = dict(views.picked_times(request.query_params.multi_items(), ("from", "to", "reconcile_from", "reconcile_to")))
     try:
         if params.get("reconcile_from") and params.get("reconcile_to"):
             await run_in_threadpool(_reconcile, request, params["reconcile_from"], params["reconcile_to"])

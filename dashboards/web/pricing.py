@@ -54,7 +54,7 @@ async def pricing_page(request: Request, uploaded: str | None = None) -> Respons
     viewer = await admin_viewer(request, data=False)
     if isinstance(viewer, Response):
         return viewer
-    params = list(request.query_params.multi_items())
+    params = views.picked_times(request.query_params.multi_items(), ("from", "to"))
     try:
         view = await run_in_threadpool(_pricing_view, request, params)
     except PRICING_ERRORS as exc:
@@ -106,7 +106,7 @@ async def upload_book(request: Request) -> Response:
     def store() -> str:
         from pricing_service.books import import_book
 
-        at = parse_time(fields.get("effective_from") or "", "effective from")
+        at = parse_time(views.picked_time(fields.get("effective_from")) or "", "effective from")
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / (Path(fields.get("filename") or "uploaded.yaml").name or "uploaded.yaml")
             path.write_text(text, encoding="utf-8")

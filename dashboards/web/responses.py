@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,43 @@ _templates = jinja2.Environment(
 _templates.filters["num"] = lambda v: "-" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))
 _templates.filters["pct"] = lambda v: "-" if v is None else f"{float(v) * 100:.1f}%"
 _templates.filters["duration"] = lambda s: views.duration_text(s)
+
+# what one unit of a meter is, as a unit price is shown: (shown per how many units, the words)
+TOKENS_PER_PRICE = (Decimal(1_000_000), "per 1M tokens")
+PRICE_UNITS = {"uncached_input_tokens": TOKENS_PER_PRICE, "cached_input_tokens": TOKENS_PER_PRICE,
+               "output_tokens": TOKENS_PER_PRICE, "gpu_seconds": (Decimal(3600), "per GPU-hour"),
+               "requests": (Decimal(1), "per request"), "successful_tasks": (Decimal(1), "per successful task"),
+               "failed_tasks": (Decimal(1), "per failed task"), "task_attempts": (Decimal(1), "per task attempt")}
+
+
+def quantity_text(value: str | None) -> str:
+    """A quantity with thousands separators, its decimals as given ("1234567.5" -> "1,234,567.5")."""
+    return "-" if value is None or value == "" else format(Decimal(value), ",f")
+
+
+def unit_price_text(unit_price: str | None, meter: str, currency: str) -> str:
+    """A unit price (billing's, per single unit) with its currency and unit: tokens per 1M, GPU
+    time per GPU-hour ("0.00000155", "output_tokens", "USD" -> "1.55 USD per 1M tokens")."""
+    if unit_price is None:
+        return "-"
+    per, words = PRICE_UNITS.get(meter, (Decimal(1), f"per unit of {meter}"))
+    shown = Decimal(unit_price) * per
+    shown = shown.quantize(Decimal(1)) if shown == shown.to_integral() else shown.normalize()
+    return f"{format(shown, ',f')} {currency} {words}"
+
+
+def moment_text(value: str | datetime | None) -> str:
+    """An instant to the second, in UTC ("2026-12-03T01:02:03.456+00:00" -> "2026-12-03 01:02:03 UTC")."""
+    if value is None or value == "":
+        return "-"
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+_templates.filters["qty"] = quantity_text
+_templates.filters["picker"] = lambda text: text[:16]  # a UTC time as a datetime-local picker shows it (minutes)
+_templates.filters["moment"] = moment_text
+_templates.globals["unit_price"] = unit_price_text
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -55,6 +94,13 @@ def render(request: Request, template: str, status: int = 200, *, viewer: Viewer
     if fresh or nonce != request.cookies.get(CSRF_COOKIE):
         set_cookie(response, request, CSRF_COOKIE, nonce, None)
     return response
+
+
+def plain_page(template: str, status: int, headers: dict[str, str], **context: Any) -> HTMLResponse:
+    """A page answered without the request's session or forms (no viewer, no CSRF token): a refusal
+    made before the app runs (dashboards.web.backoff)."""
+    body = _templates.get_template(template).render(viewer=None, csrf_field=CSRF_FIELD, csrf="", path="", **context)
+    return HTMLResponse(body, status_code=status, headers={**SECURITY_HEADERS, **headers})
 
 
 def error_json(status: int, message: str, code: str) -> JSONResponse:

@@ -210,9 +210,12 @@ def test_first_invoices_made_straight_from_the_rating_equal_the_domains(twins):
         t.event("request", cid, at(2026, 2, 3, 10, 15), input_tokens=1_234_567, cached=200_000, output=54_321)
         t.event("request", cid, at(2026, 2, 14, 23, 59, 59), model="big", input_tokens=10_000, output=77_777)
     final = t.run("2026-02", at(2026, 3, 9))
-    assert sorted(quick) == ["a-utc", "b-ny", "e-min", "f-idle"]  # kolkata: rated alone; credit; two periods
-    assert [i["action"] for i in final["invoices"]] == ["finalized"] * 8
-    assert [i["number"] for i in final["invoices"]] == [f"INV-2026-{n:06d}" for n in range(1, 9)]
+    assert sorted(quick) == ["a-utc", "b-ny", "e-min"]  # kolkata: rated alone; credit; two periods; nothing to bill
+    assert [i["action"] for i in final["invoices"]] == ["finalized"] * 6
+    assert [i["number"] for i in final["invoices"]] == [f"INV-2026-{n:06d}" for n in range(1, 7)]
+    # no usage and no minimum: no invoice for f-idle's February nor h-jan's January
+    assert final["nothing_to_bill"] == [{"customer_id": "f-idle", "period": "2026-02"},
+                                        {"customer_id": "h-jan", "period": "2026-01"}]
     assert Decimal(next(i for i in final["invoices"] if i["customer_id"] == "e-min")["total"]) == Decimal("25.00")
     quick.clear()
     assert t.run("2026-02", at(2026, 3, 10))["invoices"] == [] and quick == []

@@ -41,9 +41,12 @@ def test_rerun_late_usage_and_plan_change_leave_it_alone(conn, metering, februar
     assert frozen(conn, february.invoice_id) == before
     assert conn.execute("SELECT count(*) FROM billing_invoice_history WHERE invoice_id = %s",
                         (february.invoice_id,)).fetchone() == history
-    # a plan for January only (February keeps its own) is allowed: it bills January, not February
-    assert assign_plan(conn, "acme", other_book, "dearer.yaml", "2026-01-01",
-                       now=datetime(2026, 3, 9, tzinfo=UTC)).effective.label == "2026-01"
+    # a plan for January only (February keeps its own) is allowed, back-dated: it bills January, not February
+    with pytest.raises(ValueError, match="first plan is in force from period 2026-02"):
+        assign_plan(conn, "acme", other_book, "dearer.yaml", "2026-01-01", now=datetime(2026, 3, 9, tzinfo=UTC))
+    assert table_counts(conn) == counts
+    assert assign_plan(conn, "acme", other_book, "dearer.yaml", "2026-01-01", now=datetime(2026, 3, 9, tzinfo=UTC),
+                       backdate=True).effective.label == "2026-01"
     # a change from inside February takes effect at the next boundary (March), which is allowed
     result = assign_plan(conn, "acme", other_book, "dearer.yaml", "2026-02-20", now=datetime(2026, 3, 9, tzinfo=UTC))
     assert result.effective.label == "2026-03"

@@ -280,3 +280,47 @@ def test_settings_read_the_stripe_variables(monkeypatch):
     settings = Settings()
     assert (settings.stripe_api_key, settings.stripe_api_base, settings.stripe_webhook_secret) == (
         "sk_test_1", "http://127.0.0.1:1", "whsec_1")
+
+
+# ---------------------------------------------------------------- signed but odd bodies
+
+
+def odd_event(*, data=None, metadata=None, invoice_id=None) -> bytes:
+    """A signed `invoice.paid` whose `data`, `metadata` or `metadata.infermeter_invoice_id` is replaced."""
+    body = json.loads(event(event_id="evt_odd"))
+    if invoice_id is not None:
+        body["data"]["object"]["metadata"]["infermeter_invoice_id"] = invoice_id
+    if metadata is not None:
+        body["data"]["object"]["metadata"] = metadata
+    if data is not None:
+        body["data"] = data
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (odd_event(data=[{"object": {"id": "in_123"}}]), "'data' is a list, not an object"),
+        (odd_event(data={"object": ["in_123"]}), "'data.object' is a list, not an object"),
+        (odd_event(metadata=[["infermeter_invoice_id", "inv_abc"]]),
+         "'data.object.metadata' is a list, not an object"),
+        (odd_event(invoice_id=42), "'data.object.metadata.infermeter_invoice_id' is a number, not a string"),
+    ],
+    ids=["data-list", "object-list", "metadata-list", "invoice-id-number"],
+)
+def test_route_refuses_a_signed_body_of_the_wrong_shape_with_400_and_changes_nothing(payload, reason):
+    events = InMemoryWebhookEventLog()
+    client, port = app_with(events=events)
+    response = client.post("/v1/stripe/webhook", content=payload, headers={"Stripe-Signature": signed(payload)})
+    assert response.status_code == 400
+    assert response.json() == {"error": {"message": f"event evt_odd: {reason}", "code": "invalid_event"}}
+    assert port.calls == [] and events.events == {}
+
+
+def test_a_signed_body_of_the_wrong_shape_records_nothing_in_postgres(stripe_pg_engine):
+    events = PostgresWebhookEventLog(stripe_pg_engine)
+    port = Recorder()
+    for payload in (odd_event(data=["x"]), odd_event(metadata=["x"]), odd_event(invoice_id=7)):
+        with pytest.raises(WebhookSignatureError, match="^event evt_odd: "):
+            handler(port, events).handle(payload, signed(payload))
+    assert port.calls == [] and not events.seen("evt_odd")

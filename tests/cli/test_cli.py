@@ -46,6 +46,7 @@ def test_ingest_wait_then_usage_just_works_on_a_fresh_machine(fresh_home, tmp_pa
 
     again = run(["events", "ingest", str(events), "--wait", "--json"], fresh_home)
     assert json.loads(again.stdout) == {"accepted": 0, "duplicates": 3, "rejected": 1}
+    assert again.returncode == 0, again.stderr  # every event is metered (by the first run)
 
     usage = run(["usage", "--from", "2026-11-02T00:00:00Z", "--to", "2026-11-03T00:00:00Z",
                  "--group-by", "model", "--json"], fresh_home)
@@ -62,6 +63,25 @@ def test_ingest_wait_then_usage_just_works_on_a_fresh_machine(fresh_home, tmp_pa
     reconcile = run(["reconcile", "--from", "2026-11-02T00:00:00Z", "--to", "2026-11-03T00:00:00Z"], fresh_home)
     assert reconcile.returncode == 0, reconcile.stdout + reconcile.stderr
     assert "reconcile ok" in reconcile.stdout
+
+
+def test_ingest_wait_exits_1_when_no_event_of_the_file_is_metered(fresh_home, tmp_path):
+    from datetime import UTC, datetime
+
+    negative = json.loads(request_event(900, customer="acme", at=datetime(2026, 11, 2, 11, tzinfo=UTC), output=-3))
+    events = tmp_path / "all-bad.jsonl"
+    events.write_bytes(b"this line is not json\n" + json.dumps(negative).encode() + b"\n")
+    result = run(["events", "ingest", str(events), "--wait", "--json"], fresh_home)
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout) == {"accepted": 0, "duplicates": 0, "rejected": 2}
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: no event of the file was metered (2 rejected): see the lines above and "
+        "`infermeter events dead-letters`")
+    assert "Traceback" not in result.stderr
+
+    help_text = run(["events", "ingest", "--help"], fresh_home)
+    assert help_text.returncode == 0
+    assert "Exit status 1 when no event of the file is metered" in " ".join(help_text.stdout.split())
 
 
 @pytest.mark.parametrize("args, message", [

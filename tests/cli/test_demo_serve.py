@@ -1,6 +1,6 @@
 """`infermeter demo --serve`: the demo ends by printing the dashboards' addresses with a demo customer's
-API key and the admin sign-in, keeps the API and the pages up, and SIGTERM stops it and everything it
-started."""
+API key and the admin sign-in, keeps the API and the pages up with metering running (an event posted
+to it is metered), and SIGTERM stops it and everything it started."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pytest
 
 from infermeter.stack import free_port, wait_for_port
 from tests.cli.test_up import _left_behind
+from tests.metering.conftest import request_event
 
 
 def _sign_in(client: httpx.Client, path: str, field: str, secret: str) -> httpx.Response:
@@ -30,7 +33,7 @@ def _sign_in(client: httpx.Client, path: str, field: str, secret: str) -> httpx.
     return client.post(path, data={field: secret, "csrf": csrf}, follow_redirects=True)
 
 
-def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
+def test_demo_serve_prints_the_dashboards_serves_them_meters_posted_events_and_stops_on_sigterm():
     home = Path(tempfile.mkdtemp(prefix="infermeter-demo-serve-")) / "home"
     port = free_port()
     env = {k: v for k, v in os.environ.items()
@@ -82,6 +85,20 @@ def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
                 revenue[r["customer_id"]] = revenue.get(r["customer_id"], Decimal(0)) + Decimal(r["net_amount"])
             shown = admin.get(f"{base}/admin/finance/data/revenue_customer.json?period=2026-11").json()["rows"]
             assert {r["customer_id"]: Decimal(r["net_amount"]) for r in shown} == revenue and len(revenue) > 10
+        # the served demo is a working stack: an event posted to it is metered (its consumer runs while it serves)
+        probe = f"probe-{uuid.uuid4().hex[:8]}"
+        at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+        admin_auth = {"Authorization": f"Bearer {admin_token}"}
+        posted = httpx.post(f"{base}/v1/events", content=request_event(1, customer=probe, at=at, input_tokens=321),
+                            headers={**admin_auth, "Content-Type": "application/cloudevents+json"}, timeout=30)
+        assert posted.status_code == 202, posted.text
+        window = {"from": f"{at - timedelta(hours=1):%Y-%m-%dT%H:%M:%SZ}",
+                  "to": f"{at + timedelta(hours=1):%Y-%m-%dT%H:%M:%SZ}", "customer_id": probe}
+        deadline = time.monotonic() + 60
+        while not (rows := httpx.get(f"{base}/v1/usage", params=window, headers=admin_auth, timeout=30).json()["rows"]):
+            assert time.monotonic() < deadline, "the event posted to the served demo was not metered within 60 s"
+            time.sleep(0.5)
+        assert [(r["customer_id"], r["requests"], r["input_tokens"]) for r in rows] == [(probe, 1, 321)]
     finally:
         demo.send_signal(signal.SIGTERM)
         try:
@@ -94,3 +111,21 @@ def test_demo_serve_prints_the_dashboards_serves_them_and_stops_on_sigterm():
     assert _left_behind(home) == {}
     with pytest.raises(OSError):  # nothing listens any more
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_demo_serve_on_a_port_taken_says_so_in_one_line_before_any_work():
+    home = Path(tempfile.mkdtemp(prefix="infermeter-demo-port-")) / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP")}
+    env.update(INFERMETER_HOME=str(home))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--requests", "10", "--serve", "--port",
+                               str(port)], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: port {port} on 127.0.0.1 (--port) is already in use: stop what listens there or set --port to a free port"
+    ], done.stderr
+    assert not (home / "pg").exists()
+    assert _left_behind(home, wait_s=0) == {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,41 @@ def test_a_stale_broker_is_stopped_and_a_process_that_is_not_ours_is_left_alone(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# --- a port already taken ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "setting"), [
+    ((), "INFERMETER_API_PORT"),
+    (("--serving",), "INFERMETER_API_PORT"),
+    (("--serving",), "INFERMETER_GATEWAY_PORT"),
+], ids=["up", "serving-api", "serving-gateway"])  # fmt: skip
+def test_up_with_its_port_taken_says_which_in_one_line_and_starts_nothing(tmp_path, args, setting):
+    """The port is checked before anything starts: one line naming the port and its setting, exit 2,
+    no PostgreSQL, broker or vLLM (a stand-in: the check must come before it) started."""
+    home = Path(tempfile.mkdtemp(prefix="infermeter-port-taken-")) / "home"
+    python = tmp_path / "fake-vllm-python"
+    python.write_text(FAKE_VLLM.format(python=sys.executable))
+    python.chmod(0o755)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP")}
+        env.update(INFERMETER_HOME=str(home), INFERMETER_API_PORT=str(free_port()),
+                   INFERMETER_GATEWAY_PORT=str(free_port()), INFERMETER_VLLM_PYTHON=str(python))  # fmt: skip
+        env[setting] = str(port)
+        extra = ("--model", "fake") if args else ()
+        done = subprocess.run([sys.executable, "-m", "app.cli", "up", *args, *extra], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: port {port} on 127.0.0.1 ({setting}) is already in use: stop what listens there or set "
+        f"{setting} to a free port"
+    ], done.stderr
+    assert not (home / "pg").exists() and not (home / "pids.json").exists() and not (home / "stack.json").exists()
+    assert _left_behind(home, wait_s=0) == {}
 
 
 # --- serve vllm: a stand-in for vLLM (the real one takes minutes to boot on CPU) ---------------

@@ -8,67 +8,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import os
-import subprocess
-import sys
-from datetime import UTC, datetime
 from decimal import Decimal
 
 import psycopg
-import pytest
-from sqlalchemy import create_engine
 
 from infermeter.stack import to_libpq_url
-from tests.dashboards.conftest import ROOT
+from tests.dashboards.conftest import BILLED_AT, PERIOD, SETUP_AT, infermeter
 from tests.dashboards.test_pages import shoot
-
-SETUP_AT = datetime(2026, 10, 25, tzinfo=UTC)
-BILLED_AT = datetime(2026, 12, 3, tzinfo=UTC)  # after November and its grace window: invoices finalize
-PERIOD = "2026-11"
-
-
-def infermeter(site, *args: str) -> dict:
-    """The real CLI on the site's database, its --json output."""
-    env = {**os.environ, "DATABASE_URL": site.settings.database_url, "INFERMETER_HOME": str(site.settings.home)}
-    env.pop("KAFKA_BOOTSTRAP", None)
-    done = subprocess.run([sys.executable, "-m", "app.cli", *args, "--json"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-@pytest.fixture(scope="module")
-def billed(site) -> dict:
-    """cust-a and cust-b billed for November on the per-token book (cust-b with 0.05 USD of prepaid
-    credit); cust-a's first invoice voided and reissued, then paid; cust-a has a monthly budget."""
-    from billing_service.credits import grant_credits
-    from billing_service.customers import assign_plan, set_customer
-    from billing_service.invoices import list_invoices, record_payment_status, void_invoice
-    from billing_service.run import billing_run
-    from pricing_service.books import EXAMPLE_BOOKS_DIR
-    from serving.budgets import set_budget
-
-    book = EXAMPLE_BOOKS_DIR / "per-token.yaml"
-    with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
-        for customer in ("cust-a", "cust-b"):
-            set_customer(conn, customer, now=SETUP_AT, name=customer.upper())
-            assign_plan(conn, customer, book.read_text(), str(book), "2026-11-01", now=SETUP_AT)
-        grant_credits(conn, "cust-b", "0.05", now=SETUP_AT, reason="prepaid top-up")
-        conn.commit()
-        billing_run(conn, PERIOD, now=BILLED_AT)
-        conn.commit()
-        [first] = list_invoices(conn, customer_id="cust-a", period=PERIOD)
-        void_invoice(conn, first["id"], now=BILLED_AT)
-        conn.commit()
-        billing_run(conn, PERIOD, now=BILLED_AT)
-        conn.commit()
-        reissued = [i for i in list_invoices(conn, customer_id="cust-a", period=PERIOD) if i["status"] == "open"][0]
-        record_payment_status(conn, reissued["id"], "paid", BILLED_AT, now=BILLED_AT)
-        conn.commit()
-        invoices = {c: list_invoices(conn, customer_id=c) for c in ("cust-a", "cust-b")}
-    set_budget(create_engine(site.settings.database_url), "cust-a", monthly_cap=Decimal("50.00"), mode="soft")
-    return invoices
 
 
 def money(text: str) -> Decimal:
@@ -105,7 +51,7 @@ def test_customer_page_invoices_and_spend_equal_the_cli(web, site, billed):
     shown_lines = p.page.eval_on_selector_all(f"tr[data-invoice='{paid['number']}'] details tbody tr",
                                               "rows => rows.map(r => r.children[4].innerText)")
     full = infermeter(site, "invoices", "show", paid["id"])
-    assert shown_lines == [x["amount"] for x in full["lines"]] and shown_lines
+    assert shown_lines == [f"{x['amount']} USD" for x in full["lines"]] and shown_lines
     body = p.page.inner_text("main").lower()
     assert "margin" not in body and "cost" not in body
     shoot(p, "customer")
@@ -253,7 +199,7 @@ def test_billing_views_have_the_shape_the_pages_need():
 
     wanted = {name: inspect.signature(f) for name, f in vars(BillingViews).items()
               if inspect.isfunction(f) and not name.startswith("_")}
-    assert sorted(wanted) == ["current_period_spend", "customer_price_book", "finance_export", "finance_page",
+    assert sorted(wanted) == ["current_period_spend", "customer_name", "customer_price_book", "finance_export", "finance_page",
                               "invoice", "invoices"]
     for name, signature in wanted.items():
         assert list(inspect.signature(getattr(DashboardViews, name)).parameters) == list(signature.parameters), name

@@ -288,7 +288,7 @@ def test_pricing_experiments_page(web, site):
     text = (ROOT / "pricing_books" / "per-token.yaml").read_text().replace("id: per-token-2026-11", "id: cheaper-2026-11") \
         .replace('amount: "7.00"', 'amount: "5.00"')
     p.page.fill("[data-yaml-text]", text)
-    p.page.fill("input[name=effective_from]", "2026-11-01T00:00:00Z")
+    p.page.fill("input[name=effective_from]", "2026-11-01T00:00")  # the date picker: UTC, to the minute
     with p.page.expect_navigation():
         p.page.click("[data-testid=upload] button")
     assert "cheaper-2026-11" in p.text("uploaded")
@@ -494,9 +494,11 @@ def test_a_signed_in_session_reads_its_key_from_the_key_cache_and_ends_when_the_
     (no database read while the entry lives, as for a bearer key); revoking the key ends the session.
     The server is an API app of its own, built with a key store that counts its database lookups."""
     import httpx
+    from psycopg_pool import ConnectionPool
     from sqlalchemy import create_engine
 
     from app.api import create_app
+    from dashboards.sessions import SessionStore, new_session_id
     from serving.keys import KeyStore
     from tests.dashboards.conftest import served
 
@@ -509,7 +511,10 @@ def test_a_signed_in_session_reads_its_key_from_the_key_cache_and_ends_when_the_
 
     store = CountedKeyStore(create_engine(site.settings.database_url), settings=site.settings, cache_ttl_s=60)
     key_id, _ = store.create("cust-a")
-    cookie = Signer(site.settings.session_secret).sign(Session("customer", time.time() + 60, "cust-a", key_id).to_payload())
+    session = Session("customer", time.time() + 60, "cust-a", key_id, session_id=new_session_id())
+    with ConnectionPool(to_libpq_url(site.settings.database_url), min_size=1, max_size=1) as pool:
+        SessionStore(pool, cache_ttl_s=0).start(session)  # as signing in records it
+    cookie = Signer(site.settings.session_secret).sign(session.to_payload())
     with served(create_app(site.settings, site.settings.database_url, None, keys=store)) as url:
         for path in (f"/dashboard/data/tokens.json?{Q}", f"/dashboard/data/summary.json?{Q}", f"/dashboard?{Q}"):
             answer = httpx.get(f"{url}{path}", cookies={SESSION_COOKIE: cookie})

@@ -38,16 +38,17 @@ def replay():
     return [value for _key, value in events], {c: tuple(v) for c, v in reference.items()}
 
 
-def totals(settings) -> dict:
+def totals(settings, table: str = "request_rollup_hourly") -> dict:
     with psycopg.connect(dsn(settings)) as conn:
         rows = conn.execute(
             "SELECT customer_id, sum(requests), sum(input_tokens), sum(cached_input_tokens), sum(output_tokens) "
-            "FROM request_rollup_hourly GROUP BY 1").fetchall()
+            f"FROM {table} GROUP BY 1").fetchall()
     return {c: tuple(int(x) for x in v) for c, *v in rows}
 
 
 def assert_exact(settings, reference) -> None:
     assert totals(settings) == reference
+    assert totals(settings, "request_period_totals") == reference
     with psycopg.connect(dsn(settings)) as conn:
         assert conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == EVENTS
         first, last = conn.execute("SELECT min(hour), max(hour) FROM request_rollup_hourly").fetchone()
@@ -148,4 +149,4 @@ def test_postgres_restart_during_ingest_recovers_by_itself(settings, replay):
         for i, field in enumerate(("input_tokens", "cached_input_tokens", "output_tokens"), 1):
             row[i] += data[field]
         row[0] += 1
-    assert totals(own) == {c: tuple(v) for c, v in expected.items()}
+    assert totals(own) == totals(own, "request_period_totals") == {c: tuple(v) for c, v in expected.items()}

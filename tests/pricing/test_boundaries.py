@@ -6,12 +6,13 @@ Amounts in the comments are worked out by hand."""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
 
 from pricing.book import PackagePrice, TieredGraduatedPrice, TieredVolumePrice, price_book_from_data
-from pricing.money import Currency, exact_decimal, precise
+from pricing.money import Currency, exact_decimal, plain_decimal, precise
 from pricing.rating import (
     rate,
     rate_package,
@@ -271,3 +272,27 @@ def test_credits_apply_after_the_minimum_top_up():
         ("usage", D("99.99")), ("minimum", D("0.01")), ("credit", D("-100.00")),
     ]
     assert rating.total == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("50", Decimal("50")), (" 50.00 ", Decimal("50.00")), ("-0.5", Decimal("-0.5")), ("0", Decimal(0)),
+     ("9" * 26 + "." + "9" * 12, Decimal("9" * 26 + "." + "9" * 12)),  # the largest NUMERIC(38, 12)
+     ("000" + "9" * 26, Decimal("9" * 26))],  # leading zeros are no digits
+)
+def test_plain_decimals_that_fit_the_columns(text, value):
+    assert plain_decimal(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("1e3", "is not a decimal number"), ("1E+3", "is not a decimal number"), ("NaN", "is not a decimal number"),
+     ("Infinity", "is not a decimal number"), ("-inf", "is not a decimal number"), ("", "is not a decimal number"),
+     ("1_000", "is not a decimal number"), ("1,000.00", "is not a decimal number"), (".5", "is not a decimal number"),
+     ("5.", "is not a decimal number"), ("+5", "is not a decimal number"), ("٥", "is not a decimal number"),
+     ("1" + "0" * 26, "has 27 digits before the decimal point; at most 26 fit"),
+     ("0." + "0" * 12 + "1", "has 13 decimal places; at most 12 fit")],
+)
+def test_plain_decimals_refuse_exponents_non_numbers_and_what_does_not_fit(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plain_decimal(text, what="--amount")

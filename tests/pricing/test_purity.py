@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 import pricing
-from infermeter.db import QUANTITY_SCALE
-from pricing.money import SCALE
+from infermeter.db import QUANTITY_SCALE, Quantity
+from pricing.money import PRECISION, SCALE
 
 FORBIDDEN = {
     "sqlalchemy", "psycopg", "psycopg2", "asyncpg", "alembic", "confluent_kafka", "kafka", "aiokafka",
@@ -44,3 +44,4 @@ def test_pricing_modules_import_no_io_library():
 
 def test_scale_matches_the_database():
     assert SCALE == QUANTITY_SCALE
+    assert (PRECISION, SCALE) == (Quantity.precision, Quantity.scale)

@@ -67,3 +67,20 @@ def test_replica_agent_command_refuses_bad_input_clearly(cli, monkeypatch):
     result = cli("serve", "replica-agent", "--vllm", "localhost:8000", "--deployment", "d", "--gpu-type", "cpu",
                  "--gpu-count", "1")
     assert result.exit_code == 2 and "http" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("cap", "message"),
+    [("1e3", "--monthly-cap '1e3' is not a decimal number such as 50.00 (digits, at most one '.', no exponent)"),
+     ("NaN", "--monthly-cap 'NaN' is not a decimal number such as 50.00 (digits, at most one '.', no exponent)"),
+     ("Infinity",
+      "--monthly-cap 'Infinity' is not a decimal number such as 50.00 (digits, at most one '.', no exponent)"),
+     ("9" * 32, f"--monthly-cap {'9' * 32} has 32 digits before the decimal point; at most 26 fit"),
+     ("1.0000000000001", "--monthly-cap 1.0000000000001 has 13 decimal places; at most 12 fit"),
+     ("-5", "--monthly-cap must be a non-negative decimal number")],
+)
+def test_budgets_set_takes_a_plain_decimal_cap_that_fits_and_writes_nothing_otherwise(cli, cap, message):
+    result = cli("budgets", "set", "--customer", "cust-cap", "--monthly-cap", cap)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"error: {message}"]
+    assert cli("budgets", "show", "--customer", "cust-cap").exit_code == 2  # no budget was written
