@@ -108,15 +108,17 @@ def seeded_db(pg_server_url: str) -> str:
 def api(seeded_db: str, kafka_bootstrap: str, unique_name: str, tmp_path) -> Api:
     """The app, one per test: schemathesis runs its lifespan and ends it (closing its pool and its
     event publisher) at the end of the test that started it. Events accepted by POST /v1/events go
-    to the real broker (topics of their own)."""
+    to the real broker (topics of their own). Its negative cases send hundreds of wrong credentials
+    from one client address: the backoff on failed authentication is raised out of their way here
+    (tests/dashboards/test_backoff.py tests it)."""
     settings_ = Settings(
         INFERMETER_HOME=tmp_path / "home", DATABASE_URL=seeded_db, KAFKA_BOOTSTRAP=kafka_bootstrap,
         INFERMETER_TOPIC_PREFIX=unique_name, INFERMETER_ADMIN_TOKEN=ADMIN_TOKEN,
         INFERMETER_PRODUCER_TOKEN=PRODUCER_TOKEN, INFERMETER_STRIPE_WEBHOOK_SECRET="whsec_fuzz",
+        INFERMETER_AUTH_FAILURES_ALLOWED=1_000_000,
     )
-    app = create_app(settings_, seeded_db, kafka_bootstrap)
     store = KeyStore(create_engine(seeded_db), settings=settings_)
-    app.state.keys = store
+    app = create_app(settings_, seeded_db, kafka_bootstrap, keys=store)
     _, key = store.create("cust-a", project_id="proj-1")
     yield Api(app, key, settings_)
     app.state.pool.close()
