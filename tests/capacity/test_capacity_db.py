@@ -207,17 +207,22 @@ def test_the_refresher_runs_every_period_and_stops(replay):
     engine = create_engine(db_url)
     clock = lambda: BASE + timedelta(minutes=20, seconds=SETTLE_S)  # noqa: E731
 
-    async def run(period: str) -> int:
+    async def run(period: str, rounds: int) -> int:
+        """Runs the refresher until it has done `rounds` rounds (60 s at most: a loaded machine runs
+        them late, never not at all), or for 0.5 s when `rounds` is 0; then stops it."""
         refresher = CapacityRefresher(engine, Settings(DATABASE_URL=db_url, INFERMETER_CAPACITY_REFRESH_S=period),
                                       clock=clock)
         refresher.start()
-        await asyncio.sleep(1.0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (60.0 if rounds else 0.5)
+        while loop.time() < deadline and (rounds == 0 or refresher.rounds < rounds):
+            await asyncio.sleep(0.05)
         await refresher.aclose()
         assert refresher.task is None
         return refresher.rounds
 
     try:
-        assert asyncio.run(run("0.1")) >= 3
-        assert asyncio.run(run("0")) == 0  # 0 turns it off
+        assert asyncio.run(run("0.1", 3)) >= 3
+        assert asyncio.run(run("0", 0)) == 0  # 0 turns it off
     finally:
         engine.dispose()

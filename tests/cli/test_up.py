@@ -124,8 +124,9 @@ def _start_up(home: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_ready(up: subprocess.Popen, home: Path, timeout_s: float = 90) -> dict:
-    """The pid records of a running `up`, once its stack file is written (the API may still be starting)."""
+def _wait_ready(up: subprocess.Popen, home: Path, timeout_s: float = 240) -> dict:
+    """The pid records of a running `up`, once its stack file is written (the API may still be starting).
+    The limit is generous: on a loaded 2-core machine an `up` with its PostgreSQL and broker took over 90 s."""
     deadline = time.monotonic() + timeout_s
     while True:
         assert up.poll() is None, up.stdout.read()
