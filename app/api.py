@@ -36,6 +36,7 @@ from time import monotonic
 import psycopg
 import sqlalchemy.exc
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -50,7 +51,7 @@ from dashboards.web.backoff import AuthBackoff
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
-from infermeter.http import data_error_handler, error_handler
+from infermeter.http import data_error_handler, declare_error_shape, error_handler, validation_error_handler
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.api import Publisher
@@ -94,7 +95,10 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, 
         if app_.state.publisher:
             app_.state.publisher.close()
 
-    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan)
+    # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from public CDNs (blank offline) and
+    # no maintained package ships their assets to serve instead; the document is /openapi.json.
+    app = FastAPI(title="infermeter", version="0.1.0", description=__doc__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
     app.state.settings = settings
     app.state.database_url = database_url
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
@@ -107,9 +111,12 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, 
     )
     app.state.stripe_webhook_events = PostgresWebhookEventLog(get_engine(database_url))
     app.state.stripe_status_port = status_port(app.state.pool.connection, lambda: app.state.clock())
-    # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method):
-    # every error answers {"error": {"message", "code"}}, the shape the OpenAPI document declares.
+    # Starlette's own HTTP errors too (a body that cannot be parsed, an unknown path, a wrong method) and
+    # the parameter checks' 422: every error answers {"error": {"message", "code"}}, the shape the
+    # OpenAPI document declares.
     app.add_exception_handler(StarletteHTTPException, error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    declare_error_shape(app)
     app.add_exception_handler(psycopg.DataError, data_error_handler)
     app.add_exception_handler(sqlalchemy.exc.DataError, data_error_handler)
     # the customer dashboard's chart JSON for a bearer API key, answered before routing (dashboards.web)

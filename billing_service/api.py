@@ -29,16 +29,24 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from billing.invoice import InvoiceStatus
+from billing_service.exports import FORMATS, KINDS
 from billing_service.store import UnknownCustomer, UnknownInvoice
-from infermeter.auth import Principal
-from infermeter.http import Now, PrincipalDep, error, error_responses, scope
+from infermeter.http import (
+    DATE,
+    DATE_TIME,
+    PERIOD,
+    AdminDep,
+    CredentialsFirst,
+    Now,
+    PrincipalDep,
+    error,
+    error_responses,
+    scope,
+)
+from pricing.money import MINOR_UNITS
 
-router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404))
-
-
-def _admin(principal: Principal) -> None:
-    if not principal.is_admin:
-        raise error(403, "billing administration needs the admin token", "forbidden")
+router = APIRouter(tags=["billing"], responses=error_responses(400, 401, 403, 404), route_class=CredentialsFirst)
 
 
 def _cost_model(request: Request):
@@ -72,8 +80,9 @@ async def get_preview(
     request: Request,
     principal: PrincipalDep,
     at: Now,
-    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
-    customer_id: str | None = Query(default=None, description="admin only; customers see themselves"),
+    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"], json_schema_extra=PERIOD),
+    customer_id: str | None = Query(default=None, description="required with the admin token; a customer key "
+                                                              "previews its own customer"),
 ) -> dict[str, Any]:
     from billing_service.invoices import preview_invoice
 
@@ -91,15 +100,15 @@ class CustomerBody(BaseModel):
     name: str | None = None
     email: str | None = None
     timezone: str | None = None
-    currency: str | None = None
-    anchor_day: int | None = None
+    currency: str | None = Field(default=None, json_schema_extra={"enum": sorted(MINOR_UNITS)})
+    anchor_day: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 31},
+                                   description="the day of the month periods start on (1..31; the last day of "
+                                               "shorter months)")
 
 
 @router.put("/v1/billing/customers/{customer_id}")
-async def put_customer(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: CustomerBody) -> dict:
+async def put_customer(request: Request, _admin: AdminDep, at: Now, customer_id: str, body: CustomerBody) -> dict:
     from billing_service.customers import set_customer
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         customer, changed = set_customer(conn, customer_id, now=at, **body.model_dump())
@@ -109,27 +118,24 @@ async def put_customer(request: Request, principal: PrincipalDep, at: Now, custo
 
 
 @router.get("/v1/billing/customers/{customer_id}")
-async def get_customer(request: Request, principal: PrincipalDep, customer_id: str) -> dict:
+async def get_customer(request: Request, _admin: AdminDep, customer_id: str) -> dict:
     from billing_service.store import plans, require_customer
 
-    _admin(principal)
     return await _call(request, lambda conn: {**require_customer(conn, customer_id).to_json(),
                                               "plans": [p.to_json() for p in plans(conn, customer_id)]})
 
 
 class PlanBody(BaseModel):
     price_book: str = Field(description="the price book YAML text")
-    from_: str = Field(alias="from", description="local date YYYY-MM-DD")
+    from_: str = Field(alias="from", description="local date YYYY-MM-DD", json_schema_extra=DATE)
     backdate: bool = Field(default=False, description="allow `from` before the customer's first plan "
                            "(the periods in between are billed too)")
     source_name: str = "api"
 
 
 @router.post("/v1/billing/customers/{customer_id}/plans")
-async def post_plan(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: PlanBody) -> dict:
+async def post_plan(request: Request, _admin: AdminDep, at: Now, customer_id: str, body: PlanBody) -> dict:
     from billing_service.customers import assign_plan
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         result = assign_plan(conn, customer_id, body.price_book, body.source_name, body.from_, now=at,
@@ -145,15 +151,14 @@ async def post_plan(request: Request, principal: PrincipalDep, at: Now, customer
 
 
 class RunBody(BaseModel):
-    period: str
+    period: str = Field(description="billing period YYYY-MM", json_schema_extra=PERIOD)
     customer_id: str | None = None
 
 
 @router.post("/v1/billing/runs")
-async def post_run(request: Request, principal: PrincipalDep, at: Now, body: RunBody) -> dict:
+async def post_run(request: Request, _admin: AdminDep, at: Now, body: RunBody) -> dict:
     from billing_service.run import billing_run
 
-    _admin(principal)
     settings = request.app.state.settings
     cost_model = _cost_model(request)
     return await _call(request, lambda conn: billing_run(
@@ -166,8 +171,8 @@ async def get_invoices(
     request: Request,
     principal: PrincipalDep,
     customer_id: str | None = None,
-    period: str | None = None,
-    status: str | None = None,
+    period: str | None = Query(default=None, description="billing period YYYY-MM", json_schema_extra=PERIOD),
+    status: str | None = Query(default=None, json_schema_extra={"enum": [str(s) for s in InvoiceStatus]}),
 ) -> dict:
     from billing_service.invoices import list_invoices
 
@@ -186,10 +191,8 @@ async def get_invoice(request: Request, principal: PrincipalDep, invoice_id: str
 
 
 @router.post("/v1/billing/invoices/{invoice_id}/void")
-async def post_void(request: Request, principal: PrincipalDep, at: Now, invoice_id: str) -> dict:
+async def post_void(request: Request, _admin: AdminDep, at: Now, invoice_id: str) -> dict:
     from billing_service.invoices import invoice_summary, void_invoice
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         voided, fresh = void_invoice(conn, invoice_id, now=at)
@@ -204,11 +207,9 @@ class CreditNoteBody(BaseModel):
 
 
 @router.post("/v1/billing/invoices/{invoice_id}/credit-notes")
-async def post_credit_note(request: Request, principal: PrincipalDep, at: Now, invoice_id: str, body: CreditNoteBody) -> dict:
+async def post_credit_note(request: Request, _admin: AdminDep, at: Now, invoice_id: str, body: CreditNoteBody) -> dict:
     from billing_service.credits import issue_credit_note
     from billing_service.store import money_text
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         note, number = issue_credit_note(conn, invoice_id, reason=body.reason, now=at, line_ids=body.line_ids)
@@ -222,17 +223,16 @@ async def post_credit_note(request: Request, principal: PrincipalDep, at: Now, i
 
 
 class GrantBody(BaseModel):
-    amount: str
-    expires: str | None = None
+    amount: str = Field(description="a positive decimal in the customer's currency, at most its minor unit's places, e.g. 50.00",
+                        json_schema_extra={"pattern": "^[0-9]{1,26}([.][0-9]{1,12})?$"})
+    expires: str | None = Field(default=None, description="local date YYYY-MM-DD", json_schema_extra=DATE)
     reason: str | None = None
 
 
 @router.post("/v1/billing/customers/{customer_id}/credits")
-async def post_grant(request: Request, principal: PrincipalDep, at: Now, customer_id: str, body: GrantBody) -> dict:
+async def post_grant(request: Request, _admin: AdminDep, at: Now, customer_id: str, body: GrantBody) -> dict:
     from billing_service.credits import grant_credits
     from billing_service.store import money_text
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> dict:
         grant = grant_credits(conn, customer_id, body.amount, now=at, expires=body.expires, reason=body.reason)
@@ -259,17 +259,17 @@ async def get_credits(request: Request, principal: PrincipalDep, at: Now, custom
                                                                                                 "format": "binary"}}}}})
 async def get_export(
     request: Request,
-    principal: PrincipalDep,
-    kind: str = Path(description="invoices, lines, revenue or usage", examples=["invoices"]),
-    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"]),
-    format: str = Query(default="csv", description="csv or parquet"),
-    as_of: str | None = Query(default=None, description="what was known at this time (RFC 3339)"),
+    _admin: AdminDep,
+    kind: str = Path(description="invoices, lines, revenue or usage", examples=["invoices"],
+                     json_schema_extra={"enum": list(KINDS)}),
+    period: str = Query(description="billing period YYYY-MM", examples=["2026-11"], json_schema_extra=PERIOD),
+    format: str = Query(default="csv", description="csv or parquet", json_schema_extra={"enum": list(FORMATS)}),
+    as_of: str | None = Query(default=None, description="what was known at this time (RFC 3339)",
+                              json_schema_extra=DATE_TIME),
 ) -> Response:
     """A finance export as a download (the same bytes as `infermeter export KIND`)."""
     from billing_service.exports import MEDIA_TYPES, check_format, check_kind, export, file_name
     from infermeter.times import parse_time
-
-    _admin(principal)
 
     def work(conn: psycopg.Connection) -> tuple[bytes, str]:
         check_kind(kind)

@@ -65,9 +65,9 @@ def grant_credits(
     check_minor_units(value, money, "credit amount", CreditError)
     expires_at = None
     if expires is not None:
-        expires_at = local_midnight(parse_local_date(expires, "--expires"), customer.timezone)
+        expires_at = local_midnight(parse_local_date(expires, "expires"), customer.timezone)
         if expires_at <= now:
-            raise CreditError(f"--expires {expires} is not in the future (the grant would expire before it starts)")
+            raise CreditError(f"expires {expires} is not in the future (the grant would expire before it starts)")
     text = (reason or "prepaid credit").strip()
     with conn.transaction():
         lock_customer(conn, customer_id)

@@ -145,7 +145,7 @@ def assign_plan(
     from a period before the customer's first plan (it would bill those periods too; the refusal ends
     with `backdate_hint`, how the caller's user says yes)."""
     now = checked_now(now)
-    day = parse_local_date(from_date, "--from")
+    day = parse_local_date(from_date, "from")
     customer = require_customer(conn, customer_id)
     stored_preview = parse_book_text(book_text, source_name)
     if stored_preview.book.currency != customer.currency:

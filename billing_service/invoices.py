@@ -84,9 +84,8 @@ def preview_invoice(
             plan = plan_at(ctx.plans, target.start)
             if plan is None:
                 raise BillingServiceError(
-                    f"customer {customer_id} has no plan for period {period}: assign one with "
-                    f"`infermeter plans assign --customer {customer_id} --price-book FILE --from DATE`, "
-                    "or preview with --price-book FILE"
+                    f"customer {customer_id} has no plan for period {period}: assign one first, or preview "
+                    "with a price book of your own"
                 )
             stored_book = load_book(conn, plan.book_sha256)
         existing = drafts[-1] if drafts else None

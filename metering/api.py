@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from infermeter.auth import Principal
-from infermeter.http import PrincipalDep, error, error_responses, scope
+from infermeter.http import DATE_TIME, AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
 from metering import ops_reads, queries
 from metering.contract import (
@@ -43,7 +43,7 @@ MAX_BATCH = 10_000
 _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
-router = APIRouter(tags=["metering"], responses=error_responses(400, 401, 403, 404))
+router = APIRouter(tags=["metering"], responses=error_responses(400, 401, 403, 404), route_class=CredentialsFirst)
 
 
 # What the endpoints answer, declared in the OpenAPI document (`responses`, so the answers are not
@@ -239,8 +239,10 @@ async def _accept(app_, principal: Principal, events: list) -> dict[str, Any]:
 def get_usage(
     request: Request,
     principal: PrincipalDep,
-    from_: Annotated[str, Query(alias="from", description="RFC 3339", examples=["2026-11-02T00:00:00Z"])],
-    to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"])],
+    from_: Annotated[str, Query(alias="from", description="RFC 3339", examples=["2026-11-02T00:00:00Z"],
+                                json_schema_extra=DATE_TIME)],
+    to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"],
+                             json_schema_extra=DATE_TIME)],
     group_by: Annotated[str | None, Query(description="comma-separated: model, deployment, day or hour",
                                           examples=["model,day"])] = None,
     customer_id: str | None = None,
@@ -256,8 +258,13 @@ def get_usage(
     return {"from": window.start.isoformat(), "to": window.end.isoformat(), "rows": rows}
 
 
+# a customer key reads its own customer; the admin token must name one (400 without)
+CustomerParam = Annotated[str | None, Query(description="required with the admin token; a customer key reads "
+                                                        "its own customer (another's answers 404)")]
+
+
 @router.get("/v1/tasks", responses=_answers(TaskList))
-def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | None = None, limit: int = 1000) -> dict[str, Any]:
+def list_tasks(request: Request, principal: PrincipalDep, customer_id: CustomerParam = None, limit: int = 1000) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     if customer is None:
         raise error(400, "customer_id is required for admin credentials", "invalid_query")
@@ -266,7 +273,7 @@ def list_tasks(request: Request, principal: PrincipalDep, customer_id: str | Non
 
 
 @router.get("/v1/tasks/{task_id}", responses=_answers(Task))
-def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_id: str | None = None) -> dict[str, Any]:
+def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_id: CustomerParam = None) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     if customer is None:
         raise error(400, "customer_id is required for admin credentials", "invalid_query")
@@ -278,9 +285,7 @@ def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_i
 
 
 @router.get("/v1/dead-letters")
-def get_dead_letters(request: Request, principal: PrincipalDep, limit: int = 100, reason: str | None = None) -> dict[str, Any]:
-    if not principal.is_admin:
-        raise error(403, "dead letters are for admins", "forbidden")
+def get_dead_letters(request: Request, _admin: AdminDep, limit: int = 100, reason: str | None = None) -> dict[str, Any]:
     with request.app.state.pool.connection() as conn:
         return {"dead_letters": ops_reads.dead_letters(conn, limit=min(max(limit, 1), 1000), reason=reason)}
 

@@ -43,6 +43,8 @@ class QuoteRefused(ValueError):
 
 
 def _whole(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, float) and value.is_integer():  # 38141.0 is a JSON Schema integer too
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise QuoteRefused(f"{name} must be a whole number from {low} to {high}, got {value!r}", "invalid_request",
                            400)

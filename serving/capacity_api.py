@@ -17,20 +17,19 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
-from infermeter.http import PrincipalDep, error, error_responses
+from infermeter.http import DATE_TIME, AdminDep, CredentialsFirst, error, error_responses
 from infermeter.times import TimeInputError, parse_time
 from serving.capacity_service import HISTORY_MIN, capacity_reports, policy_from_settings
 
-router = APIRouter(tags=["capacity"], responses=error_responses(400, 401, 403, 404))
+router = APIRouter(tags=["capacity"], responses=error_responses(400, 401, 403, 404), route_class=CredentialsFirst)
 
 
 @router.get("/v1/deployments/{deployment_id}/capacity")
-def get_capacity(request: Request, principal: PrincipalDep, deployment_id: str, at: str | None = None,
+def get_capacity(request: Request, _admin: AdminDep, deployment_id: str,
+                 at: Annotated[str | None, Query(description="RFC 3339; default now", json_schema_extra=DATE_TIME)] = None,
                  history: bool = False) -> dict[str, Any]:
-    if not principal.is_admin:
-        raise error(403, "capacity is for admins", "forbidden")
     try:
         now = parse_time(at, "at") if at else datetime.now(UTC)
     except TimeInputError as exc:

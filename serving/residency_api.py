@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 
 from infermeter.http import PrincipalDep, error, error_responses
 from serving.residency import ResidencyError, clear_residency, get_residency, set_residency
-from serving.upstreams import parse_regions
+from serving.upstreams import REGION_RE, parse_regions
 
 router = APIRouter(tags=["residency"], responses=error_responses(400, 401, 403))
 
@@ -48,7 +48,15 @@ def get_customer_residency(request: Request, principal: PrincipalDep, customer_i
     return _view(customer_id, get_residency(_engine(request), customer_id), _known(request.app.state.settings))
 
 
-@router.put("/v1/customers/{customer_id}/residency")
+RESIDENCY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"type": "object", "required": ["regions"], "properties": {"regions": {
+        "anyOf": [{"type": "array", "minItems": 1, "items": {"type": "string", "pattern": REGION_RE.pattern}},
+                  {"type": "null"}],
+        "description": "region names, each one of INFERMETER_REGIONS (`known_regions`); null lifts the restriction"}}},
+    "example": {"regions": ["eu-west"]}}}}}
+
+
+@router.put("/v1/customers/{customer_id}/residency", openapi_extra=RESIDENCY_BODY)
 async def put_customer_residency(request: Request, principal: PrincipalDep, customer_id: str) -> dict[str, Any]:
     if not principal.is_admin:
         raise error(403, "data residency is for admins", "forbidden")

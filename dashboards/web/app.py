@@ -13,6 +13,7 @@ from datetime import datetime
 
 import psycopg
 from fastapi import APIRouter, FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 
 from dashboards import views
@@ -21,7 +22,7 @@ from dashboards.web import auth, customer, finance, invoices, ops, pricing, stat
 from dashboards.web.backoff import AuthBackoff
 from dashboards.web.fast_path import DataFastPath
 from dashboards.web.read_pool import close_read_pool, open_read_pool
-from infermeter.http import data_error_handler
+from infermeter.http import data_error_handler, validation_error_handler
 
 # the data endpoints and the metrics are in the OpenAPI document (dashboards.web.openapi); pages are not
 router = APIRouter()
@@ -57,6 +58,7 @@ def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingV
     app.state.clock = clock
     app.state.billing_clock = billing_clock
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app
+    app.add_exception_handler(RequestValidationError, validation_error_handler)  # 422 in the error shape too
     app.add_middleware(DataFastPath)
     app.add_middleware(AuthBackoff, settings=settings)  # outermost: it sees every answer, the fast path's too
 

@@ -13,10 +13,12 @@ from fastapi import Path as PathParam
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "code"],
     "properties": {"message": {"type": "string"}, "code": {"type": "string"}}}}}
+# RFC 3339; empty (what a page's cleared date input sends) means the default
+_TIME_OR_EMPTY = {"type": "string", "anyOf": [{"format": "date-time"}, {"maxLength": 0}]}
 WINDOW_QUERY = [
-    {"name": "from", "in": "query", "required": False, "schema": {"type": "string"},
+    {"name": "from", "in": "query", "required": False, "schema": _TIME_OR_EMPTY,
      "description": "window start, RFC 3339 (floored to the hour); default: `to` minus the page's default span"},
-    {"name": "to", "in": "query", "required": False, "schema": {"type": "string"},
+    {"name": "to", "in": "query", "required": False, "schema": _TIME_OR_EMPTY,
      "description": "window end, RFC 3339 (rounded up to the hour); default: the end of the current hour"},
 ]
 
