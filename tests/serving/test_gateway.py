@@ -377,7 +377,8 @@ def test_wrong_keys_make_their_address_wait_and_no_other(pipeline, key_store):
     After the wait the address is served again."""
     from serving.gateway import build_gateway, serve_in_thread
 
-    settings = pipeline.settings.model_copy(update={"auth_failures_allowed": 2, "auth_backoff_max_s": 300})
+    settings = pipeline.settings.model_copy(update={"auth_failures_allowed": 2, "auth_backoff_max_s": 300,
+                                                    "gateway_id": "backoff-gateway"})  # its own spool
     running = serve_in_thread(build_gateway(settings, upstreams=upstream_config("http://127.0.0.1:9")))
     someone = new_customer(key_store)
     wrong = "im_live_0000000000000000_" + "x" * 43
