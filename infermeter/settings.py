@@ -418,7 +418,7 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_AUTH_FAILURES_ALLOWED",
         description="Failed authentications (a 401 to a wrong API key, admin or producer token, or a failed dashboard "
         "sign-in) a client address may make before it must wait; then each failure doubles its wait, from 1 s up to "
-        "INFERMETER_AUTH_BACKOFF_MAX_S (dashboards/web/backoff.py; kept per process).",
+        "INFERMETER_AUTH_BACKOFF_MAX_S (infermeter/auth_backoff.py: the API, the pages and the gateway; kept per process).",
     )
     auth_backoff_max_s: float = Field(
         default=300.0,

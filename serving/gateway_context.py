@@ -9,6 +9,7 @@ for which customer the request counts (admin and producer tokens must name one).
 from __future__ import annotations
 
 import collections
+import math
 import os
 import random
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from infermeter.auth import AuthError, Principal, bearer_token
+from infermeter.auth_backoff import FailedAuthentications
 from infermeter.settings import Settings
 from serving.gateway_contracts import AdmissionControl, Authenticator, EventSink
 from serving.openai_api import ApiError
@@ -42,11 +44,12 @@ class ProxyRequest:
     """What the proxy routes read of a request: its headers and its body (the hot path's lighter
     stand-in for Starlette's `Request`, whose body is an async generator over `receive`)."""
 
-    __slots__ = ("headers", "receive")
+    __slots__ = ("headers", "receive", "scope")
 
     def __init__(self, scope: dict, receive: Callable[[], Awaitable[dict]]) -> None:
         self.headers = Headers(scope=scope)
         self.receive = receive
+        self.scope = scope
 
     async def body(self) -> bytes:
         chunks = []
@@ -111,8 +114,12 @@ class GatewayState:
     emitted: int = 0
     # prefix_seen on request events; from the settings by default (None: INFERMETER_PREFIX_MEMORY_ENTRIES=0)
     prefix_memory: PrefixMemory | None = None
+    # the backoff on failed authentication, per client address (INFERMETER_AUTH_FAILURES_ALLOWED, ..._BACKOFF_MAX_S)
+    failed_auth: FailedAuthentications | None = None
 
     def __post_init__(self) -> None:
+        if self.failed_auth is None:
+            self.failed_auth = FailedAuthentications.of(self.settings)
         if self.prefix_memory is None and self.settings.prefix_memory_entries:
             self.prefix_memory = PrefixMemory.from_settings(self.settings)
 
@@ -121,10 +128,22 @@ class GatewayState:
 
 
 async def authenticate(state: GatewayState, request: Request | ProxyRequest) -> Principal:
+    """The request's principal; a wrong key is 401 and counts as a failure of the client's address,
+    which then waits (429, `Retry-After`) as `infermeter.auth_backoff` says, whatever key it sends."""
+    failures = state.failed_auth
+    if failures is not None and failures.any_failed:
+        client = (request.scope.get("client") or ("unknown",))[0]
+        wait = failures.wait_s(client)
+        if wait > 0:
+            retry_after = math.ceil(wait)
+            raise ApiError(429, failures.message(retry_after), type_="rate_limit_error",
+                           code="too_many_failed_authentications", headers={"Retry-After": str(retry_after)})
     try:
         token = bearer_token(request.headers.get("authorization"))
         return await state.authenticator.authenticate(token)
     except AuthError as exc:
+        if failures is not None and failures.active:
+            failures.failed((request.scope.get("client") or ("unknown",))[0])
         raise ApiError(401, str(exc), type_="authentication_error", code="invalid_api_key") from None
 
 

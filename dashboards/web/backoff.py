@@ -21,62 +21,13 @@ allowance.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from dashboards.web.responses import error_json, plain_page
+from infermeter.auth_backoff import FailedAuthentications
 
 SIGN_IN_FORMS = ("/signin", "/admin/signin")
-_MAX_CLIENTS = 100_000
-
-
-@dataclass
-class _Failures:
-    count: int
-    last: float  # when the last failure was answered (the clock's seconds)
-    wait_until: float
-
-
-class FailedAuthentications:
-    """The failures of each client and the wait they impose (the policy above, on `clock`)."""
-
-    def __init__(self, *, allowed: int, max_wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.allowed, self.max_wait_s, self._clock = allowed, max_wait_s, clock
-        self._clients: dict[str, _Failures] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def active(self) -> bool:
-        return self.max_wait_s > 0
-
-    def wait_s(self, client: str) -> float:
-        """Seconds the client must still wait before presenting credentials (0: it may now)."""
-        found = self._clients.get(client)
-        return 0.0 if found is None else max(0.0, found.wait_until - self._clock())
-
-    def failed(self, client: str) -> None:
-        """One more failed authentication of the client."""
-        now = self._clock()
-        with self._lock:
-            found = self._clients.get(client)
-            if found is None or now - found.last > 2 * self.max_wait_s:  # a fresh start after a quiet spell
-                if len(self._clients) >= _MAX_CLIENTS:
-                    self._forget_quiet(now)
-                found = self._clients[client] = _Failures(0, now, now)
-            found.count += 1
-            found.last = now
-            beyond = found.count - self.allowed
-            if beyond > 0:
-                found.wait_until = now + min(self.max_wait_s, 2.0 ** min(beyond - 1, 62))
-
-    def _forget_quiet(self, now: float) -> None:
-        quiet = [c for c, f in self._clients.items() if now - f.last > 2 * self.max_wait_s]
-        for client in quiet:
-            del self._clients[client]
-        if len(self._clients) >= _MAX_CLIENTS:  # a flood of addresses: start over rather than grow
-            self._clients.clear()
 
 
 class AuthBackoff:
@@ -86,8 +37,7 @@ class AuthBackoff:
 
     def __init__(self, app, *, settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
-        self.failures = FailedAuthentications(allowed=settings.auth_failures_allowed,
-                                              max_wait_s=settings.auth_backoff_max_s, clock=clock)
+        self.failures = FailedAuthentications.of(settings, clock=clock)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or not self.failures.active or not _presents_credentials(scope):
@@ -96,7 +46,7 @@ class AuthBackoff:
         client = (scope.get("client") or ("unknown",))[0]
         wait = self.failures.wait_s(client)
         if wait > 0:
-            await _too_many(scope, math.ceil(wait))(scope, receive, send)
+            await _too_many(scope, math.ceil(wait), self.failures)(scope, receive, send)
             return
 
         async def watch(message) -> None:
@@ -114,9 +64,8 @@ def _presents_credentials(scope) -> bool:
     return scope["method"] == "POST" and scope["path"] in SIGN_IN_FORMS
 
 
-def _too_many(scope, retry_after: int):
-    message = (f"Too many failed sign-ins or API keys from your address: try again in {retry_after} s "
-               "(each further failure doubles the wait).")
+def _too_many(scope, retry_after: int, failures: FailedAuthentications):
+    message = failures.message(retry_after)
     headers = {"Retry-After": str(retry_after)}
     if scope["method"] == "POST" and scope["path"] in SIGN_IN_FORMS:
         return plain_page("message.html", 429, headers, title="Too many failed sign-ins", message=message)

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from dashboards.web.backoff import AuthBackoff, FailedAuthentications
+from dashboards.web.backoff import AuthBackoff
+from infermeter.auth_backoff import FailedAuthentications
 from infermeter.settings import Settings
 from tests.dashboards.conftest import WINDOW, served
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import datetime
 
 import aiohttp
@@ -11,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.conftest import new_customer, vllm_access_count, vllm_counter
+from tests.serving.conftest import new_customer, upstream_config, vllm_access_count, vllm_counter
 
 MODEL = "tiny-llama"
 FIXED = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -367,3 +368,33 @@ def test_rate_limited_request_is_rejected_and_metered(client, customer, pipeline
     [rejected] = [event["data"] for event in events if event["data"]["status"] == "rejected"]
     assert rejected["tags"]["reason"] == "rate_limit_requests"
     assert (rejected["input_tokens"], rejected["output_tokens"], rejected["replica_id"]) == (0, 0, None)
+
+
+def test_wrong_keys_make_their_address_wait_and_no_other(pipeline, key_store):
+    """INFERMETER_AUTH_FAILURES_ALLOWED=2: two wrong keys from one address are answered 401 as they are;
+    the third is still 401 and starts a 1 s wait, during which that address gets 429 with Retry-After
+    whatever key it sends (a right one too), while the same right key from another address is served.
+    After the wait the address is served again."""
+    from serving.gateway import build_gateway, serve_in_thread
+
+    settings = pipeline.settings.model_copy(update={"auth_failures_allowed": 2, "auth_backoff_max_s": 300,
+                                                    "gateway_id": "backoff-gateway"})  # its own spool
+    running = serve_in_thread(build_gateway(settings, upstreams=upstream_config("http://127.0.0.1:9")))
+    someone = new_customer(key_store)
+    wrong = "im_live_0000000000000000_" + "x" * 43
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.1")) as here, \
+                httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2")) as elsewhere:
+            def get(client: httpx.Client, token: str) -> httpx.Response:
+                return client.get(running.url + "/v1/models", headers={"Authorization": f"Bearer {token}"})
+
+            assert [get(here, wrong).status_code for _ in range(3)] == [401, 401, 401]
+            refused = get(here, someone.token)
+            assert refused.status_code == 429
+            assert refused.headers["Retry-After"] == "1"
+            assert refused.json()["error"]["code"] == "too_many_failed_authentications"
+            assert get(elsewhere, someone.token).status_code == 200
+            time.sleep(1.05)  # the wait itself is the behaviour under test: 1 s after the first failure beyond
+            assert get(here, someone.token).status_code == 200
+    finally:
+        running.stop()
