@@ -41,6 +41,7 @@ every child's whole session the same way.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -189,9 +190,13 @@ class ServingStack:
         signal goes with the thread that started it)."""
         from serving.vllm_server import start_vllm
 
+        # Each replica's engine on a core of its own, in turn (vLLM's "auto" binds every replica's
+        # engine to the same core: a replica restarted beside a busy one got no time on it and its
+        # worker did not start in 600 s; CPU build only, a GPU build ignores it).
+        cores = sorted(os.sched_getaffinity(0))
         server = start_vllm(
             self._vllm["python"], self._vllm["model"], served_model_name=self._vllm["served_name"], port=port,
-            state_dir=Path(self.settings.home) / "vllm" / str(port),
+            state_dir=Path(self.settings.home) / "vllm" / str(port), cpu_bind=str(cores[index % len(cores)]),
         )  # fmt: skip
         ipc = str(server.ipc_folder) if server.ipc_folder else None  # the next `up` removes it after a kill -9
         self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port, ipc_folder=ipc))

@@ -182,6 +182,7 @@ def start_vllm(
     access_log: bool = False,
     dev_mode: bool = False,
     kv_cache_bytes: int = CPU_KV_CACHE_BYTES,
+    cpu_bind: str | None = None,
 ) -> VllmServer:
     """Spawn vLLM (not waiting for readiness: call `wait_ready`, so several can boot in parallel)."""
     port = port or free_port()
@@ -205,6 +206,8 @@ def start_vllm(
     env = vllm_env(state_dir, rpc)
     if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if cpu_bind is not None:  # the CPU build's OpenMP threads on these cores (vLLM's own default: "auto")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
     # Its own session (stop() signals vLLM and its engine processes together, and stops the engine
     # processes also when the server died before them: they keep its session id), and SIGTERM
     # when the thread that called this exits, even on `kill -9` of this process: vLLM then shuts

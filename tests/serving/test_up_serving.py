@@ -101,10 +101,12 @@ def _serving_sessions(home: Path) -> set[int]:
     return {record["pid"] for role, record in pids.items() if role.startswith("serving:")}
 
 
-def _until(condition, timeout_s: float, what: str, out_path: Path):
+def _until(condition, timeout_s: float, what, out_path: Path):
+    """Waits for `condition`; `what` (a string, or a function making one at the failure) says what failed."""
     deadline = time.monotonic() + timeout_s
     while not (result := condition()):
-        assert time.monotonic() < deadline, f"{what} (not within {timeout_s:.0f} s):\n{out_path.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, (
+            f"{what() if callable(what) else what} (not within {timeout_s:.0f} s):\n{out_path.read_text()[-4000:]}")
         time.sleep(0.5)
     return result
 
@@ -229,7 +231,11 @@ def test_up_serving_two_replicas_meters_a_chat_completion_heals_a_killed_replica
         )  # fmt: skip
         sessions |= _serving_sessions(home)
         assert restarted["port"] == victim["port"]  # where the gateway's upstream file and the agent look
-        _until(lambda: _answers_200(victim_url + "/v1/models"), 600, "the restarted replica does not answer", out_path)
+        restarted_log = home / "vllm" / str(victim["port"]) / f"vllm-{victim['port']}.log"
+        _until(lambda: _answers_200(victim_url + "/v1/models"), 600,
+               lambda: "the restarted replica does not answer (the end of its log: "
+               f"{restarted_log.read_text(errors='replace')[-3000:] if restarted_log.exists() else 'none'})",
+               out_path)  # fmt: skip
         _until(lambda: "vLLM replica tiny-cpu-0 ready again" in out_path.read_text(errors="replace"), 10,
                "up did not say the replica is back", out_path)  # its watch looks every second  # fmt: skip
         text = out_path.read_text(errors="replace")
