@@ -16,6 +16,7 @@ from infermeter.stack import to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
 from metering.kafka_types import Message
 from metering.writer import BatchWriter
+from tests.cli_in_process import CliResult, run_cli
 
 WRITER_NOW = datetime(2030, 1, 1, tzinfo=UTC)  # metering's clock: every test event is in its past
 
@@ -194,25 +195,11 @@ def february(conn, metering):
     return inv
 
 
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    def json(self):
-        import json
-
-        return json.loads(self.out)
-
-
 @pytest.fixture
 def cli(db_url, monkeypatch, capsys, tmp_path):
     """`infermeter ...` through app.cli.main (errors as one line, exit codes), on the test database and a
     frozen clock: cli("billing", "run", ..., now=datetime)."""
-    import sys
 
-    from app import cli as app_cli
     from billing_service.cli import CLOCK
     from infermeter.settings import get_settings
 
@@ -225,15 +212,7 @@ def cli(db_url, monkeypatch, capsys, tmp_path):
     def invoke(*args: str, now: datetime | None = None) -> CliResult:
         if now is not None:
             state["now"] = now
-        monkeypatch.setattr(sys, "argv", ["infermeter", *args])
-        code = 0
-        capsys.readouterr()
-        try:
-            app_cli.main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
+        return run_cli(monkeypatch, capsys, *args)
 
     yield invoke
     CLOCK.reset(frozen)

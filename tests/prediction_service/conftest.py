@@ -5,7 +5,6 @@ and the HTTP app on it."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -14,6 +13,7 @@ import pytest
 
 from bench.prediction import load_demo_month
 from infermeter.stack import to_libpq_url
+from tests.cli_in_process import CliResult, run_cli
 from tests.conftest import new_database
 
 MONTH = (datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))
@@ -42,17 +42,11 @@ def demo_conn(demo_month):
         conn.rollback()
 
 
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
 
 
 @pytest.fixture
 def cli(monkeypatch, capsys, tmp_path):
     """`infermeter ...` through app.cli.main on a database: cli(url, "predict", "status")."""
-    from app import cli as app_cli
     from infermeter.settings import get_settings
 
     monkeypatch.setenv("INFERMETER_HOME", str(tmp_path / "home"))
@@ -60,15 +54,7 @@ def cli(monkeypatch, capsys, tmp_path):
     def invoke(url: str, *args: str) -> CliResult:
         monkeypatch.setenv("DATABASE_URL", url)
         get_settings.cache_clear()
-        monkeypatch.setattr(sys, "argv", ["infermeter", *args])
-        code = 0
-        capsys.readouterr()
-        try:
-            app_cli.main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
+        return run_cli(monkeypatch, capsys, *args)
 
     yield invoke
     get_settings.cache_clear()
