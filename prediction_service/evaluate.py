@@ -100,8 +100,9 @@ def _rates(sums: ScoreSums) -> dict[str, float | int]:
                                           for name, column in _RATES}}
 
 
-def _total(rows: list[ScoreSums], customer_id: str = "", model: str = "") -> ScoreSums:
-    return ScoreSums(customer_id, model, *(sum((getattr(r, name) for r in rows), 0) for name in _SUMMED))
+def _total(rows: list[ScoreSums]) -> ScoreSums:
+    """The sums of several groups' (customer and model left blank)."""
+    return ScoreSums("", "", *(sum((getattr(r, name) for r in rows), 0) for name in _SUMMED))
 
 
 def admission_scores(conn: psycopg.Connection, start: datetime, end: datetime) -> dict:
