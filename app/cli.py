@@ -23,21 +23,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from infermeter.settings import get_settings, settings_table
-from infermeter.stack import (
-    StackError,
-    Stopped,
-    check_listen_port,
-    clean_stale,
-    embedded_pgdata,
-    open_stack,
-    pid_file_for,
-    release_embedded_postgres,
-    serve_http,
-    stop_on_signals,
-    to_libpq_url,
-    wait_for_signal,
-    write_stack_file,
-)
+from infermeter.stack import StackError
+from infermeter.stack.local import open_stack, write_stack_file
+from infermeter.stack.pids import pid_file_for
+from infermeter.stack.ports import check_listen_port
+from infermeter.stack.postgres import embedded_pgdata, release_embedded_postgres, to_libpq_url
+from infermeter.stack.signals import Stopped, serve_http, stop_on_signals, wait_for_signal
+from infermeter.stack.stale import clean_stale
 
 console = Console()
 err_console = Console(stderr=True)

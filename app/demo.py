@@ -65,7 +65,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import Settings
-from infermeter.stack import check_listen_port, open_stack, to_libpq_url
+from infermeter.stack.local import open_stack
+from infermeter.stack.ports import check_listen_port
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import encode_event, replica_event, request_event, task_event, usage_event
 from serving.replay import TraceRequest, load_trace, trace_path
 
@@ -358,7 +360,7 @@ def run_demo(settings: Settings, *, full: bool, limit: int | None, seed: int, ou
                                                  console, serve=serve)
         if serve:
             from app.api import create_app
-            from infermeter.stack import serve_http
+            from infermeter.stack.signals import serve_http
             from metering.publisher import ack_mode
 
             run_settings = run_settings.model_copy(update={"ack": ack_mode(settings)})

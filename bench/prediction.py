@@ -35,7 +35,7 @@ from pathlib import Path
 import psycopg
 
 from infermeter.db import upgrade
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from metering.kafka import Message
 from metering.writer import BatchWriter
 

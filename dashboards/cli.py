@@ -30,7 +30,8 @@ def serve_command(key_store: Callable[[object, str], object],
         """Serve the dashboards: /dashboard (customers), /admin/ops, /admin/pricing, /admin/finance."""
         from dashboards.web.app import create_dashboard_app
         from infermeter.settings import get_settings
-        from infermeter.stack import open_stack, serve_http, stop_on_signals
+        from infermeter.stack.local import open_stack
+        from infermeter.stack.signals import serve_http, stop_on_signals
 
         settings = get_settings()
         bind = host or settings.api_host

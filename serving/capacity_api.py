@@ -55,7 +55,8 @@ def capacity_command(
     from rich.table import Table
 
     from infermeter.settings import get_settings
-    from infermeter.stack import open_stack, to_libpq_url
+    from infermeter.stack.local import open_stack
+    from infermeter.stack.postgres import to_libpq_url
 
     now = parse_time(at, "--at") if at else datetime.now(UTC)
     settings = get_settings()

@@ -95,7 +95,8 @@ def residency_command(
 
     from infermeter.db import get_engine
     from infermeter.settings import get_settings
-    from infermeter.stack import StackError, open_stack
+    from infermeter.stack import StackError
+    from infermeter.stack.local import open_stack
 
     err = Console(stderr=True)
 

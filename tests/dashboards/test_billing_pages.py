@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import psycopg
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from tests.dashboards.conftest import BILLED_AT, PERIOD, SETUP_AT, infermeter
 from tests.dashboards.test_pages import shoot
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from bench.prediction import load_demo_month
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from tests.cli_in_process import CliResult, run_cli
 from tests.conftest import new_database
 
