@@ -687,7 +687,7 @@ def demo(
 ) -> None:
     """The main job: a month built from the bundled Mooncake trace, metered through the full local stack, priced and
     invoiced; ends with the dashboards' addresses, a demo customer's API key and the admin sign-in."""
-    from app.demo import run_demo
+    from app.demo.run import run_demo
 
     settings = get_settings()
     out_dir = out or settings.home / "demo"

@@ -9,7 +9,8 @@ from decimal import Decimal
 import psycopg
 from playwright.sync_api import sync_playwright
 
-from app.demo import OCCURRENCES, analyze, generate
+from app.demo.meter import analyze
+from app.demo.month import OCCURRENCES, generate
 from infermeter.stack.postgres import to_libpq_url
 from metering import queries
 from metering.consumer import MeteringConsumer, run_in_thread
