@@ -3,7 +3,7 @@
 `infermeter up` and `infermeter api` serve the same pages on the API port; this command is for
 running the pages as a separate process. It needs the serving key store to sign customers in and
 billing's views for the pages' billing sections, which dashboards may not import (layers): the roof
-(app/cli.py) passes a factory of each to `serve_command`.
+(app/cli/__init__.py) passes a factory of each to `serve_command`.
 """
 
 from __future__ import annotations

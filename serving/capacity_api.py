@@ -1,4 +1,4 @@
-"""The capacity signal over HTTP and the CLI (mounted by app/api.py and app/cli.py).
+"""The capacity signal over HTTP and the CLI (mounted by app/api.py and app/cli/__init__.py).
 
     GET /v1/deployments/{deployment_id}/capacity[?at=RFC3339][&history=true]   (admin credentials)
     infermeter capacity [--deployment D] [--at T] [--history] [--json]
