@@ -6,7 +6,7 @@ holds the newest fit's request table (`prediction.RequestModel`) in memory: `Adm
 
 - `predict(customer_id, model, prompt_tokens, max_tokens, task_id, attempt)` -> `Prediction | None`:
   the table's lookup (`RequestModel.predict_request`, <= 10 us CPU, `python -m bench.prediction`),
-  capped at `max_tokens`, with the fit's version. None while no fit exists: the request then has no
+  with the fit's version; every output figure read from it is capped at `max_tokens`. None while no fit exists: the request then has no
   prediction (its event carries no `prediction` field, its predictive budget reserves `max_tokens`).
   The request's `prefix_seen` is not known at admission (the router decides it later), so the
   prediction reads the "unknown" row of its cell.
@@ -57,26 +57,36 @@ def newest_request_model(conn, newer_than: int = 0) -> tuple[int, RequestModel] 
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """A request's prediction at admission, and the version of the fit it came from."""
+    """A request's prediction at admission: the table's prediction for its features, the version of
+    the fit it came from, and the request's `max_tokens` (None: none given), which caps every output
+    figure when read (the engine stops there). The cap is applied here, lazily, rather than by
+    `RequestModel.predict_request` (`RequestPrediction.capped` copies the prediction: a few µs a
+    request on the hot path for a few `min`s)."""
 
     model_version: int
     request: RequestPrediction
+    max_tokens: int | None = None
+
+    def _capped(self, tokens: int) -> int:
+        cap = self.max_tokens
+        return tokens if cap is None or tokens <= cap else max(cap, 0)
 
     @property
     def output_tokens_p50(self) -> int:
-        return self.request.output_tokens_p50
+        return self._capped(self.request.output_tokens_p50)
 
     @property
     def output_tokens_p99(self) -> int:
-        return self.request.output_tokens_p99
+        return self._capped(self.request.output_tokens_p99)
 
     def to_event(self) -> dict[str, Any]:
-        """The `prediction` object of the request's `request.v1` event."""
+        """The `prediction` object of the request's `request.v1` event (the rates are stored rounded
+        to 6 decimals, in [0, 1]: a fit's state, `RequestModel.to_state`)."""
         p = self.request
-        return {"model_version": self.model_version, "output_tokens_p50": p.output_tokens_p50,
-                "output_tokens_p90": p.output_tokens_p90, "output_tokens_p99": p.output_tokens_p99,
-                "cached_fraction": round(min(max(p.cached_fraction, 0.0), 1.0), 6),
-                "failure_probability": round(min(max(p.failure_probability, 0.0), 1.0), 6)}
+        cap = self._capped
+        return {"model_version": self.model_version, "output_tokens_p50": cap(p.output_tokens_p50),
+                "output_tokens_p90": cap(p.output_tokens_p90), "output_tokens_p99": cap(p.output_tokens_p99),
+                "cached_fraction": p.cached_fraction, "failure_probability": p.failure_probability}
 
 
 Loader = Callable[[int], "tuple[int, RequestModel] | None"]
@@ -136,5 +146,6 @@ class AdmissionPredictor(Periodic):
         if held is None:
             return None
         version, table = held
-        features = RequestFeatures(customer_id, model, prompt_tokens, max_tokens, task_id, attempt)
-        return Prediction(version, table.predict_request(features))
+        # uncapped lookup (max_tokens None), capped by Prediction when read
+        features = RequestFeatures(customer_id, model, prompt_tokens, None, task_id, attempt)
+        return Prediction(version, table.predict_request(features), max_tokens)
