@@ -13,11 +13,10 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine
 
+from bench.prediction import write_events
 from infermeter.settings import Settings
 from infermeter.stack import to_libpq_url
 from metering.contract import encode_event
-from metering.kafka_types import Message
-from metering.writer import BatchWriter
 from prediction.request import RequestFeatures, RequestObservation, fit_requests
 from serving.capacity import Minute, Policy
 from serving.capacity_arrivals import ArrivalDemand, merge
@@ -38,14 +37,7 @@ def overload(pg_server_url):
     intervals = sim.intervals(steps, max(r.finish for r in requests) + 10)
     events = sim.events(requests, intervals, BASE, deployment=DEP, replica=f"{DEP}-0")
     db_url = new_database(pg_server_url)
-    writer = BatchWriter(to_libpq_url(db_url), group_id="capacity-arrivals", max_bytes=65536, future_tolerance_s=300)
-    try:
-        for i in range(0, len(events), 2000):
-            batch = [Message("events", 0, i + j, None, encode_event(e), {}, None)
-                     for j, e in enumerate(events[i:i + 2000])]
-            assert writer.write(batch).accepted == len(batch)
-    finally:
-        writer.close()
+    write_events(db_url, [encode_event(e) for e in events])  # metering's write path
     # the p50 the gateway would predict: a fit on earlier requests of the same traffic
     history = [RequestObservation("//test/gw", f"h{i}", sim.CUSTOMER, "sim-model", "ok", r.prompt, 0, r.output,
                                   BASE - timedelta(hours=1), BASE - timedelta(hours=1)) for i, r in enumerate(requests[:500])]

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import create_engine
 
+from infermeter.db import get_engine
 from infermeter.settings import Settings
 from prediction.request import RequestFeatures, RequestObservation, fit_requests
 from serving.budgets import (
@@ -25,11 +25,8 @@ from serving.budgets import (
     reservation_output_tokens,
     set_budget,
 )
+from tests.serving_control.test_budgets import NOW, PRICES  # the budget tests' clock and list prices
 
-NOW = datetime(2026, 11, 15, 12, 0, 30, tzinfo=UTC)
-PRICES = dict(
-    list_price_input_per_mtok="1.00", list_price_cached_input_per_mtok="0.50", list_price_output_per_mtok="2.00"
-)
 MODEL, PROMPT, MAX_TOKENS = "tiny", 1000, 500
 CONCURRENCY = 100
 WAVES = 3
@@ -38,8 +35,8 @@ CAP = Decimal("0.15")  # 75 worst cases (0.002 each): the replay's demand is abo
 
 @pytest.fixture
 def engine(db_url: str):
-    engine = create_engine(db_url, pool_size=20, max_overflow=100)
-    yield engine
+    """The project's engine (10 connections; admissions of one customer queue on its row lock anyway)."""
+    yield (engine := get_engine(db_url))
     engine.dispose()
 
 
