@@ -12,7 +12,8 @@ arrivals' prompt tokens are estimated as their count x the metered prompt tokens
 window. Under a steady load the two sides agree (metering's actual figures, the outputs usually above
 the p50, win); under overload the arrivals do, so the signal rises with the load that came.
 
-Rejected requests are not counted (as metering leaves them out). The tally is per gateway process: behind several gateways each adds what it admitted, and the
+Requests refused at admission (budgets, rate limits) are not counted (as metering leaves rejected
+requests out). The tally is per gateway process: behind several gateways each adds what it admitted, and the
 metered minutes remain the floor. Minutes older than `keep_min` are dropped.
 
 Hot path: one `time.time()`, one dict read and two additions per admitted request.

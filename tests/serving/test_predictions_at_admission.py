@@ -95,9 +95,18 @@ def test_every_request_event_carries_the_prediction_made_at_admission(fitted_gat
     stream = _chat(client, content, 4, stream=True)
     for _ in stream:
         pass
-    events = pipeline.request_events(customer.customer_id, 3)
+    tally = fitted_gateway.state.arrivals  # the capacity signal's demand at arrival (serving/capacity_arrivals.py)
+    window = (datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(minutes=2))
+    arrived_before = sum(m.output_tokens for m in tally.minutes(*window).get("tiny-cpu", []))
+    _chat(client, content, 5)
+    stream = _chat(client, content, 4, stream=True)
+    for _ in stream:
+        pass
+    events = pipeline.request_events(customer.customer_id, 5)
+    arrived = sum(m.output_tokens for m in tally.minutes(*window).get("tiny-cpu", [])) - arrived_before
+    assert arrived >= sum(e["data"]["prediction"]["output_tokens_p50"] for e in events[3:])  # their p50s, at arrival
     body = {"messages": [{"role": "user", "content": content}]}
-    by_cap = {e["data"]["output_tokens"]: e["data"] for e in events[1:]}
+    by_cap = {e["data"]["output_tokens"]: e["data"] for e in events[1:3]}
     for cap in (5, 4):
         data = by_cap[cap]
         expected = table.predict_request(RequestFeatures(customer.customer_id, MODEL, prompt_token_bound(body), cap))
