@@ -783,7 +783,12 @@ def _serve_dashboards():
 
         return dashboard_billing(settings, database_url)
 
-    return serve_command(key_store, billing)
+    def predictions(settings, database_url):  # the predictors' and the alerts' sections of the pages
+        from app.api import dashboard_predictions
+
+        return dashboard_predictions(settings, database_url)
+
+    return serve_command(key_store, billing, predictions)
 
 
 def main() -> None:

@@ -70,6 +70,23 @@ class Envelope(msgspec.Struct, frozen=True):
     dataschema: str | None = None
 
 
+# A probability or fraction, 0..1 (a prediction's, not money).
+Probability = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class AdmissionPrediction(msgspec.Struct, frozen=True, kw_only=True):
+    """What was predicted for a request when the gateway admitted it (docs/prediction.md, "Evaluation"):
+    `model_version` is the version of the fit that predicted (`infermeter predict status`). Metering
+    scores it against the request's actual outcome at ingest (metering.prediction_scores)."""
+
+    model_version: Annotated[int, msgspec.Meta(ge=1)]
+    output_tokens_p50: Tokens
+    output_tokens_p90: Tokens
+    output_tokens_p99: Tokens
+    cached_fraction: Probability
+    failure_probability: Probability
+
+
 class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     request_id: Id
     customer_id: Id
@@ -96,6 +113,8 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     # the region of the replica that served (or was tried last); absent when it has none, or when
     # the producer does not record it (data residency, docs/serving.md)
     region: Region | None = None
+    # the prediction made at admission; absent from producers that do not predict
+    prediction: AdmissionPrediction | None = None
 
 
 class TaskData(msgspec.Struct, frozen=True, kw_only=True):
@@ -347,11 +366,13 @@ def request_event(
     region: str | None = None,
     prefix_seen: bool | None = None,
     prefix_seen_replica: str | None = None,
+    prediction: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
     (usage counts in the period in which the request finished). `upstream_attempts` (how many
-    replicas the gateway tried), `region` (the serving replica's) and the router's `prefix_seen` /
-    `prefix_seen_replica` are left out of the data when None."""
+    replicas the gateway tried), `region` (the serving replica's), the router's `prefix_seen` /
+    `prefix_seen_replica` and the admission-time `prediction` (AdmissionPrediction's fields) are
+    left out of the data when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -380,6 +401,8 @@ def request_event(
         data["prefix_seen"] = prefix_seen
         if prefix_seen_replica is not None:
             data["prefix_seen_replica"] = prefix_seen_replica
+    if prediction is not None:
+        data["prediction"] = dict(prediction)
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
                       time=finished_at)
 
