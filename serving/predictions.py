@@ -80,13 +80,15 @@ class Prediction:
         return self._capped(self.request.output_tokens_p99)
 
     def to_event(self) -> dict[str, Any]:
-        """The `prediction` object of the request's `request.v1` event (the rates are stored rounded
-        to 6 decimals, in [0, 1]: a fit's state, `RequestModel.to_state`)."""
+        """The `prediction` object of the request's `request.v1` event (metering.contract's
+        `AdmissionPrediction`: the rates are kept inside [0, 1], whatever history the fit saw, so that
+        the event is never refused for its prediction)."""
         p = self.request
         cap = self._capped
         return {"model_version": self.model_version, "output_tokens_p50": cap(p.output_tokens_p50),
                 "output_tokens_p90": cap(p.output_tokens_p90), "output_tokens_p99": cap(p.output_tokens_p99),
-                "cached_fraction": p.cached_fraction, "failure_probability": p.failure_probability}
+                "cached_fraction": min(max(p.cached_fraction, 0.0), 1.0),
+                "failure_probability": min(max(p.failure_probability, 0.0), 1.0)}
 
 
 Loader = Callable[[int], "tuple[int, RequestModel] | None"]

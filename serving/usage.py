@@ -91,7 +91,7 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
     tags = dict(outcome.tags)
     if outcome.status != "rejected":
         tags["usage_source"] = usage_source
-    event = request_event(
+    return request_event(
         source=source,
         request_id=outcome.request_id,
         customer_id=outcome.customer_id,
@@ -113,7 +113,5 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         region=outcome.region,
         prefix_seen=outcome.prefix_seen,
         prefix_seen_replica=outcome.prefix_seen_replica,
+        prediction=outcome.prediction,
     )
-    if outcome.prediction is not None:
-        event["data"]["prediction"] = outcome.prediction
-    return event

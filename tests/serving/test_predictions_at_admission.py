@@ -10,13 +10,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import msgspec
 import openai
 import psycopg
 import pytest
 from sqlalchemy import create_engine
 
 from infermeter.stack import to_libpq_url
-from prediction.request import RequestFeatures
+from metering.contract import AdmissionPrediction
+from prediction.request import RequestFeatures, RequestPrediction
 from prediction_service import store
 from serving.budgets import AdmissionController, list_price, set_budget
 from serving.openai_api import prompt_token_bound
@@ -148,3 +150,14 @@ def test_a_predictive_budget_admits_what_the_worst_case_would_refuse(fitted_gate
         set_budget(engine, customer.customer_id, monthly_cap=None, mode="hard")
         controller.close()
         engine.dispose()
+
+
+def test_the_events_prediction_is_capped_and_its_rates_kept_inside_0_1():
+    """metering.contract.AdmissionPrediction refuses rates outside [0, 1] (the whole event would be
+    dead-lettered): a fit whose history had cached > input tokens must not cost the request its usage."""
+    odd = RequestPrediction(10, 100, 400, 900, 150.0, 1.0000004, -0.0, "global", 40)
+    event = Prediction(3, odd, max_tokens=256).to_event()
+    assert event == {"model_version": 3, "output_tokens_p50": 100, "output_tokens_p90": 256, "output_tokens_p99": 256,
+                     "cached_fraction": 1.0, "failure_probability": 0.0}
+    msgspec.convert(event, AdmissionPrediction)  # valid for metering
+    assert Prediction(3, odd).to_event()["output_tokens_p99"] == 900  # no max_tokens: uncapped
