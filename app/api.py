@@ -57,7 +57,7 @@ from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
 from infermeter.http import data_error_handler, declare_error_shape, error_handler, validation_error_handler
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.api import Publisher
 from metering.api import router as metering_router
 from prediction_service.api import router as prediction_router

@@ -20,16 +20,9 @@ from typing import Protocol
 import psycopg
 
 from billing.credits import CreditGrant, LedgerEntry
-from billing.invoice import (
-    CHARGING,
-    Invoice,
-    InvoiceLine,
-    InvoiceStatus,
-    adjustment_lines,
-    empty_draft,
-    lines_from_rating,
-    replace_lines,
-)
+from billing.invoice import CHARGING, Invoice, InvoiceLine, InvoiceStatus
+from billing.invoice.adjustments import adjustment_lines
+from billing.invoice.drafts import empty_draft, lines_from_rating, replace_lines
 from billing.periods import Period, billing_period
 from billing_service.store import (
     BillingServiceError,

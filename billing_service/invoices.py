@@ -15,19 +15,9 @@ import psycopg
 from billing._common import aware_utc
 from billing.credits import apply_credits_to_invoice
 from billing.errors import InvoiceStateError
-from billing.invoice import (
-    CHARGING,
-    Invoice,
-    InvoiceLine,
-    InvoiceStatus,
-    empty_draft,
-    lines_from_rating,
-    mark_paid,
-    mark_payment_failed,
-    reissue,
-    replace_lines,
-    void,
-)
+from billing.invoice import CHARGING, Invoice, InvoiceLine, InvoiceStatus
+from billing.invoice.drafts import empty_draft, lines_from_rating, replace_lines
+from billing.invoice.states import mark_paid, mark_payment_failed, reissue, void
 from billing.periods import billing_period, parse_label
 from billing_service.credits import return_credits_of_void
 from billing_service.drafts import draft_context, draft_lines

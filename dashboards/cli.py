@@ -3,7 +3,7 @@
 `infermeter up` and `infermeter api` serve the same pages on the API port; this command is for
 running the pages as a separate process. It needs the serving key store to sign customers in and
 billing's views for the pages' billing sections, and the predictors' and the alerts' views for theirs,
-which dashboards may not import (layers): the roof (app/cli.py) passes a factory of each to `serve_command`.
+which dashboards may not import (layers): the roof (app/cli/__init__.py) passes a factory of each to `serve_command`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def serve_command(key_store: Callable[[object, str], object],
         """Serve the dashboards: /dashboard (customers), /admin/ops, /admin/pricing, /admin/finance."""
         from dashboards.web.app import create_dashboard_app
         from infermeter.settings import get_settings
-        from infermeter.stack import open_stack, serve_http, stop_on_signals
+        from infermeter.stack.local import open_stack
+        from infermeter.stack.signals import serve_http, stop_on_signals
 
         settings = get_settings()
         bind = host or settings.api_host

@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg
 
 from infermeter.db import drift, upgrade
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from migrations.models import target_metadata
 
 

@@ -43,7 +43,7 @@ def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingV
 
     from psycopg_pool import ConnectionPool
 
-    from infermeter.stack import to_libpq_url
+    from infermeter.stack.postgres import to_libpq_url
 
     @asynccontextmanager
     async def lifespan(app_: FastAPI):

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 
 from app.api import create_app
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from serving.keys import KeyStore
 from tests.conftest import new_database
 from tests.dashboards.conftest import Page, Site, infermeter, served

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import encode_event, request_event
 from prediction_service.evaluate import evaluate
 from tests.metering.conftest import meter
