@@ -157,7 +157,7 @@ def gateway_cpu(version: int, table, observations, *, seconds: float, concurrenc
 
     from bench.gateway import STUB_MODEL, _wait_http, run_stub
     from infermeter.settings import Settings
-    from infermeter.stack import free_port
+    from infermeter.stack.ports import free_port
     from serving.gateway import create_app
     from serving.predictions import AdmissionPredictor
     from serving.upstream_http import UpstreamPool

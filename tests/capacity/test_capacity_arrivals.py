@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 
 from bench.prediction import write_events
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import encode_event
 from prediction.request import RequestFeatures, RequestObservation, fit_requests
 from serving.capacity import Minute, Policy

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import AdmissionPrediction
 from prediction.request import RequestFeatures, RequestPrediction
 from prediction_service import store
