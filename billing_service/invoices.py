@@ -210,7 +210,7 @@ def record_payment_status(
     """What the payment collector (Stripe's webhooks) reports about a finalized invoice: `paid`,
     `payment_failed` or `void`, as of `at` (the event's time), recorded at `now` (the clock).
 
-    Goes through the domain's state machine (`billing.invoice.mark_paid` / `mark_payment_failed` / `void`)
+    Goes through the domain's state machine (`billing.invoice.states.mark_paid` / `mark_payment_failed` / `void`)
     and the store (one history row, change "paid (reported <at>)" ...). The same status again is a no-op
     (nothing written); a change the state machine refuses (paid -> payment_failed, a draft paid, ...)
     raises `InvoiceStateError`, a BillingError. `void` does what `invoices void` does: the invoice becomes
