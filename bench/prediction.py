@@ -15,23 +15,35 @@ path and billed like the demo (50 customers on the per-token book). Then:
    MAE of p50 against the online median, pinball loss and coverage of p90 and p99, the cached fraction
    and failure scores, and the 80% spend interval's coverage at mid-period.
 
-Gateway CPU per request with predictions on versus off (target <= 1.05x) is measured once the gateway
-calls the predictor at admission: not yet, so the report says TODO instead of a number.
+4. gateway: the gateway's CPU per request with predictions on versus off (target <= 1.05x), in the
+   same run: the gateway app (`serving.gateway.create_app`: auth, body checks, admission's
+   prediction, routing, proxying over its keep-alive pool, the request's event built with its
+   `prediction` and encoded as the emitter encodes it) is called in this process, `--gateway-concurrency` requests at a
+   time, with chat requests of the month's customers against a stub upstream in its own process
+   (bench.gateway's), for `--gateway-seconds` in alternating 0.25 s blocks (on, off, off, on, ...): with the fitted table
+   held by its `AdmissionPredictor`, and without a predictor. CPU of this process (the stub's is
+   apart) per request in each mode (the median block); the ratio is the median over adjacent on/off
+   pairs of blocks, printed with whether the target is met.
+   Without the emitter's spool write and Kafka (their cost is the same either way) the ratio errs
+   high. The prediction's own cost (the lookup and the event's object) is timed apart too.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
 import random
+import statistics
 import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import psycopg
 
 from infermeter.db import upgrade
@@ -41,8 +53,7 @@ from metering.writer import BatchWriter
 
 MONTH = (datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))
 WRITER_NOW = datetime(2030, 1, 1, tzinfo=UTC)  # metering's clock: every event is in its past
-GATEWAY_TODO = ("TODO: gateway CPU per request with predictions on vs off (target <= 1.05x) comes with the gateway's "
-                "admission integration; not measured here")
+GATEWAY_TARGET = 1.05  # gateway CPU per request, predictions on / off
 
 
 def write_events(db_url: str, events: list[bytes], batch: int = 2000) -> None:
@@ -117,7 +128,156 @@ def lookup_features(observations, n: int, seed: int = 1) -> list:
     return out
 
 
-def run(url: str, limit: int | None, lookups: int) -> dict:
+class EncodingSink:
+    """The gateway's event sink in the bench: encodes each event as the emitter does before its spool
+    write (`metering.contract.encode_event`) and keeps only the last one, so that the events' bytes
+    are paid for and no retained events grow the heap."""
+
+    def __init__(self) -> None:
+        from metering.contract import encode_event
+
+        self._encode = encode_event
+        self.last: dict | None = None
+        self.emitted = 0
+
+    def emit(self, event: dict) -> None:
+        self._encode(event)
+        self.last = event
+        self.emitted += 1
+
+
+def gateway_cpu(version: int, table, observations, *, seconds: float, concurrency: int = 8,
+                block_s: float = 0.25) -> dict:
+    """The gateway's CPU per request with predictions on (the fit `version`'s `table`) and off, in
+    alternating blocks of one run (see the module doc, 4)."""
+    import asyncio
+    import multiprocessing
+
+    import uvloop
+
+    from bench.gateway import STUB_MODEL, _wait_http, run_stub
+    from infermeter.settings import Settings
+    from infermeter.stack.ports import free_port
+    from serving.gateway import create_app
+    from serving.predictions import AdmissionPredictor
+    from serving.upstream_http import UpstreamPool
+    from serving.upstreams import parse_upstreams
+
+    model = table.models()[0]
+    customers = sorted({o.customer_id for o in observations if o.model == model})
+    port = free_port()
+    stub = multiprocessing.get_context("spawn").Process(target=run_stub, args=(port,), daemon=True)
+    stub.start()
+    home = Path(tempfile.mkdtemp(prefix="bench-prediction-gw-"))
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=60)
+        settings = Settings(INFERMETER_HOME=home)
+        upstreams = parse_upstreams({"models": [{"name": model, "deployment_id": "bench", "upstream_model": STUB_MODEL,
+                                                 "replicas": [{"id": "stub-0", "url": f"http://127.0.0.1:{port}"}]}]})
+        sink = EncodingSink()
+        app = create_app(settings, upstreams=upstreams, sink=sink)
+        state = app.gateway
+        predictor = AdmissionPredictor(lambda _newer_than: None)
+        predictor.held = (version, table)
+        auth = f"Bearer {settings.admin_token}".encode()
+        rng = random.Random(3)
+        requests = []
+        for i in range(512):
+            body = orjson.dumps({"model": model, "max_tokens": 256,
+                                 "messages": [{"role": "user", "content": "Summarise the ledger. " * rng.randint(1, 40)}]})
+            headers = [(b"authorization", auth), (b"content-type", b"application/json"),
+                       (b"x-infermeter-customer-id", customers[i % len(customers)].encode()),
+                       (b"content-length", str(len(body)).encode())]
+            requests.append((headers, body))
+        blocks: dict[str, list[tuple[float, int]]] = {"on": [], "off": []}  # (CPU s, requests) per block
+        statuses: dict[int, int] = {}
+
+        async def one(headers, body) -> None:
+            scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers,
+                     "query_string": b"", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "scheme": "http",
+                     "http_version": "1.1", "root_path": ""}
+            sent = False
+
+            async def receive():
+                nonlocal sent
+                if sent:
+                    await asyncio.sleep(3600)
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    statuses[message["status"]] = statuses.get(message["status"], 0) + 1
+
+            await app(scope, receive, send)
+
+        async def block(mode: str) -> None:
+            state.predictor = predictor if mode == "on" else None
+            next_request = itertools.count()
+            stop_at = time.perf_counter() + block_s
+
+            async def worker() -> int:
+                done = 0
+                while time.perf_counter() < stop_at:
+                    await one(*requests[next(next_request) % len(requests)])
+                    done += 1
+                return done
+
+            cpu = time.process_time()
+            done = sum(await asyncio.gather(*(worker() for _ in range(concurrency))))
+            blocks[mode].append((time.process_time() - cpu, done))
+
+        async def main() -> None:
+            state.upstream = UpstreamPool(connect_timeout_s=5, read_timeout_s=30)
+            gc.collect()
+            gc.freeze()  # as the gateway's lifespan does: what lives for the process is out of the cyclic GC
+            try:
+                await block("off")  # warm-up: connections, caches
+                blocks["off"].clear()
+                statuses.clear()
+                for k in range(max(4, round(seconds / block_s))):
+                    await block("on" if k % 4 in (0, 3) else "off")  # on, off, off, on, ...: no drift favours either
+                state.predictor = predictor
+                await one(*requests[0])  # its event carries the prediction (checked below)
+            finally:
+                await state.upstream.close()
+
+        uvloop.run(main())
+        if statuses != {200: sum(statuses.values())} or "prediction" not in sink.last["data"]:
+            raise RuntimeError(f"the gateway bench did not serve as expected: statuses {statuses}, "
+                               f"last event {sink.last}")
+    finally:
+        stub.terminate()
+        stub.join(10)
+        remove_scratch(home)
+    # per mode: the median block's CPU per request; the ratio: the median over adjacent (on, off)
+    # pairs of blocks of on / off (a pair shares the machine's load of its second; a pair that met a
+    # neighbour's burst does not decide)
+    us = {mode: [cpu / n * 1e6 for cpu, n in rows] for mode, rows in blocks.items()}
+    per = {mode: statistics.median(values) for mode, values in us.items()}
+    ratio = statistics.median(on / off for on, off in zip(us["on"], us["off"], strict=False))
+    return {"model": model, "concurrency": concurrency, "seconds": seconds,
+            "requests": {mode: sum(n for _, n in rows) for mode, rows in blocks.items()},
+            "cpu_us_per_request": {mode: round(v, 1) for mode, v in per.items()},
+            "prediction_us_per_request": round(own := prediction_cost(predictor, customers, model), 2),
+            "prediction_share": round(own / per["off"], 4),
+            "ratio": round(ratio, 3), "target": GATEWAY_TARGET, "met": ratio <= GATEWAY_TARGET}
+
+
+def prediction_cost(predictor, customers: list[str], model: str, n: int = 50_000) -> float:
+    """CPU microseconds of what predictions add to a request, timed apart: the lookup at admission
+    and the event's `prediction` object (best of 3)."""
+    best = float("inf")
+    rows = [(customers[i % len(customers)], 200 + 37 * i % 3000) for i in range(n)]
+    for _ in range(3):
+        t = time.process_time()
+        for customer, prompt in rows:
+            predictor.predict(customer, model, prompt, 256).to_event()
+        best = min(best, time.process_time() - t)
+    return best / n * 1e6
+
+
+def run(url: str, limit: int | None, lookups: int, gateway_seconds: float = 4.0, gateway_concurrency: int = 8) -> dict:
     from prediction_service import history, store
     from prediction_service.evaluate import evaluate
     from pricing_service.books import read_cost_model
@@ -151,7 +311,8 @@ def run(url: str, limit: int | None, lookups: int) -> dict:
         "fit": {"wall_s": round(best[0], 3), "cpu_s": round(best[1], 3), "runs": len(fits)},
         "eval": {"wall_s": round(eval_s, 1), "all": accuracy["all"],
                  "spend": {k: accuracy["spend"][k] for k in ("periods", "inside", "coverage")}},
-        "gateway": GATEWAY_TODO,
+        "gateway": gateway_cpu(info.version, fitted.requests, observations, seconds=gateway_seconds,
+                               concurrency=gateway_concurrency),
     }
 
 
@@ -160,13 +321,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None,
                         help="the month from the first N trace requests (default: the whole trace, as demo --full)")
     parser.add_argument("--lookups", type=int, default=200_000, help="hot-path predictions timed per pass")
+    parser.add_argument("--gateway-seconds", type=float, default=4.0,
+                        help="the gateway's on/off measure: seconds in all (alternating 0.25 s blocks)")
+    parser.add_argument("--gateway-concurrency", type=int, default=8, help="the gateway's requests at a time")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     folder = None if os.environ.get("DATABASE_URL") else Path(tempfile.mkdtemp(prefix="bench-prediction-"))
     url = os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg")
     try:
         upgrade(url)
-        report = run(url, args.requests, args.lookups)
+        report = run(url, args.requests, args.lookups, args.gateway_seconds, args.gateway_concurrency)
     finally:
         if folder is not None:
             remove_scratch(folder)
@@ -186,7 +350,12 @@ def main() -> None:
     s = e["spend"]
     print(f"spend at mid-period: {s['inside']} of {s['periods']} customer-periods inside the 80% interval "
           f"({s['coverage']:.0%})")
-    print(report["gateway"])
+    g = report["gateway"]
+    print(f"gateway CPU per request (c={g['concurrency']}, {g['requests']['on']:,} + {g['requests']['off']:,} "
+          f"requests): {g['cpu_us_per_request']['on']:.1f} us with predictions, {g['cpu_us_per_request']['off']:.1f} us "
+          f"without: {g['ratio']:.3f}x (target <= {g['target']}x): {'met' if g['met'] else 'NOT met'}; the prediction's "
+          f"own cost timed apart: {g['prediction_us_per_request']:.2f} us a request, {g['prediction_share']:.1%} of the "
+          "gateway's CPU without")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Budgets: per-customer monthly spend caps (hard or soft) and the admission the gateway asks for.
+"""Budgets: per-customer monthly spend caps (hard, soft or predictive) and the admission the gateway asks for.
 
 Public API (the gateway codes against this):
 
     controller = AdmissionController(engine, settings=None, clock=None)
     result = await controller.admit(
-        customer_id, model=..., request_id=..., prompt_tokens=N, max_tokens=M)
+        customer_id, model=..., request_id=..., prompt_tokens=N, max_tokens=M,
+        predicted_output_tokens=P99 | None)   # the gateway's prediction at admission
     # -> Admitted (forward the request; add `result.headers` to the response)
     #    or Rejected (answer result.status with result.openai_error(); add result.headers)
     await controller.settle(
@@ -12,7 +13,7 @@ Public API (the gateway codes against this):
         event_source=..., event_id=...)       # after the request ends, whatever its outcome
     controller.admit_sync(...), controller.settle_sync(...)   # the same, blocking (tests, CLI)
 
-    set_budget(engine, customer_id, monthly_cap=Decimal|None, mode="hard"|"soft", rpm=None, tpm=None)
+    set_budget(engine, customer_id, monthly_cap=Decimal|None, mode="hard"|"soft"|"predictive", rpm=None, tpm=None)
     get_budget(engine, customer_id) -> BudgetConfig | None
     controller.spend(customer_id) -> Spend   # metered + settled-unmetered + reserved, this month
     list_price(model, settings) -> ListPrice # the per-token price of one request (reservations, settlement)
@@ -68,6 +69,29 @@ the difference between a request's worst case and ... nothing: a request is admi
 spend + its worst case <= cap, so the overshoot is 0 (well inside the required "one worst
 case"). LiteLLM's races (#34732 check-then-increment without a lock; #36926 spend updated only
 after the response) are exactly what the lock + reservation-before-forwarding avoid.
+
+Predictive mode (`mode="predictive"`): admission and settlement as in hard mode (a request is refused
+with 402 when spend + its reservation > cap), but a request's reservation counts its predicted p99
+output tokens (`predicted_output_tokens`, the gateway's prediction at admission from the newest
+stored fit, serving/predictions.py), capped at max_tokens, instead of max_tokens; without a
+prediction (no fit yet) it reserves max_tokens, exactly as hard mode (`reservation_output_tokens`).
+More requests fit under the cap at its edge; the price is a bounded overshoot. The bound: every
+admission checks, under the customer's lock, settled actuals + in-flight reservations + its own
+reservation <= cap. A request's actual cost exceeds its reservation only by its output beyond the
+reserved tokens (its input is reserved at the prompt's upper bound, uncached), at most
+(max_tokens - reserved output tokens) x output list price. Overshoots of requests that settled
+before an admission are inside the spend that admission read; so after the last admission the
+spend exceeds the cap by at most the sum, over the requests in flight at that admission (itself
+included), of (actual - reserved) cost:
+
+    overshoot <= sum over in-flight requests of (max_tokens_i - reserved_output_i) x output price
+              <= C x (max_tokens - p99) x output price     (C = requests in flight at once)
+
+0 for requests that end within their p99; for a customer whose requests all run at once
+it is reached only when every in-flight request runs to max_tokens
+(tests/serving/test_predictive_budgets.py replays 100 concurrent requests at the edge against
+PostgreSQL and checks it). Hard mode is unchanged: its reservation is always the worst case.
+
 Customers without a budget row are admitted without touching the database (cached for
 INFERMETER_BUDGET_CONFIG_TTL_S; a customer in use is checked again in the background shortly before
 that expires, serving/single_flight.py, so its requests do not wait for the check).
@@ -99,7 +123,7 @@ from serving.single_flight import SingleFlight, due
 from serving.tables import budget_reservations, customer_budgets
 
 WARNING_HEADER = "X-Infermeter-Budget-Warning"
-MODES = ("hard", "soft")
+MODES = ("hard", "soft", "predictive")
 _MTOK = Decimal(1_000_000)
 _ZERO = Decimal(0)
 
@@ -208,6 +232,14 @@ def metered_cost(
     if book is None or not priced:
         return unpriced
     return rate(book, Usage.build(customer_id, window.start, window.end, priced)).usage_total + unpriced
+
+
+def reservation_output_tokens(mode: str, max_tokens: int, predicted_output_tokens: int | None) -> int:
+    """The output tokens a request's reservation counts: `max_tokens` (its worst case), except in
+    `predictive` mode with a prediction: the predicted p99, at most `max_tokens`."""
+    if mode != "predictive" or predicted_output_tokens is None:
+        return max_tokens
+    return min(max(predicted_output_tokens, 0), max_tokens)
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -455,14 +487,15 @@ class AdmissionController:
         request_id: str,
         prompt_tokens: int,
         max_tokens: int,
+        predicted_output_tokens: int | None = None,
         now: datetime | None = None,
     ) -> Admitted | Rejected:
-        """Admit or reject one request; an admitted request of a limited customer holds a reservation."""
+        """Admit or reject one request; an admitted request of a limited customer holds a reservation:
+        its worst case, or in `predictive` mode its predicted cost (`reservation_output_tokens`)."""
         if self._known_unlimited(customer_id):
             return Admitted(request_id, customer_id)
         now = now or self._clock()
         price = list_price(model, self.settings)
-        worst = price.cost(uncached_input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=max_tokens)
         worst_tokens = prompt_tokens + max_tokens
         start = ratelimit.window_start(now)
         with self.engine.begin() as conn:
@@ -477,6 +510,8 @@ class AdmissionController:
                     self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
                 return Admitted(request_id, customer_id)
             config = _config(row)
+            output_tokens = reservation_output_tokens(config.mode, max_tokens, predicted_output_tokens)
+            worst = price.cost(uncached_input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens)
             if config.rpm is not None or config.tpm is not None:
                 previous, current = ratelimit.load(conn, customer_id, now)
                 decision = ratelimit.check(config.rpm, config.tpm, previous, current, now, worst_tokens)
@@ -497,7 +532,7 @@ class AdmissionController:
                         f"monthly budget exceeded: spent {_money(spend.total)} of {_money(config.monthly_cap)}"
                         f" (this request may cost up to {_money(worst)})"
                     )
-                    if config.mode == "hard":
+                    if config.mode != "soft":
                         return Rejected(
                             reason="budget_exceeded",
                             message=f"Your {text_}. Raise the budget or wait for the next month.",

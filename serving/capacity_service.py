@@ -5,15 +5,18 @@ Public API:
 
     policy_from_settings(settings) -> capacity.Policy
     as_of_for(now) -> datetime          # end of the last complete minute, SETTLE_S behind `now`
-    capacity_reports(conn, *, now, policy, deployment_id=None, history=False) -> list[dict]
+    capacity_reports(conn, *, now, policy, deployment_id=None, history=False, arrivals=None) -> list[dict]
     publish_gauges(reports)             # the infermeter_deployment_* gauges of serving/metrics.py
-    CapacityRefresher(engine, settings) # await .refresh_if_stale() (the gateway's /metrics);
+    CapacityRefresher(engine, settings, arrivals=None) # await .refresh_if_stale() (the gateway's /metrics);
                                         # .start() / await .aclose() (every period); .refresh_once()
 
 Every reader (GET /v1/deployments/{id}/capacity, `infermeter capacity`, the gauges) computes the
 same report from the same window, statelessly: the last HISTORY_MIN minutes of demand are replayed
 through Holt and the hysteresis each time, so two gateways, the API and the CLI agree without
-sharing state, and a restart changes nothing.
+sharing state, and a restart changes nothing. The gateway's own gauges also fold in what it admitted
+and has not seen metered yet (`arrivals`, serving/capacity_arrivals.py): demand at arrival, with each
+request's predicted output tokens, so that under overload the signal sees what came, not only what
+was served.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import psycopg
 from infermeter.settings import Settings
 from metering import ops_reads, queries
 from serving import capacity, metrics
+from serving.capacity_arrivals import ArrivalDemand, merge
 
 log = logging.getLogger("serving.capacity")
 
@@ -50,9 +54,11 @@ def as_of_for(now: datetime) -> datetime:
 
 
 def capacity_reports(conn: psycopg.Connection, *, now: datetime, policy: capacity.Policy,
-                     deployment_id: str | None = None, history: bool = False) -> list[dict]:
-    """One report per deployment with metered requests or replica intervals in the history window
-    (only `deployment_id` if given; [] when it has none), sorted by deployment."""
+                     deployment_id: str | None = None, history: bool = False,
+                     arrivals: ArrivalDemand | None = None) -> list[dict]:
+    """One report per deployment with metered requests, replica intervals or (given `arrivals`, the
+    gateway's demand at arrival) admitted requests in the history window (only `deployment_id` if
+    given; [] when it has none), sorted by deployment."""
     as_of = as_of_for(now)
     start = as_of - timedelta(minutes=HISTORY_MIN)
     request_rows = ops_reads.request_minutes(conn, queries.Window(start, as_of), deployment_id=deployment_id)
@@ -60,11 +66,17 @@ def capacity_reports(conn: psycopg.Connection, *, now: datetime, policy: capacit
         conn, queries.Window(as_of - timedelta(minutes=CAPACITY_WINDOW_MIN), as_of), deployment_id=deployment_id)
     recent_rows = ops_reads.replica_interval_sums(
         conn, queries.Window(as_of - timedelta(minutes=LIVE_WINDOW_MIN), as_of), deployment_id=deployment_id)
-    deployments = sorted({r["deployment_id"] for r in request_rows} | {r["deployment_id"] for r in capacity_rows})
+    arrived = arrivals.minutes(start, as_of) if arrivals is not None else {}
+    if deployment_id is not None:
+        arrived = {dep: rows for dep, rows in arrived.items() if dep == deployment_id}
+    deployments = sorted({r["deployment_id"] for r in request_rows} | {r["deployment_id"] for r in capacity_rows}
+                         | set(arrived))
     reports = []
     for dep in deployments:
         rows = [capacity.Minute(r["minute"], r["requests"], r["input_tokens"], r["output_tokens"], r["ttft_p90_s"])
                 for r in request_rows if r["deployment_id"] == dep]
+        if dep in arrived:
+            rows = merge(rows, arrived[dep])
         minutes = capacity.fill_minutes(rows, start, as_of)
         reports.append(capacity.report(
             dep, as_of, minutes, [r for r in capacity_rows if r["deployment_id"] == dep],
@@ -109,8 +121,9 @@ class CapacityRefresher:
     nobody scrapes), or every period from `start` on. A failed round is logged and the gauges keep
     their last values."""
 
-    def __init__(self, engine, settings: Settings, *, clock=None) -> None:
+    def __init__(self, engine, settings: Settings, *, clock=None, arrivals: ArrivalDemand | None = None) -> None:
         self.engine = engine
+        self.arrivals = arrivals  # the gateway's demand at arrival (serving/capacity_arrivals.py)
         self.period_s = settings.capacity_refresh_s
         self.policy = policy_from_settings(settings)
         self.clock = clock or (lambda: datetime.now(UTC))
@@ -122,7 +135,8 @@ class CapacityRefresher:
     def refresh_once(self) -> list[dict]:
         raw = self.engine.raw_connection()  # the pool's psycopg connection
         try:
-            reports = capacity_reports(raw.driver_connection, now=self.clock(), policy=self.policy)
+            reports = capacity_reports(raw.driver_connection, now=self.clock(), policy=self.policy,
+                                       arrivals=self.arrivals)
             raw.driver_connection.rollback()  # read-only: end the snapshot, return the connection clean
         finally:
             raw.close()

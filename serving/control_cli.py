@@ -129,7 +129,7 @@ def _decimal(value: str | None, what: str) -> Decimal | None:
 def budgets_set(
     customer: Annotated[str, typer.Option("--customer", help="Customer id.")],
     monthly_cap: Annotated[str | None, typer.Option("--monthly-cap", help="Spend cap per calendar month (UTC), e.g. 100.00.")] = None,
-    mode: Annotated[str | None, typer.Option("--mode", help="hard (reject past the cap) or soft (warn).")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="hard (reject past the cap), soft (warn) or predictive (reject past the cap, reserving each request's predicted p99 output instead of max_tokens).")] = None,
     rpm: Annotated[int | None, typer.Option("--rpm", min=0, help="Requests per minute.")] = None,
     tpm: Annotated[int | None, typer.Option("--tpm", min=0, help="Tokens per minute (prompt + max_tokens).")] = None,
     no_cap: Annotated[bool, typer.Option("--no-cap", help="Remove the spend cap.")] = False,

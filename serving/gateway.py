@@ -27,6 +27,12 @@ the client got a byte (refused, reset, silent, 5xx, 429) goes to another replica
 of its `fallback` model, up to INFERMETER_FAILOVER_ATTEMPTS tries; the failed replica's circuit
 breaker opens for INFERMETER_BREAKER_COOLDOWN_S (serving/upstreams.py), then one request probes it.
 
+Predictions at admission (serving/predictions.py): with a stored fit, every request is predicted
+(output tokens p50/p90/p99, cached fraction, failure probability) by a lookup in the newest fit's
+table, reloaded in a thread when a new version appears; the prediction rides on the request's
+event (`prediction`), a `predictive` budget reserves its p99 (serving/budgets.py), and the capacity
+signal counts it at arrival (serving/capacity_arrivals.py).
+
 Usage capture: every request that passes authentication and body checks ends in exactly one
 `infermeter.request.v1` event (ok, error, cancelled or rejected), built by
 `serving.usage.build_request_event` and handed to the emitter (durable spool, then Kafka).
@@ -292,12 +298,22 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
 
     # the capacity gauges on /metrics, recomputed from metering by a scrape that finds them
     # INFERMETER_CAPACITY_REFRESH_S old (no background task)
-    refresher = CapacityRefresher(engine, settings)
+    from serving.capacity_arrivals import ArrivalDemand
+
+    arrivals = ArrivalDemand()  # what this gateway admitted, for the gauges before metering has it
+    refresher = CapacityRefresher(engine, settings, arrivals=arrivals)
+    # every request predicted at admission from the newest stored fit, reloaded in a thread when a
+    # new version appears (serving/predictions.py)
+    from serving.predictions import AdmissionPredictor
+
+    predictor = AdmissionPredictor.on_engine(engine)
 
     async def start() -> None:
         emitter.start()
+        predictor.start()
 
     async def stop() -> None:
+        await asyncio.to_thread(predictor.stop)
         await refresher.aclose()
         await emitter.aclose()
         if admission is not None and hasattr(admission, "close"):
@@ -316,6 +332,8 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     app.state.emitter = emitter
     app.state.capacity_refresher = refresher
     app.gateway.residency = residency
+    app.gateway.predictor = predictor
+    app.gateway.arrivals = arrivals
     return app
 
 

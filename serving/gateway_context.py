@@ -24,8 +24,10 @@ from starlette.requests import ClientDisconnect
 from infermeter.auth import AuthError, Principal, bearer_token
 from infermeter.auth_backoff import FailedAuthentications
 from infermeter.settings import Settings
+from serving.capacity_arrivals import ArrivalDemand
 from serving.gateway_contracts import AdmissionControl, Authenticator, EventSink
 from serving.openai_api import ApiError
+from serving.predictions import AdmissionPredictor, Prediction
 from serving.prefix_memory import PrefixMemory
 from serving.upstream_http import UpstreamPool
 from serving.upstreams import ModelRoute, Replica, UpstreamConfig
@@ -94,6 +96,8 @@ class RequestContext:
     finished: bool = False
     admitted: bool = False
     extra_headers: dict[str, str] = field(default_factory=dict)
+    # the prediction made at admission (serving/predictions.py); None without a fit
+    prediction: Prediction | None = None
     # The request's event, emitted by GatewayApp right after the response is handed to the client.
     after_send: Callable[[], Awaitable[None]] | None = None
 
@@ -116,6 +120,10 @@ class GatewayState:
     prefix_memory: PrefixMemory | None = None
     # the backoff on failed authentication, per client address (INFERMETER_AUTH_FAILURES_ALLOWED, ..._BACKOFF_MAX_S)
     failed_auth: FailedAuthentications | None = None
+    # predictions at admission from the newest stored fit (serving/predictions.py); None: none made
+    predictor: AdmissionPredictor | None = None
+    # demand at arrival for the capacity signal (serving/capacity_arrivals.py); None: not counted
+    arrivals: ArrivalDemand | None = None
 
     def __post_init__(self) -> None:
         if self.failed_auth is None:

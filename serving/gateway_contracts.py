@@ -68,7 +68,8 @@ class Authenticator(Protocol):
 
 class AdmissionControl(Protocol):
     async def admit(
-        self, customer_id: str, *, model: str, request_id: str, prompt_tokens: int, max_tokens: int
+        self, customer_id: str, *, model: str, request_id: str, prompt_tokens: int, max_tokens: int,
+        predicted_output_tokens: int | None = None,
     ) -> Admitted | Rejected: ...
 
     async def settle(self, request_id: str, **actual: Any) -> None: ...

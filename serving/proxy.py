@@ -45,6 +45,7 @@ from serving.openai_api import (
     prompt_token_bound,
     upstream_error,
 )
+from serving.predictions import Prediction
 from serving.relay import JsonAnswer, MeteredStream, finish, finish_after_send, release, with_headers
 from serving.residency import RESIDENCY_REASON, pick_allowed, rejection
 from serving.routing import pick_in_chain, pick_replica
@@ -121,6 +122,8 @@ async def proxy(state: GatewayState, request: ProxyRequest, kind: str) -> tuple[
 async def serve(state: GatewayState, ctx: RequestContext) -> Response:
     body = ctx.body
     route = ctx.route
+    if state.predictor is not None:  # the newest fit's lookup (serving/predictions.py)
+        ctx.prediction = predict(state, ctx)
     if state.admission is not None:
         try:
             rejected = await admit(state, ctx)
@@ -136,6 +139,9 @@ async def serve(state: GatewayState, ctx: RequestContext) -> Response:
             )  # fmt: skip
         if rejected is not None:
             return rejected
+    if state.arrivals is not None:  # the capacity signal's demand at arrival (serving/capacity_arrivals.py)
+        prediction = ctx.prediction
+        state.arrivals.arrive(route.deployment_id, 0 if prediction is None else prediction.output_tokens_p50)
 
     stream = bool(body.get("stream"))
     if state.residency is not None:  # the replicas outside the customer's regions, if any
@@ -407,6 +413,22 @@ async def _try_within(
 # --- admission (budgets and rate limits, serving/budgets.py) -----------------------------------
 
 
+def predict(state: GatewayState, ctx: RequestContext) -> Prediction | None:
+    """The request's prediction at admission: customer, model, the prompt's token bound, the
+    client's max_tokens (x n) as the cap, task and attempt; None without a fit, or when the lookup
+    fails (a prediction is optional, the request is not)."""
+    body = ctx.body
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if max_tokens is not None:
+        max_tokens *= body.get("n") or 1
+    try:
+        return state.predictor.predict(ctx.customer_id, ctx.route.name, prompt_token_bound(body), max_tokens,
+                                       ctx.task_id, ctx.attempt)
+    except Exception:
+        log.exception("predicting %s failed", ctx.request_id)
+        return None
+
+
 async def admit(state: GatewayState, ctx: RequestContext) -> Response | None:
     """None when admitted (its headers join the response's), else the rejection's response."""
     body = ctx.body
@@ -414,12 +436,14 @@ async def admit(state: GatewayState, ctx: RequestContext) -> Response | None:
     if max_tokens is None:
         max_tokens = await context_length(state, ctx.route)
     max_tokens *= body.get("n") or 1
+    prediction = ctx.prediction
     result = await state.admission.admit(
         ctx.customer_id,
         model=ctx.route.name,
         request_id=ctx.request_id,
         prompt_tokens=prompt_token_bound(body),
         max_tokens=max_tokens,
+        predicted_output_tokens=None if prediction is None else prediction.output_tokens_p99,
     )
     if isinstance(result, Rejected):
         metrics.record_rejection(result.reason)

@@ -22,7 +22,10 @@ failover to a fallback model, that model: the tokens are priced at it), and `ups
 says how many replicas were tried; only the serving try's tokens are in the event. `region` is that
 replica's region (absent when it has none, or when no replica was tried). `prefix_seen` and
 `prefix_seen_replica` are the router's claim that the prompt's prefix was served before, and where
-(serving/prefix_memory.py; absent when no replica was tried).
+(serving/prefix_memory.py; absent when no replica was tried). `prediction` is what the gateway
+predicted at admission from the newest stored fit (serving/predictions.py): `{"model_version",
+"output_tokens_p50", "output_tokens_p90", "output_tokens_p99", "cached_fraction",
+"failure_probability"}`, an additive optional field of `request.v1`; absent when no fit existed.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class RequestOutcome:
     # the router's claim (serving/prefix_memory.py): the prompt's prefix was served before, on that replica
     prefix_seen: bool | None = None
     prefix_seen_replica: str | None = None
+    # the prediction made at admission (serving/predictions.py `Prediction.to_event()`), None: none made
+    prediction: dict[str, Any] | None = None
 
 
 def _int(value: Any) -> int:
@@ -108,4 +113,5 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         region=outcome.region,
         prefix_seen=outcome.prefix_seen,
         prefix_seen_replica=outcome.prefix_seen_replica,
+        prediction=outcome.prediction,
     )

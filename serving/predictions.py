@@ -1,0 +1,153 @@
+"""Predictions at admission: each request is predicted from the newest stored fit, by a lookup.
+
+The predictors are fitted by prediction_service (`infermeter predict fit`, and `infermeter up`'s
+schedule) and stored in `prediction_fits`, one version per fit (docs/prediction.md). The gateway
+holds the newest fit's request table (`prediction.RequestModel`) in memory: `AdmissionPredictor`
+
+- `predict(customer_id, model, prompt_tokens, max_tokens, task_id, attempt)` -> `Prediction | None`:
+  the table's lookup (`RequestModel.predict_request`, <= 10 us CPU, `python -m bench.prediction`),
+  with the fit's version; every output figure read from it is capped at `max_tokens`. None while no fit exists: the request then has no
+  prediction (its event carries no `prediction` field, its predictive budget reserves `max_tokens`).
+  The request's `prefix_seen` is not known at admission (the router decides it later), so the
+  prediction reads the "unknown" row of its cell.
+- `reload()` asks the database for a fit newer than the one held (one indexed row, `version >` the
+  held one) and swaps it in; `start()` runs it every `reload_s` seconds in a thread (and once at
+  once), so no request ever waits for the database. A failed reload is logged; the held table stays.
+
+The gateway may not import prediction_service (the import contract: serving sits below it), so it
+reads the newest fit's request table here itself: `newest_request_model(conn, newer_than)` reads
+`version` and `state->'requests'` of `prediction_fits` (the table of prediction_service/tables.py,
+the state written by `prediction_service.store.fit`) and decodes it with `RequestModel.from_state`.
+
+`Prediction.to_event()` is the request event's `prediction` object (additive in `request.v1`):
+`{"model_version", "output_tokens_p50", "output_tokens_p90", "output_tokens_p99", "cached_fraction",
+"failure_probability"}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from infermeter.periodic import Periodic
+from prediction.request import RequestFeatures, RequestModel, RequestPrediction
+
+log = logging.getLogger("serving.predictions")
+
+DEFAULT_RELOAD_S = 30.0
+
+_NEWEST_SQL = text(
+    "SELECT version, state->'requests' AS requests FROM prediction_fits "
+    "WHERE version > :newer_than ORDER BY version DESC LIMIT 1"
+)
+
+
+def newest_request_model(conn, newer_than: int = 0) -> tuple[int, RequestModel] | None:
+    """The newest fit's (version, request table) if its version is above `newer_than`, else None.
+    `conn` is a SQLAlchemy connection."""
+    row = conn.execute(_NEWEST_SQL, {"newer_than": newer_than}).first()
+    if row is None:
+        return None
+    return int(row.version), RequestModel.from_state(row.requests)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A request's prediction at admission: the table's prediction for its features, the version of
+    the fit it came from, and the request's `max_tokens` (None: none given), which caps every output
+    figure when read (the engine stops there). The cap is applied here, lazily, rather than by
+    `RequestModel.predict_request` (`RequestPrediction.capped` copies the prediction: a few µs a
+    request on the hot path for a few `min`s)."""
+
+    model_version: int
+    request: RequestPrediction
+    max_tokens: int | None = None
+
+    def _capped(self, tokens: int) -> int:
+        cap = self.max_tokens
+        return tokens if cap is None or tokens <= cap else max(cap, 0)
+
+    @property
+    def output_tokens_p50(self) -> int:
+        return self._capped(self.request.output_tokens_p50)
+
+    @property
+    def output_tokens_p99(self) -> int:
+        return self._capped(self.request.output_tokens_p99)
+
+    def to_event(self) -> dict[str, Any]:
+        """The `prediction` object of the request's `request.v1` event (metering.contract's
+        `AdmissionPrediction`: the rates are kept inside [0, 1], whatever history the fit saw, so that
+        the event is never refused for its prediction)."""
+        p = self.request
+        cap = self._capped
+        return {"model_version": self.model_version, "output_tokens_p50": cap(p.output_tokens_p50),
+                "output_tokens_p90": cap(p.output_tokens_p90), "output_tokens_p99": cap(p.output_tokens_p99),
+                "cached_fraction": min(max(p.cached_fraction, 0.0), 1.0),
+                "failure_probability": min(max(p.failure_probability, 0.0), 1.0)}
+
+
+Loader = Callable[[int], "tuple[int, RequestModel] | None"]
+
+
+class AdmissionPredictor(Periodic):
+    """The newest fit's request table, reloaded when a new version appears (see the module doc).
+    `load(newer_than)` answers (version, table) of a newer fit or None; `engine_loader(engine)` makes
+    it from a SQLAlchemy engine."""
+
+    thread_name = "admission-predictor"
+
+    def __init__(self, load: Loader, *, reload_s: float = DEFAULT_RELOAD_S) -> None:
+        super().__init__()
+        self._load = load
+        self.interval_s = reload_s
+        # (version, table) of the fit held, swapped as one object so a request never pairs one fit's
+        # table with another's version; None: no fit yet
+        self.held: tuple[int, RequestModel] | None = None
+        self.reloads = 0
+
+    @property
+    def version(self) -> int:
+        """The version of the fit held (0: none)."""
+        held = self.held
+        return 0 if held is None else held[0]
+
+    @classmethod
+    def on_engine(cls, engine, *, reload_s: float = DEFAULT_RELOAD_S) -> AdmissionPredictor:
+        def load(newer_than: int) -> tuple[int, RequestModel] | None:
+            with engine.connect() as conn:
+                return newest_request_model(conn, newer_than)
+
+        return cls(load, reload_s=reload_s)
+
+    def reload(self) -> bool:
+        """Take the newest fit if it is newer than the one held; True when it changed."""
+        found = self._load(self.version)
+        if found is None:
+            return False
+        self.held = found
+        self.reloads += 1
+        log.info("predictions at admission now from fit version %s (%s requests)", found[0], found[1].rows)
+        return True
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.reload()
+            except Exception:  # the database may be away for a while: keep the table held, try again
+                log.exception("reloading the predictors failed; predicting from fit version %s", self.version)
+            self.stop_event.wait(self.interval_s)
+
+    def predict(self, customer_id: str, model: str, prompt_tokens: int, max_tokens: int | None,
+                task_id: str | None = None, attempt: int = 1) -> Prediction | None:
+        held = self.held
+        if held is None:
+            return None
+        version, table = held
+        # uncapped lookup (max_tokens None), capped by Prediction when read
+        features = RequestFeatures(customer_id, model, prompt_tokens, None, task_id, attempt)
+        return Prediction(version, table.predict_request(features), max_tokens)
