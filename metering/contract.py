@@ -96,6 +96,9 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     # the region of the replica that served (or was tried last); absent when it has none, or when
     # the producer does not record it (data residency, docs/serving.md)
     region: Region | None = None
+    # the project of the API key the request was made with (the key's project_id); absent (None) when
+    # the key has none: the request then counts under the "no project" bucket, project '' in the rollups
+    project: Id | None = None
 
 
 class TaskData(msgspec.Struct, frozen=True, kw_only=True):
@@ -347,11 +350,12 @@ def request_event(
     region: str | None = None,
     prefix_seen: bool | None = None,
     prefix_seen_replica: str | None = None,
+    project: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
     (usage counts in the period in which the request finished). `upstream_attempts` (how many
     replicas the gateway tried), `region` (the serving replica's) and the router's `prefix_seen` /
-    `prefix_seen_replica` are left out of the data when None."""
+    `prefix_seen_replica` and the API key's `project` are left out of the data when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -380,6 +384,8 @@ def request_event(
         data["prefix_seen"] = prefix_seen
         if prefix_seen_replica is not None:
             data["prefix_seen_replica"] = prefix_seen_replica
+    if project is not None:
+        data["project"] = project
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
                       time=finished_at)
 

@@ -132,6 +132,7 @@ async def finish(
         region=ctx.replica.region if ctx.replica else None,
         prefix_seen=prefix_seen,
         prefix_seen_replica=seen_on,
+        project=ctx.principal.project_id,
     )
     event = build_request_event(outcome, source=state.source)
     data = event["data"]

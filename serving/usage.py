@@ -57,6 +57,7 @@ class RequestOutcome:
     # the router's claim (serving/prefix_memory.py): the prompt's prefix was served before, on that replica
     prefix_seen: bool | None = None
     prefix_seen_replica: str | None = None
+    project: str | None = None  # the API key's project (None: the key has none)
 
 
 def _int(value: Any) -> int:
@@ -108,4 +109,5 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         region=outcome.region,
         prefix_seen=outcome.prefix_seen,
         prefix_seen_replica=outcome.prefix_seen_replica,
+        project=outcome.project,
     )
