@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import get_settings
-from infermeter.stack import StackError, open_stack, to_libpq_url
+from infermeter.stack import StackError
+from infermeter.stack.local import open_stack
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import parse_time, utc_now
 
 app = typer.Typer(help="Alerts on budgets, credit and forecasts, sent as signed webhooks (docs/alerts.md).",

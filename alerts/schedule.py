@@ -17,7 +17,7 @@ from alerts import delivery
 from alerts.evaluate import default_thresholds, evaluate
 from infermeter.periodic import Periodic
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import utc_now
 
 log = logging.getLogger(__name__)

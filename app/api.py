@@ -11,10 +11,13 @@
                      billing's parts of them (invoices, current-period spend, the customer's own book, the
                      finance page and its exports) come from billing_service, built by `dashboard_billing`
                      and put on the state as `billing` (dashboards never imports billing_service: the pages
-                     declare what they need of billing as a protocol)
+                     declare what they need of billing as a protocol); the predictors' and the alerts'
+                     parts (the operations page's evaluation, the customer's invoice forecast and
+                     alerts) likewise, built by `dashboard_predictions`, as `predictions`
 
 State the routers read: `settings`, `pool` (a psycopg ConnectionPool), `keys` (the API-key store that
-resolves bearer tokens), `billing` (billing's views for the dashboards), `clock` (now: what every
+resolves bearer tokens), `billing` (billing's views for the dashboards), `predictions` (the predictors'
+and the alerts' views for the dashboards), `clock` (now: what every
 router acts at through `infermeter.http.now`, the dashboards' windows, the webhook's signature check,
 the status port), `billing_clock` (None, or the instant the
 dashboards show a customer's billing figures as of), `publisher` (the event-bus publisher, None
@@ -46,6 +49,7 @@ from billing_service.stripe.run import status_port
 from billing_service.stripe.state import PostgresWebhookEventLog
 from billing_service.stripe.webhook import utc_now
 from dashboards.billing_views import BillingViews
+from dashboards.prediction_views import PredictionViews
 from dashboards.web.app import router as dashboards_router
 from dashboards.web.backoff import AuthBackoff
 from dashboards.web.fast_path import DataFastPath
@@ -53,7 +57,7 @@ from dashboards.web.read_pool import close_read_pool, open_read_pool
 from infermeter.db import get_engine
 from infermeter.http import data_error_handler, declare_error_shape, error_handler, validation_error_handler
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.api import Publisher
 from metering.api import router as metering_router
 from prediction_service.api import router as prediction_router
@@ -77,6 +81,19 @@ def dashboard_billing(settings: Settings, database_url: str) -> BillingViews:
     engine = get_engine(database_url)
     return DashboardViews(cost_model=lambda: read_cost_model(settings.pricing_cost_model),
                           budget=lambda customer_id: get_budget(engine, customer_id))
+
+
+def dashboard_predictions(settings: Settings, database_url: str) -> PredictionViews:
+    """The predictors' and the alerts' parts of the dashboards: the operations page's evaluation, the
+    customer's invoice forecast (with its budget from serving.budgets) and alerts
+    (prediction_service.dashboard_views.DashboardViews, handed alerts.store.alerts_for)."""
+    from alerts.store import alerts_for
+    from prediction_service.budgets import ServingBudgets
+    from prediction_service.dashboard_views import DashboardViews
+    from pricing_service.books import read_cost_model
+
+    return DashboardViews(cost_model=lambda: read_cost_model(settings.pricing_cost_model), alerts=alerts_for,
+                          budgets=lambda: ServingBudgets(database_url, settings))
 
 
 def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, keys: KeyStore | None = None,
@@ -104,6 +121,7 @@ def create_app(settings: Settings, database_url: str, bootstrap: str | None, *, 
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=8, open=True)
     app.state.keys = keys if keys is not None else KeyStore(get_engine(database_url), settings=settings)
     app.state.billing = dashboard_billing(settings, database_url)
+    app.state.predictions = dashboard_predictions(settings, database_url)
     app.state.clock = clock
     app.state.billing_clock = billing_clock
     app.state.publisher = (

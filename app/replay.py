@@ -23,7 +23,8 @@ from rich.table import Table
 
 from infermeter.db import get_engine
 from infermeter.settings import get_settings
-from infermeter.stack import open_stack, to_libpq_url
+from infermeter.stack.local import open_stack
+from infermeter.stack.postgres import to_libpq_url
 from metering.consumer import MeteringConsumer, run_in_thread
 from metering.event_lookups import request_event_totals
 from serving.gateway import build_gateway, serve_in_thread

@@ -100,7 +100,7 @@ def shoot(addresses: dict[str, str], base: str, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infermeter.stack import free_port, wait_for_port
+    from infermeter.stack.ports import free_port, wait_for_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots", help="where the PNGs go")

@@ -6,7 +6,7 @@
     serving.stop()                                           # gateway, agents, then vLLM
 
 What it starts, each a child process of `up`, recorded in INFERMETER_HOME/pids.json (role
-`serving:<name>`) and started with a parent-death signal (`infermeter.stack.die_with_parent`), so
+`serving:<name>`) and started with a parent-death signal (`infermeter.stack.processes.die_with_parent`), so
 none outlives `up`, even on `kill -9`:
 
 - N vLLM CPU replicas of the tiny model (serving/vllm_server.py, as `infermeter serve vllm` runs
@@ -56,15 +56,10 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infermeter.settings import Settings
-from infermeter.stack import (
-    PidFile,
-    StackError,
-    die_with_parent,
-    free_port,
-    log_tail,
-    process_record,
-    stop_process_group,
-)
+from infermeter.stack import StackError
+from infermeter.stack.pids import PidFile
+from infermeter.stack.ports import free_port
+from infermeter.stack.processes import die_with_parent, log_tail, process_record, stop_process_group
 
 DEPLOYMENT_ID = "tiny-cpu"
 WATCH_S = 1.0  # how often the watch thread looks at the replicas
@@ -305,7 +300,7 @@ class ServingStack:
 
     def _create_key(self, customer: str) -> tuple[str, str]:
         from infermeter.db import get_engine
-        from infermeter.stack import resolve_database_url
+        from infermeter.stack.local import resolve_database_url
         from serving.keys import KeyStore
 
         engine = get_engine(resolve_database_url(self.settings))
@@ -316,7 +311,7 @@ class ServingStack:
     def stop(self) -> None:
         """No more restarts; then the gateway first (its last events spool and go to the broker,
         which still runs), then the agents (their last interval), then vLLM: each child's whole
-        session, what it left running included (`infermeter.stack.stop_process_group`)."""
+        session, what it left running included (`infermeter.stack.processes.stop_process_group`)."""
         self._stopping.set()
         with self._lock:  # a check under way (a restart, a dead replica's clean-up) ends first
             grace_s = self.settings.replica_stop_grace_s

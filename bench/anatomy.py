@@ -38,7 +38,7 @@ import psycopg
 from rich.console import Console
 
 from bench.rating import END, HOURS, START, generate
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from pricing.anatomy import anatomy, parts
 from pricing.cost import attribute
 from pricing.money import Currency

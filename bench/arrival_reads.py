@@ -24,7 +24,7 @@ import psycopg
 
 from bench.ingest import generate, new_database
 from bench.write_path import alternating_write_rates
-from infermeter.stack import scratch_folder, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import scratch_folder, start_embedded_postgres, to_libpq_url
 from metering import ops_reads
 from metering.kafka_types import Message
 

@@ -40,7 +40,8 @@ from bench.rating import END, START, generate
 from billing_service.batch import _LineRows
 from billing_service.customers import assign_plan, set_customer
 from billing_service.run import billing_run
-from infermeter.stack import process_cpu_s, remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.processes import process_cpu_s
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
 from pricing_service.rate_period import rate_period
 

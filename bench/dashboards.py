@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.rating import END, HOURS, START, generate
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, encode_event, make_event
 from metering.kafka_types import Message
 from metering.queries import CUSTOMER_USAGE_BUCKETS_SQL, _dedicated_gpu_sql, _task_summary_sql

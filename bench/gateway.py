@@ -562,7 +562,7 @@ def measure_open(
 
 
 def _free_port() -> int:
-    from infermeter.stack import free_port
+    from infermeter.stack.ports import free_port
 
     return free_port()
 
@@ -941,7 +941,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one run, its pha
 
     from infermeter.db import get_engine
     from infermeter.settings import Settings
-    from infermeter.stack import open_stack, process_cpu_s, remove_scratch
+    from infermeter.stack.local import open_stack
+    from infermeter.stack.postgres import remove_scratch
+    from infermeter.stack.processes import process_cpu_s
     from serving.keys import KeyStore
 
     levels = [int(c) for c in args.concurrency.split(",")]

@@ -70,7 +70,8 @@ from rich.console import Console
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings, get_settings
-from infermeter.stack import scratch_folder, start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.postgres import scratch_folder, start_embedded_postgres, to_libpq_url
 from infermeter.times import add_months, month_start
 from metering.contract import REQUEST_V1, encode_event, make_event
 from metering.kafka import (

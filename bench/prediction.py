@@ -3,7 +3,7 @@
     python -m bench.prediction [--requests N | --full-only] [--lookups 200000] [--json]
 
 On an embedded PostgreSQL (or DATABASE_URL), the `infermeter demo --full` month (the whole Mooncake
-trace, 36,093 requests in November 2026; `app.demo.generate`) is written through metering's write
+trace, 36,093 requests in November 2026; `app.demo.month.generate`) is written through metering's write
 path and billed like the demo (50 customers on the per-token book). Then:
 
 1. hot path: `RequestModel.predict_request` (the lookup the gateway calls at admission) for request
@@ -35,7 +35,7 @@ from pathlib import Path
 import psycopg
 
 from infermeter.db import upgrade
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from metering.kafka import Message
 from metering.writer import BatchWriter
 
@@ -63,7 +63,8 @@ def write_events(db_url: str, events: list[bytes], batch: int = 2000) -> None:
 def bill_like_the_demo(db_url: str) -> None:
     """The demo's billing set-up: 50 customers on the per-token book from 2026-11-01, cust-002 in
     Asia/Kolkata, cust-003 with prepaid credit; and `no-plan`, a customer without a plan."""
-    from app.demo import BILLING_SETUP_AT, CUSTOMERS, NON_UTC_CUSTOMER, PREPAID_CUSTOMER
+    from app.demo.bill import BILLING_SETUP_AT, NON_UTC_CUSTOMER, PREPAID_CUSTOMER
+    from app.demo.month import CUSTOMERS
     from billing_service.credits import grant_credits
     from billing_service.customers import assign_plan, set_customer
     from pricing_service.books import EXAMPLE_BOOKS_DIR
@@ -83,7 +84,7 @@ def bill_like_the_demo(db_url: str) -> None:
 
 def load_demo_month(db_url: str, limit: int | None, seed: int = 7) -> list[bytes]:
     """The demo month of `limit` trace requests (None: the whole trace, `--full`), metered and billed."""
-    from app.demo import generate
+    from app.demo.month import generate
 
     events, _, _ = generate(limit, seed)
     write_events(db_url, events)

@@ -3,7 +3,7 @@
     pip install -e '.[prediction-study]'       # numpy, scikit-learn, lightgbm, ddsketch: the study only
     python -m bench.prediction_study [--full] [--json]
 
-The demo's month (`app.demo.generate`: the Mooncake trace as metered request events) is predicted
+The demo's month (`app.demo.month.generate`: the Mooncake trace as metered request events) is predicted
 two ways, each request only from requests that finished before it was admitted:
 - online: every finished request updates the predictor at once (`prediction.backtest`): the
   per-cell quantiles kept exactly (`prediction.quantiles.Quantiles`, what infermeter uses) or in a
@@ -38,7 +38,7 @@ from prediction.scoring import Scored, score
 
 def demo_requests(full: bool, seed: int = 7) -> list[RequestObservation]:
     """The demo month's request events as the predictors read them (no database)."""
-    from app.demo import generate
+    from app.demo.month import generate
     from metering.contract import REQUEST_V1, decode_event
 
     events, _, _ = generate(None if full else 4000, seed)

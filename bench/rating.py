@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infermeter.db import upgrade
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
 from pricing_service.rate_period import needs_deployment, priced_meters, rate_period, request_sums
 

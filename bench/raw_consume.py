@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if not bootstrap:
-        from infermeter.stack import start_tansu
+        from infermeter.stack.broker import start_tansu
 
         broker = start_tansu()
         bootstrap = broker.bootstrap

@@ -30,7 +30,8 @@ from sqlalchemy import create_engine, text
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings
-from infermeter.stack import scratch_folder, start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.postgres import scratch_folder, start_embedded_postgres, to_libpq_url
 from metering.contract import REQUEST_V1, make_event
 from metering.kafka import ensure_topics
 

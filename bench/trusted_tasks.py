@@ -25,7 +25,7 @@ import psycopg
 from rich.console import Console
 
 from infermeter.db import upgrade
-from infermeter.stack import remove_scratch, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from pricing.book import parse_price_book
 from pricing_service.rate_period import rate_period
 

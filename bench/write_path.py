@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 import psycopg
 
 from bench.ingest import generate, new_database
-from infermeter.stack import process_cpu_s, scratch_folder, start_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import scratch_folder, start_embedded_postgres, to_libpq_url
+from infermeter.stack.processes import process_cpu_s
 from metering.kafka_types import Message
 from metering.processor import process
 from metering.writer import BatchWriter

@@ -9,10 +9,12 @@ adjustments equals the rating of the period, exactly.
 
 - `billing.periods`: `billing_period(label, timezone, anchor_day)`, `period_containing`, `next_period`,
   `split_hours` (partial UTC hours at edges in +05:30/+05:45 zones), `whole_hours`.
-- `billing.invoice`: `InvoiceStatus` and the `TRANSITIONS` table, `transition`/`finalize`/`void`/`reissue`,
-  `Invoice`, `InvoiceLine`, `draft_from_rating` (and `first_invoice` / `finalize_first`: the same
-  `Invoice` as `draft_from_rating` / `finalize`, without re-running checks already done, for the bulk
-  billing run), `adjustment_lines`, `invoiced_lines`, deterministic ids (`invoice_id`, `adjustment_line_id`).
+- `billing.invoice`: `Invoice`, `InvoiceLine`, `InvoiceStatus` and the `TRANSITIONS` table, deterministic
+  ids (`invoice_id`, `adjustment_line_id`); `billing.invoice.drafts`: `draft_from_rating` (and
+  `first_invoice`: the same `Invoice`, without re-running checks already done, for the bulk billing run)
+  and a draft's changes; `billing.invoice.states`: `transition`/`finalize`/`void`/`reissue` (and
+  `finalize_first`, the bulk run's `finalize`); `billing.invoice.adjustments`: `adjustment_lines`,
+  `invoiced_lines`.
 - `billing.credit_notes`: `CreditNote`, `credit_note` (whole invoice, by line, or amounts), `credit_note_id`.
 - `billing.credits`: `CreditGrant`, the ledger (`LedgerEntry`: grant/use/expiry), `apply_credits`, `balance`.
 - `billing.numbering`: `format_number`/`parse_number` ("INV-2026-000123"), `gaps`.

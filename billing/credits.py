@@ -27,7 +27,8 @@ from typing import Literal
 
 from billing._common import ZERO, aware_utc, check_minor_units, currency_of, decimal_amount, stable_id
 from billing.errors import CreditError
-from billing.invoice import Invoice, with_credits_applied
+from billing.invoice import Invoice
+from billing.invoice.drafts import with_credits_applied
 
 LedgerKind = Literal["grant", "use", "expiry"]
 LEDGER_KINDS: tuple[LedgerKind, ...] = ("grant", "use", "expiry")

@@ -109,7 +109,7 @@ class _LineRows:
                          f"{str(precise_amount)}\t{str(amount)}\t{tail}")
 
 
-# a first invoice's line (`billing.invoice.first_invoice`: copied from a rated line, whose id it keeps)
+# a first invoice's line (`billing.invoice.drafts.first_invoice`: copied from a rated line, whose id it keeps)
 # in the order `_LineRows.add_rated` reads, `pricing.rating.Line`'s; the third field is not written
 _AS_RATED = attrgetter("id", "kind", "rated_line_id", "charge_key", "meter", "group", "quantity", "unit_price",
                        "precise_amount", "amount")

@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import get_settings
-from infermeter.stack import open_stack, to_libpq_url
+from infermeter.stack.local import open_stack
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import parse_time, utc_now
 
 console = Console()

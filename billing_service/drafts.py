@@ -4,7 +4,7 @@ the lines already invoiced for it (used by the billing run and the invoice previ
 The one rule: the lines of a period on a draft = the period's rating now minus the lines of that
 period on every other invoice that charges (open, paid, payment_failed) or is a draft. With nothing
 else invoiced for the period these are the rating's own lines (same ids); otherwise
-`billing.invoice.adjustment_lines`. A draft also carries, for each earlier period whose invoice is
+`billing.invoice.adjustments.adjustment_lines`. A draft also carries, for each earlier period whose invoice is
 already finalized, the adjustment lines that bring what was invoiced for that period up to its
 rating now (usage that arrived late). So after a run, for every period, the lines of all charging
 invoices and drafts add up to its rating exactly, and a rerun with no new usage changes nothing.
@@ -20,16 +20,9 @@ from typing import Protocol
 import psycopg
 
 from billing.credits import CreditGrant, LedgerEntry
-from billing.invoice import (
-    CHARGING,
-    Invoice,
-    InvoiceLine,
-    InvoiceStatus,
-    adjustment_lines,
-    empty_draft,
-    lines_from_rating,
-    replace_lines,
-)
+from billing.invoice import CHARGING, Invoice, InvoiceLine, InvoiceStatus
+from billing.invoice.adjustments import adjustment_lines
+from billing.invoice.drafts import empty_draft, lines_from_rating, replace_lines
 from billing.periods import Period, billing_period
 from billing_service.store import (
     BillingServiceError,

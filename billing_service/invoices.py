@@ -15,19 +15,9 @@ import psycopg
 from billing._common import aware_utc
 from billing.credits import apply_credits_to_invoice
 from billing.errors import InvoiceStateError
-from billing.invoice import (
-    CHARGING,
-    Invoice,
-    InvoiceLine,
-    InvoiceStatus,
-    empty_draft,
-    lines_from_rating,
-    mark_paid,
-    mark_payment_failed,
-    reissue,
-    replace_lines,
-    void,
-)
+from billing.invoice import CHARGING, Invoice, InvoiceLine, InvoiceStatus
+from billing.invoice.drafts import empty_draft, lines_from_rating, replace_lines
+from billing.invoice.states import mark_paid, mark_payment_failed, reissue, void
 from billing.periods import billing_period, parse_label
 from billing_service.credits import return_credits_of_void
 from billing_service.drafts import draft_context, draft_lines
@@ -220,7 +210,7 @@ def record_payment_status(
     """What the payment collector (Stripe's webhooks) reports about a finalized invoice: `paid`,
     `payment_failed` or `void`, as of `at` (the event's time), recorded at `now` (the clock).
 
-    Goes through the domain's state machine (`billing.invoice.mark_paid` / `mark_payment_failed` / `void`)
+    Goes through the domain's state machine (`billing.invoice.states.mark_paid` / `mark_payment_failed` / `void`)
     and the store (one history row, change "paid (reported <at>)" ...). The same status again is a no-op
     (nothing written); a change the state machine refuses (paid -> payment_failed, a draft paid, ...)
     raises `InvoiceStateError`, a BillingError. `void` does what `invoices void` does: the invoice becomes

@@ -28,13 +28,9 @@ from functools import lru_cache
 import psycopg
 
 from billing.credits import apply_credits_to_invoice
-from billing.invoice import (
-    CHARGING,
-    InvoiceStatus,
-    finalize,
-    finalize_first,
-    first_invoice,
-)
+from billing.invoice import CHARGING, InvoiceStatus
+from billing.invoice.drafts import first_invoice
+from billing.invoice.states import finalize, finalize_first
 from billing.numbering import check_prefix
 from billing.periods import Period, billing_period, grace_over, next_period, parse_label
 from billing_service.batch import (

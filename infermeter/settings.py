@@ -5,15 +5,18 @@ docs/settings.md lists them; `infermeter settings` prints the values in force.
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import os
-import secrets
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, PrivateAttr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infermeter.credentials import (
+    CREDENTIALS_FILE,
+    WELL_KNOWN_DEV_TOKENS,
+    is_loopback,
+    load_or_create_credentials,
+)
 
 
 class Settings(BaseSettings):
@@ -564,52 +567,6 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letter"
-
-
-CREDENTIALS_FILE = "credentials.json"
-CREDENTIAL_NAMES = ("admin_token", "producer_token", "session_secret")
-# The defaults of earlier versions: whoever sets them explicitly is still using development credentials.
-WELL_KNOWN_DEV_TOKENS = frozenset({"dev-admin-token", "dev-producer-token"})
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def load_or_create_credentials(path: Path) -> dict[str, str]:
-    """The generated credentials of one INFERMETER_HOME: read them, or create the file (mode 0600,
-    random tokens) on first use. Every process on the same home reads the same tokens; concurrent
-    first starts agree because the file is created with O_EXCL semantics (link of a finished file)."""
-    for _ in range(3):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            data = None
-        if isinstance(data, dict) and all(isinstance(data.get(n), str) and data[n] for n in CREDENTIAL_NAMES):
-            return {n: data[n] for n in CREDENTIAL_NAMES}
-        fresh = {n: (data or {}).get(n) or secrets.token_urlsafe(32) for n in CREDENTIAL_NAMES}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(fresh, fh, indent=2)
-            fh.write("\n")
-        try:
-            if data is None:
-                os.link(tmp, path)  # fails if another process created it first: then read theirs
-            else:
-                os.replace(tmp, path)  # an incomplete file from an older version: complete it
-            return fresh
-        except FileExistsError:
-            continue
-        finally:
-            tmp.unlink(missing_ok=True)
-    raise RuntimeError(f"cannot read or create {path}")
 
 
 @lru_cache(maxsize=1)

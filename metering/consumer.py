@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.kafka import ensure_topics, make_consumer, make_producer
 from metering.kafka_types import Consumer, Producer, TopicPartition
 from metering.writer import BatchWriter, Prepared, WriteResult

@@ -70,6 +70,23 @@ class Envelope(msgspec.Struct, frozen=True):
     dataschema: str | None = None
 
 
+# A probability or fraction, 0..1 (a prediction's, not money).
+Probability = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class AdmissionPrediction(msgspec.Struct, frozen=True, kw_only=True):
+    """What was predicted for a request when the gateway admitted it (docs/prediction.md, "Evaluation"):
+    `model_version` is the version of the fit that predicted (`infermeter predict status`). Metering
+    scores it against the request's actual outcome at ingest (metering.prediction_scores)."""
+
+    model_version: Annotated[int, msgspec.Meta(ge=1)]
+    output_tokens_p50: Tokens
+    output_tokens_p90: Tokens
+    output_tokens_p99: Tokens
+    cached_fraction: Probability
+    failure_probability: Probability
+
+
 class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     request_id: Id
     customer_id: Id
@@ -99,6 +116,8 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     # the project of the API key the request was made with (the key's project_id); absent (None) when
     # the key has none: the request then counts under the "no project" bucket, project '' in the rollups
     project: Id | None = None
+    # the prediction made at admission; absent from producers that do not predict
+    prediction: AdmissionPrediction | None = None
 
 
 class TaskData(msgspec.Struct, frozen=True, kw_only=True):
@@ -350,12 +369,14 @@ def request_event(
     region: str | None = None,
     prefix_seen: bool | None = None,
     prefix_seen_replica: str | None = None,
+    prediction: dict[str, Any] | None = None,
     project: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
     (usage counts in the period in which the request finished). `upstream_attempts` (how many
-    replicas the gateway tried), `region` (the serving replica's) and the router's `prefix_seen` /
-    `prefix_seen_replica` and the API key's `project` are left out of the data when None."""
+    replicas the gateway tried), `region` (the serving replica's), the router's `prefix_seen` /
+    `prefix_seen_replica`, the admission-time `prediction` (AdmissionPrediction's fields) and the API
+    key's `project` are left out of the data when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -384,6 +405,8 @@ def request_event(
         data["prefix_seen"] = prefix_seen
         if prefix_seen_replica is not None:
             data["prefix_seen_replica"] = prefix_seen_replica
+    if prediction is not None:
+        data["prediction"] = dict(prediction)
     if project is not None:
         data["project"] = project
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,

@@ -82,7 +82,7 @@ request_rollup_hourly = Table(
     Column("model", Key, nullable=False),
     Column("deployment_id", Key, nullable=False),
     timestamp_column("hour", nullable=False),
-    # the API key's project (request.v1 `project`, migration 0019); '' = none (events without one)
+    # the API key's project (request.v1 `project`, migration 0019_project); '' = none (events without one)
     Column("project", Key, nullable=False, server_default=""),
     *_counts(
         "requests",
@@ -220,6 +220,23 @@ gpu_ledger_hourly = Table(
         "customer_id", "deployment_id", "replica_id", "gpu_type", "hour", name="gpu_ledger_hourly_pkey"
     ),
 )
+
+# The admission-time predictions of infermeter.request.v1 events (`data.prediction`) scored against the
+# request's actual output, per customer x model x hour of event time (migration 0019), written in the
+# same statement as the rollups from the fresh events only: a duplicate is never scored twice. Sums,
+# so any window of hours adds up (metering.prediction_scores); rejected requests are not scored.
+prediction_scores_hourly = Table(
+    "prediction_scores_hourly",
+    metadata,
+    Column("customer_id", Key, nullable=False),
+    Column("model", Key, nullable=False),
+    timestamp_column("hour", nullable=False),
+    *_counts("requests", "failures", "abs_error_p50", "under_p90", "under_p99"),
+    *(Column(n, Quantity, nullable=False, server_default="0")
+      for n in ("pinball_p90", "pinball_p99", "abs_error_cached_fraction", "brier_failure")),
+    PrimaryKeyConstraint("customer_id", "model", "hour", name="prediction_scores_hourly_pkey"),
+)
+Index("prediction_scores_hourly_hour", prediction_scores_hourly.c.hour)
 
 # --- billing periods as data, and the period totals kept at ingest (migration 0018) ---------------
 # metering imports no billing code: billing hands each customer's schedule and the schedule's periods

@@ -1,5 +1,5 @@
-"""Write a batch to Postgres exactly once: events, rollups, ledgers, dead letters, receipts and the
-consumer's Kafka offsets, all in ONE transaction.
+"""Write a batch to Postgres exactly once: events, rollups, ledgers, admission predictions' scores,
+dead letters, receipts and the consumer's Kafka offsets, all in ONE transaction.
 
 Exactly once rests on two guards:
 1. an offset fence: the transaction locks this group's offset rows for the batch's partitions
@@ -37,6 +37,7 @@ from metering.period_totals import (
     request_period_rows,
     usage_period_rows,
 )
+from metering.prediction_scores import SCORES_CTE
 from metering.processor import INGEST_ID_HEADER, ProcessedBatch, process
 
 STAGE_COLUMNS = ("seq", "source", "event_id", "type", "customer_id", "occurred_at", "payload", "task_id")
@@ -189,6 +190,8 @@ WITH fresh_keys AS (
     GROUP BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ORDER BY g.customer_id, g.deployment_id, g.replica_id, g.gpu_type, g.hour
     ON CONFLICT (customer_id, deployment_id, replica_id, gpu_type, hour) DO UPDATE SET {_ADD("g", _GPU_COUNTS)}
+), scores AS (
+    {SCORES_CTE}
 {{period_totals}})
 SELECT seq FROM fresh
 """

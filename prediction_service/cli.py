@@ -19,7 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import get_settings
-from infermeter.stack import StackError, open_stack, to_libpq_url
+from infermeter.stack import StackError
+from infermeter.stack.local import open_stack
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import parse_time
 
 app = typer.Typer(help="Predictors learned from metered history: fit, status, backtest, eval, forecast.",
@@ -154,6 +156,17 @@ def _metrics_table(title: str, rows: list[dict]) -> Table:
     return table
 
 
+def _admission_table(title: str, rows: list[dict]) -> Table:
+    table = Table("customer", "model", "requests", "MAE p50", "pinball p90", "pinball p99", "cov p90", "cov p99",
+                  "cached MAE", "failure Brier", title=title)
+    for r in rows:
+        if r.get("requests"):
+            table.add_row(r.get("customer_id", "all"), r.get("model", ""), f"{r['requests']:,}", f"{r['mae_p50']:.1f}",
+                          f"{r['pinball_p90']:.2f}", f"{r['pinball_p99']:.2f}", f"{r['coverage_p90']:.1%}",
+                          f"{r['coverage_p99']:.1%}", f"{r['cached_fraction_mae']:.3f}", f"{r['failure_brier']:.4f}")
+    return table
+
+
 @app.command("eval")
 def eval_cmd(
     start: FROM, end: TO, as_json: AS_JSON = False,
@@ -163,7 +176,8 @@ def eval_cmd(
     cost_model: Annotated[Path | None, typer.Option(help="Cost model YAML (GPU time for GPU-hour books).")] = None,
 ) -> None:
     """Score predictions against what happened: MAE of p50, pinball loss and coverage of p90/p99, by customer
-    and model, beside an online per-(customer, model) median; and the 80% spend interval's calibration."""
+    and model, beside an online per-(customer, model) median; the predictions made at admission as metering
+    scored them at ingest; and the 80% spend interval's calibration."""
     from prediction_service.evaluate import evaluate
 
     with _clear_errors():
@@ -177,6 +191,13 @@ def eval_cmd(
     console.print(_metrics_table("by customer and model", result["groups"]))
     if result["unscored"]:
         console.print(f"{result['unscored']:,} requests carried no admission-time prediction", highlight=False)
+    admission = result["admission"]
+    hours = f"[{admission['hours']['from']}, {admission['hours']['to']})"
+    if admission["all"]["requests"]:
+        console.print(_admission_table(f"as predicted at admission, scored at ingest {hours}",
+                                       [admission["all"], *admission["groups"]]))
+    else:
+        console.print(f"no request in {hours} carried a prediction made at admission", highlight=False, soft_wrap=True)
     if spend and result["spend"]["periods"]:
         s = result["spend"]
         console.print(f"spend forecast at mid-period: the actual fell inside the 80% interval for {s['inside']} of "

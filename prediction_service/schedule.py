@@ -14,7 +14,7 @@ import psycopg
 
 from infermeter.periodic import Periodic
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import floor_hour
 from prediction_service import store
 

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import get_settings
-from infermeter.stack import StackError, open_stack
+from infermeter.stack import StackError
+from infermeter.stack.local import open_stack
 from pricing.book import PriceBookError
 from pricing.cost import CostModelError
 from pricing.experiments import ExperimentError

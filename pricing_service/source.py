@@ -21,7 +21,7 @@ from decimal import Decimal
 
 import psycopg
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import HOUR, TimeInputError, Window, floor_hour, month_start
 from metering import period_reads
 from pricing.records import AttemptRecord, Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord

@@ -1,4 +1,4 @@
-"""The capacity signal over HTTP and the CLI (mounted by app/api.py and app/cli.py).
+"""The capacity signal over HTTP and the CLI (mounted by app/api.py and app/cli/__init__.py).
 
     GET /v1/deployments/{deployment_id}/capacity[?at=RFC3339][&history=true]   (admin credentials)
     infermeter capacity [--deployment D] [--at T] [--history] [--json]
@@ -55,7 +55,8 @@ def capacity_command(
     from rich.table import Table
 
     from infermeter.settings import get_settings
-    from infermeter.stack import open_stack, to_libpq_url
+    from infermeter.stack.local import open_stack
+    from infermeter.stack.postgres import to_libpq_url
 
     now = parse_time(at, "--at") if at else datetime.now(UTC)
     settings = get_settings()

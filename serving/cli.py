@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from infermeter.settings import get_settings
-from infermeter.stack import serve_http, stop_on_signals
+from infermeter.stack.signals import serve_http, stop_on_signals
 
 console = Console(stderr=True)
 

@@ -42,7 +42,8 @@ def _engine() -> Iterator:
     from sqlalchemy.exc import SQLAlchemyError
 
     from infermeter.db import get_engine
-    from infermeter.stack import StackError, open_stack
+    from infermeter.stack import StackError
+    from infermeter.stack.local import open_stack
 
     try:
         with open_stack(get_settings(), broker=False) as stack:
@@ -218,7 +219,7 @@ def replica_agent(
     sample_s: Annotated[float | None, typer.Option("--sample-s", help="Scrape period (default INFERMETER_REPLICA_SAMPLE_S).")] = None,
 ) -> None:
     """Scrape a vLLM replica's /metrics and emit infermeter.replica.v1 GPU intervals until Ctrl-C."""
-    from infermeter.stack import running_stack
+    from infermeter.stack.local import running_stack
     from serving.emitter import Emitter
     from serving.replica_agent import ReplicaAgent
 

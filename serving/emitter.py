@@ -164,12 +164,12 @@ class Emitter:
     def _database_url(self) -> str | None:
         if self.settings.database_url:
             return self.settings.database_url
-        from infermeter.stack import running_stack
+        from infermeter.stack.local import running_stack
 
         return (running_stack(self.settings) or {}).get("database_url")
 
     def _stack_bootstrap(self) -> str | None:
-        from infermeter.stack import running_stack
+        from infermeter.stack.local import running_stack
 
         return (running_stack(self.settings) or {}).get("kafka_bootstrap")
 

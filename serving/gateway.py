@@ -260,7 +260,7 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     """The gateway with its real collaborators: key store and admission on the database, the
     emitter (spool + Kafka). Used by `infermeter serve gateway`."""
     from infermeter.db import get_engine
-    from infermeter.stack import resolve_database_url, running_stack
+    from infermeter.stack.local import resolve_database_url, running_stack
 
     settings = settings or get_settings()
     bootstrap = settings.kafka_bootstrap or (running_stack(settings) or {}).get("kafka_bootstrap")
@@ -340,7 +340,7 @@ class ServedApp:
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) -> ServedApp:
     import uvicorn
 
-    from infermeter.stack import free_port
+    from infermeter.stack.ports import free_port
 
     port = port or free_port()
     server = uvicorn.Server(

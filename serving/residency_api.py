@@ -1,4 +1,4 @@
-"""A customer's data residency over HTTP and the CLI (mounted by app/api.py and app/cli.py).
+"""A customer's data residency over HTTP and the CLI (mounted by app/api.py and app/cli/__init__.py).
 
     GET /v1/customers/{customer_id}/residency    -> {"customer_id", "regions": [...] | null, "known_regions"}
     PUT /v1/customers/{customer_id}/residency    {"regions": ["eu-west", ...]} restricts, {"regions": null} lifts
@@ -95,7 +95,8 @@ def residency_command(
 
     from infermeter.db import get_engine
     from infermeter.settings import get_settings
-    from infermeter.stack import StackError, open_stack
+    from infermeter.stack import StackError
+    from infermeter.stack.local import open_stack
 
     err = Console(stderr=True)
 

@@ -26,7 +26,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infermeter.stack import die_with_parent, free_port, log_tail, stop_process_group
+from infermeter.stack.ports import free_port
+from infermeter.stack.processes import die_with_parent, log_tail, stop_process_group
 
 CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -157,7 +158,7 @@ class VllmServer:
     def stop(self, timeout_s: float = 20.0, grace_s: float = 5.0) -> list[int]:
         """SIGTERM, then whatever is left of its session (its engine core, workers, multiprocessing's
         resource tracker: they outlive a server killed with -9) SIGTERM and after `grace_s` SIGKILL
-        (`infermeter.stack.stop_process_group`); returns the pids of what outlived the server."""
+        (`infermeter.stack.processes.stop_process_group`); returns the pids of what outlived the server."""
         left = stop_process_group(self.process, timeout_s, grace_s)
         if self._log is not None:
             self._log.close()
@@ -212,7 +213,7 @@ def start_vllm(
     # processes also when the server died before them: they keep its session id), and SIGTERM
     # when the thread that called this exits, even on `kill -9` of this process: vLLM then shuts
     # down its engine processes itself. Call this from the main thread or a thread that outlives
-    # the server (infermeter.stack.die_with_parent).
+    # the server (infermeter.stack.processes.die_with_parent).
     process = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         preexec_fn=die_with_parent(signal.SIGTERM),

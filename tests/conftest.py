@@ -21,7 +21,8 @@ import pytest
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings
-from infermeter.stack import remove_scratch, start_embedded_postgres, start_tansu, to_libpq_url
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 
 TEMPLATE_DB = "infermeter_template"
 

@@ -35,7 +35,7 @@ from sqlalchemy import create_engine
 
 from app.api import create_app
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from serving.keys import KeyStore
 from tests.billing_service.conftest import BOOK_YAML, Metering
 from tests.conftest import new_database

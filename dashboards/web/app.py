@@ -18,6 +18,7 @@ from fastapi.responses import RedirectResponse
 
 from dashboards import views
 from dashboards.billing_views import BillingViews
+from dashboards.prediction_views import PredictionViews
 from dashboards.web import auth, customer, finance, invoices, ops, pricing, static
 from dashboards.web.backoff import AuthBackoff
 from dashboards.web.fast_path import DataFastPath
@@ -32,15 +33,17 @@ for _module in (static, auth, customer, invoices, pricing, ops, finance):
 
 def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingViews | None = None,
                          clock: Callable[[], datetime] = views.now_utc,
-                         billing_clock: Callable[[], datetime] | None = None) -> FastAPI:
+                         billing_clock: Callable[[], datetime] | None = None,
+                         predictions: PredictionViews | None = None) -> FastAPI:
     """The pages alone (no /v1 API): `infermeter serve dashboards`. `keys` is the key store, `billing`
     billing's parts of the pages (None: the pages without billing), `clock` now, `billing_clock` the
-    instant billing figures are shown as of (None: now)."""
+    instant billing figures are shown as of (None: now), `predictions` the predictors' and the alerts'
+    parts (None: the pages without them)."""
     from contextlib import asynccontextmanager
 
     from psycopg_pool import ConnectionPool
 
-    from infermeter.stack import to_libpq_url
+    from infermeter.stack.postgres import to_libpq_url
 
     @asynccontextmanager
     async def lifespan(app_: FastAPI):
@@ -55,6 +58,7 @@ def create_dashboard_app(settings, database_url: str, keys, *, billing: BillingV
     app.state.pool = ConnectionPool(to_libpq_url(database_url), min_size=1, max_size=4, open=True)
     app.state.keys = keys
     app.state.billing = billing
+    app.state.predictions = predictions
     app.state.clock = clock
     app.state.billing_clock = billing_clock
     app.add_exception_handler(psycopg.DataError, data_error_handler)  # e.g. a NUL in a filter: 400, as on the API app

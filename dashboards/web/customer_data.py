@@ -25,7 +25,7 @@ from dashboards.billing_views import BillingViews
 from dashboards.web.auth import SignInNeeded, Viewer, authenticate, customer_scope
 from dashboards.web.read_pool import read_pool
 from dashboards.web.responses import error_json
-from dashboards.web.state import billing_now, billing_views, now
+from dashboards.web.state import billing_now, billing_views, now, prediction_views
 from infermeter.times import TimeInputError, Window
 
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
@@ -93,6 +93,10 @@ def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None
             result["invoices"] = billing.invoices(conn, customer)
             result["current_period"] = billing.current_period_spend(
                 conn, customer, billing_now(request), period=params.get("period") or None)
+        predictions = prediction_views(request) if with_billing else None
+        if predictions is not None:  # the page's alerts and invoice forecast, as of the billing figures' instant
+            result["invoice_forecast"] = predictions.invoice_forecast(conn, customer, billing_now(request))
+            result["alerts"] = predictions.alerts(conn, customer)
     return result
 
 

@@ -1,6 +1,7 @@
 """The operations page (admins) and metering's Prometheus metrics.
 
-    GET  /admin/ops                           operations (?from=&to= for deployments; ?reconcile_from=&reconcile_to=)
+    GET  /admin/ops                           operations (?from=&to= for deployments and the predictions'
+                                              evaluation; ?reconcile_from=&reconcile_to=)
     GET  /admin/ops/data/{chart}.{json|csv}   ingest, deployments, dead_letters, consumers, gateways, reconcile
     GET  /metrics/metering                    metering's Prometheus metrics (dashboards.metering_metrics)
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import urllib.parse
 from datetime import timedelta
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Request
@@ -19,7 +21,7 @@ from dashboards import gateway_metrics, metering_metrics, views
 from dashboards.web.auth import admin_viewer
 from dashboards.web.openapi import WINDOW_QUERY, chart_names, data_route, name_param
 from dashboards.web.responses import bad_input, chart_context, csv_response, error_json, json_response, render
-from dashboards.web.state import now
+from dashboards.web.state import now, prediction_views
 from infermeter.times import TimeInputError, Window, parse_time, utc_text
 
 router = APIRouter()
@@ -42,18 +44,35 @@ def _reconcile(request: Request, from_text: str, to_text: str) -> dict:
     return record
 
 
-def _ops_view(request: Request, params: dict[str, str]) -> dict:
+def _evaluation_rows(evaluation: dict) -> list[dict]:
+    """The predictions' table by model (and all models): each model's scores as predicted at admission
+    (scored at ingest) and the backtest's, with the online median baseline (None where there are none)."""
+    admission = {m["model"]: m for m in evaluation["admission"]["models"]}
+    backtest = {m["model"]: m for m in evaluation["models"]}
+    rows = [{"model": m, "admission": admission.get(m), "backtest": backtest.get(m)}
+            for m in sorted(admission.keys() | backtest.keys())]
+    rows.append({"model": None, "admission": evaluation["admission"]["all"], "backtest": evaluation["all"]})
+    return rows
+
+
+def _ops_view(request: Request, params: dict[str, str], *, evaluation: bool = False) -> dict:
+    """The page's data; with `evaluation`, the predictions' scores over the window too (a replay of it:
+    the page only, not the data endpoints)."""
     at = now(request)
     window = views.page_window(params.get("from"), params.get("to"), now=at, default=timedelta(hours=24))
     settings = request.app.state.settings
+    predictions = prediction_views(request) if evaluation else None
     with request.app.state.pool.connection() as conn:
         ingest = views.ops_ingest(conn, at)
         dead = views.ops_dead_letters(conn)
         deployments = views.ops_deployments(conn, window)
+        scores = predictions.evaluation(conn, window.start, window.end) if predictions is not None else None
     urls = gateway_metrics.configured_urls(settings.gateway_metrics_urls)
     return {"window": window, "ingest": ingest, "dead_letters": dead, "deployments": deployments,
             "gateway_urls": urls, "gateways": gateway_metrics.scrape(urls) if urls else [],
             "reconcile": getattr(request.app.state, "dashboards_last_reconcile", None),
+            "predictions_wired": predictions is not None, "evaluation": scores,
+            "evaluation_rows": _evaluation_rows(scores) if scores is not None else [],
             "charts": views.ops_charts(ingest, deployments, dead)}
 
 
@@ -66,7 +85,7 @@ async def ops_page(request: Request) -> Response:
     try:
         if params.get("reconcile_from") and params.get("reconcile_to"):
             await run_in_threadpool(_reconcile, request, params["reconcile_from"], params["reconcile_to"])
-        view = await run_in_threadpool(_ops_view, request, params)
+        view = await run_in_threadpool(partial(_ops_view, request, params, evaluation=True))
     except TimeInputError as exc:
         return bad_input(request, viewer, False, str(exc))
     query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("from", "to") and v})

@@ -19,7 +19,7 @@ async def open_read_pool(app: FastAPI) -> None:
     from `state.pool`, as the pages do."""
     from psycopg_pool import AsyncConnectionPool
 
-    from infermeter.stack import to_libpq_url
+    from infermeter.stack.postgres import to_libpq_url
 
     async def utc(conn) -> None:
         await conn.execute("SET TIME ZONE 'UTC'")

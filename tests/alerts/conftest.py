@@ -20,7 +20,7 @@ from aiohttp import web
 from alerts.signing import DELIVERY_HEADER, SIGNATURE_HEADER
 from infermeter.db import get_engine
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from prediction_service.budgets import ServingBudgets
 from serving.budgets import AdmissionController, set_budget
 

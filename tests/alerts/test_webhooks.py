@@ -17,7 +17,7 @@ from alerts.evaluate import evaluate
 from alerts.rules import Thresholds
 from alerts.schedule import AlertSchedule
 from alerts.signing import signature_header
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from tests.alerts.conftest import NOW, SECRET, Receiver, docs_receiver
 
 BUDGET_ONLY = Thresholds(credit_percents=(), forecast_overspend=False, credit_runout_days=0)

@@ -13,18 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from billing.errors import InvoiceError
-from billing.invoice import (
-    InvoiceStatus,
-    add_lines,
-    adjustment_line_id,
-    adjustment_lines,
-    draft_from_rating,
-    empty_draft,
-    finalize,
-    invoice_id,
-    invoiced_lines,
-    void,
-)
+from billing.invoice import InvoiceStatus, adjustment_line_id, invoice_id
+from billing.invoice.adjustments import adjustment_lines, invoiced_lines
+from billing.invoice.drafts import add_lines, draft_from_rating, empty_draft
+from billing.invoice.states import finalize, void
 from billing.numbering import format_number
 from pricing.book import price_book_from_data
 from pricing.rating import rate

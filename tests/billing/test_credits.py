@@ -17,7 +17,7 @@ from billing.credits import (
     grant_entry,
 )
 from billing.errors import BillingError, CreditError
-from billing.invoice import draft_from_rating
+from billing.invoice.drafts import draft_from_rating
 from tests.billing.helpers import PERIOD, ROWS, rating
 
 D = Decimal

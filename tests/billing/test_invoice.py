@@ -10,25 +10,25 @@ import pytest
 
 from billing.credit_notes import credit_note
 from billing.errors import CreditNoteError, InvoiceError, InvoiceImmutable, InvoiceStateError
-from billing.invoice import (
-    TRANSITIONS,
-    InvoiceStatus,
+from billing.invoice import TRANSITIONS, InvoiceStatus, invoice_id
+from billing.invoice.drafts import (
     add_lines,
     draft_from_rating,
-    finalize,
-    finalize_first,
     first_invoice,
-    invoice_id,
     line_from_rated,
     lines_from_rating,
+    remove_lines,
+    replace_lines,
+    with_credits_applied,
+)
+from billing.invoice.states import (
+    finalize,
+    finalize_first,
     mark_paid,
     mark_payment_failed,
     reissue,
-    remove_lines,
-    replace_lines,
     transition,
     void,
-    with_credits_applied,
 )
 from billing.numbering import format_number
 from billing.periods import billing_period
@@ -301,7 +301,7 @@ def test_other_periods_schedules():
 
 
 def test_lines_from_rating_equal_the_checked_copies_and_bad_lines_are_still_refused():
-    from billing.invoice import line_from_rated, lines_from_rating
+    from billing.invoice.drafts import line_from_rated, lines_from_rating
 
     rated = rating(ROWS)
     fast = lines_from_rating(rated, PERIOD)

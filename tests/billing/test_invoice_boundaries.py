@@ -12,17 +12,9 @@ import pytest
 
 from billing.credit_notes import credit_note
 from billing.errors import CreditNoteError, InvoiceError, InvoiceStateError
-from billing.invoice import (
-    add_lines,
-    draft_from_rating,
-    empty_draft,
-    finalize,
-    invoice_id,
-    mark_paid,
-    reissue,
-    void,
-    with_credits_applied,
-)
+from billing.invoice import invoice_id
+from billing.invoice.drafts import add_lines, draft_from_rating, empty_draft, with_credits_applied
+from billing.invoice.states import finalize, mark_paid, reissue, void
 from tests.billing.helpers import PERIOD, ROWS, T_FINAL, rating
 
 D = Decimal

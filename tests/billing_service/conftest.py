@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
 from metering.kafka_types import Message
 from metering.writer import BatchWriter

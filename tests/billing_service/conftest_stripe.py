@@ -30,7 +30,8 @@ import pytest
 import stripe
 from sqlalchemy import create_engine
 
-from infermeter.stack import free_port, start_embedded_postgres, to_libpq_url, wait_for_port
+from infermeter.stack.ports import free_port, wait_for_port
+from infermeter.stack.postgres import start_embedded_postgres, to_libpq_url
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -351,7 +351,7 @@ class StripeFake:
     def start(self) -> StripeFake:
         import uvicorn
 
-        from infermeter.stack import free_port, wait_for_port
+        from infermeter.stack.ports import free_port, wait_for_port
 
         port = free_port()
         config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,

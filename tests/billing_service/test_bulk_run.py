@@ -26,7 +26,7 @@ from billing_service.invoices import void_invoice
 from billing_service.run import billing_run, first_invoice_outcome
 from billing_service.store import PgCreditLedger
 from billing_service.usage import period_usage
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from pricing_service.books import read_cost_model
 from tests.billing_service.conftest import BOOK_YAML, GPU_BOOK_YAML, Metering
 from tests.conftest import new_database

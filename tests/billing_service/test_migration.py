@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 
 from infermeter.db import drift, upgrade
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from migrations.models import target_metadata
 
 

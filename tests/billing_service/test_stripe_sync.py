@@ -13,7 +13,8 @@ from decimal import Decimal
 
 import pytest
 
-from billing.invoice import draft_from_rating, finalize, void, with_credits_applied
+from billing.invoice.drafts import draft_from_rating, with_credits_applied
+from billing.invoice.states import finalize, void
 from billing.periods import billing_period
 from billing_service.stripe.state import InMemorySyncState, PostgresSyncState, SyncStateConflict
 from billing_service.stripe.sync import CREDITS_LINE_ID, CustomerInfo, StripeSync, StripeSyncError, item_specs

@@ -18,7 +18,7 @@ import pytest
 from billing_service.customers import assign_plan, set_customer
 from billing_service.invoices import show_invoice
 from billing_service.run import billing_run
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from pricing.book import parse_price_book
 from pricing_service.books import read_cost_model
 from pricing_service.rate_period import rate_period

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine
 
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import encode_event
 from metering.kafka_types import Message
 from metering.writer import BatchWriter

@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from app.demo import OCCURRENCES
+from app.demo.month import OCCURRENCES
 from tests.cli.test_cli import run
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infermeter.stack import free_port, wait_for_port
+from infermeter.stack.ports import free_port, wait_for_port
 from tests.cli.test_up import _left_behind
 from tests.metering.conftest import request_event
 

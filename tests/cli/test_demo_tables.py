@@ -14,7 +14,8 @@ from decimal import Decimal
 import pytest
 from rich.console import Console
 
-from app.demo import DEFAULT_REQUESTS, generate, usage_tables
+from app.demo.month import DEFAULT_REQUESTS, generate
+from app.demo.usage import usage_tables
 from metering.queries import Window
 from pricing.experiments import compare
 from pricing.records import AttemptRecord, Dataset, GpuRecord, MeterRecord, RequestRecord, TaskRecord

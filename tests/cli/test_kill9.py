@@ -35,7 +35,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from infermeter.stack import free_port, to_libpq_url
+from infermeter.stack.ports import free_port
+from infermeter.stack.postgres import to_libpq_url
 from tests.cli.test_cli import CLI
 from tests.cli.test_up import _left_behind, _start_up, _wait_ready
 from tests.metering.conftest import request_event

@@ -19,7 +19,7 @@ from pathlib import Path
 
 CHILD = """
 import os, signal, threading, time
-from infermeter.stack import stop_on_signals, wait_for_signal
+from infermeter.stack.signals import stop_on_signals, wait_for_signal
 
 try:
     with stop_on_signals():

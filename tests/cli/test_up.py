@@ -24,15 +24,11 @@ from pathlib import Path
 import pytest
 
 from infermeter.settings import Settings
-from infermeter.stack import (
-    PidFile,
-    clean_stale,
-    free_port,
-    process_cmdline,
-    process_record,
-    start_tansu,
-    wait_for_port,
-)
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.pids import PidFile
+from infermeter.stack.ports import free_port, wait_for_port
+from infermeter.stack.processes import process_cmdline, process_record
+from infermeter.stack.stale import clean_stale
 from tests.cli.test_cli import run
 from tests.metering.conftest import request_event
 

@@ -25,7 +25,8 @@ from sqlalchemy import create_engine
 
 from app.api import create_app
 from infermeter.settings import Settings
-from infermeter.stack import free_port, to_libpq_url
+from infermeter.stack.ports import free_port
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import encode_event, replica_event
 from serving.keys import KeyStore
 from tests.conftest import new_database

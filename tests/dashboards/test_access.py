@@ -11,7 +11,8 @@ import urllib.request
 import pytest
 
 from dashboards.sessions import Session, Signer, read_session
-from infermeter.settings import Settings, is_loopback, load_or_create_credentials
+from infermeter.credentials import is_loopback, load_or_create_credentials
+from infermeter.settings import Settings
 
 
 def test_unset_tokens_are_generated_once_per_home_with_mode_0600(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import psycopg
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from tests.dashboards.conftest import BILLED_AT, PERIOD, SETUP_AT, infermeter
 from tests.dashboards.test_pages import shoot
 
@@ -215,7 +215,7 @@ def test_billing_figures_are_shown_as_of_the_apps_billing_clock(site, billed):
     from fastapi.testclient import TestClient
 
     from app.api import create_app
-    from app.demo import BILLING_AS_OF, demo_billing_clock
+    from app.demo.bill import BILLING_AS_OF, demo_billing_clock
     from billing_service.credits import credits_view
 
     headers = {"Authorization": f"Bearer {site.keys['b']}"}

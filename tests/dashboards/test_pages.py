@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from dashboards.sessions import SESSION_COOKIE, Session, Signer
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import Window, parse_time
 from metering import queries
 from tests.dashboards.conftest import ROOT, WINDOW

@@ -19,7 +19,8 @@ from psycopg_pool import ConnectionPool
 
 from dashboards.sessions import SESSION_COOKIE, Session, SessionStore, new_session_id
 from infermeter.settings import Settings
-from infermeter.stack import free_port, to_libpq_url, wait_for_port
+from infermeter.stack.ports import free_port, wait_for_port
+from infermeter.stack.postgres import to_libpq_url
 from tests.dashboards.conftest import ROOT, WINDOW, served
 
 Q = f"from={WINDOW['from']}&to={WINDOW['to']}"

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from infermeter.settings import Settings
-from infermeter.stack import free_port, start_tansu
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.ports import free_port
 from metering import kafka as mk
 from tests.kafka.helpers import consume_until
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.consumer import MeteringConsumer, run_in_thread
 from metering.contract import REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
 from metering.ingest import IngestCounts, publish_lines, receipt, wait_for_receipt

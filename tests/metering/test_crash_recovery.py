@@ -14,7 +14,7 @@ import pytest
 
 from bench.ingest import generate
 from infermeter.db import upgrade
-from infermeter.stack import start_embedded_postgres, stop_embedded_postgres, to_libpq_url
+from infermeter.stack.postgres import start_embedded_postgres, stop_embedded_postgres, to_libpq_url
 from metering.queries import Window
 from metering.reconcile import reconcile
 from tests.metering.conftest import dsn, publish, safe_receipt, start_consumer_process, wait_until

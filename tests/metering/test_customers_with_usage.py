@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import Window
 from metering.customers_with_usage import _ROLLUPS, customers_with_usage, customers_with_usage_sql
 from tests.billing_service.conftest import Metering

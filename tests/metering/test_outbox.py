@@ -11,7 +11,9 @@ import time
 import psycopg
 import pytest
 
-from infermeter.stack import free_port, start_tansu, to_libpq_url
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.ports import free_port
+from infermeter.stack.postgres import to_libpq_url
 from metering.confirmer import MeteringConfirmer
 from metering.consumer import MeteringConsumer, run_in_thread
 from metering.event_lookups import handled_event_keys

@@ -18,7 +18,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from billing.periods import billing_period
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.calendars import CalendarError, calendar_of, set_calendar
 from metering.period_totals import rebuild
 from metering.writer import BatchWriter

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from infermeter.db import upgrade
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import add_months, month_start
 from metering.archive import RetentionJob, archive_before, archive_file, read_checksum
 from metering.consumer import MeteringConsumer, run_in_thread

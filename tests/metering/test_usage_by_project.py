@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering import period_reads, queries
 from metering.period_totals import REQUEST_COUNTS, rebuild
 from metering.writer import BatchWriter

@@ -1,4 +1,4 @@
-"""Fixtures for prediction_service: the demo's month (the bundled Mooncake trace as events, app.demo)
+"""Fixtures for prediction_service: the demo's month (the bundled Mooncake trace as events, app.demo.month)
 written through metering's real write path into its own database, with the demo's billing set-up
 (50 customers on the per-token book, cust-002 in Asia/Kolkata, cust-003 with prepaid credit); the CLI
 and the HTTP app on it."""
@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from bench.prediction import load_demo_month
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from tests.cli_in_process import CliResult, run_cli
 from tests.conftest import new_database
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from bench.prediction import write_events
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import encode_event, request_event
 from prediction_service.evaluate import backtest_window
 from tests.prediction_service.conftest import MONTH

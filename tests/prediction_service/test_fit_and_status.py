@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from prediction import RequestFeatures
 from prediction_service import store
 from prediction_service.schedule import RefitSchedule

@@ -8,7 +8,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from prediction_service import store
 from prediction_service.quotes import QuoteRefused, quote
 from tests.prediction_service.conftest import MONTH, QUOTE_AT

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 
 H0 = datetime(2026, 11, 2, 0, tzinfo=UTC)
 H1 = H0 + timedelta(hours=1)

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering.contract import REQUEST_V1, encode_event, make_event, replica_event, task_event
 from metering.kafka_types import Message
 from metering.writer import BatchWriter

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infermeter.settings import get_settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import TimeInputError
 from metering import queries
 from pricing_service.cli import app

@@ -9,8 +9,9 @@ from decimal import Decimal
 import psycopg
 from playwright.sync_api import sync_playwright
 
-from app.demo import OCCURRENCES, analyze, generate
-from infermeter.stack import to_libpq_url
+from app.demo.meter import analyze
+from app.demo.month import OCCURRENCES, generate
+from infermeter.stack.postgres import to_libpq_url
 from metering import queries
 from metering.consumer import MeteringConsumer, run_in_thread
 from metering.ingest import publish_lines, wait_for_receipt

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.api import create_app
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from pricing_service.api import router
 from pricing_service.books import book_paths, read_cost_model, read_price_book
 from pricing_service.shadow import shadow_rating

@@ -29,7 +29,8 @@ import psycopg
 import pytest
 
 from infermeter.settings import Settings
-from infermeter.stack import free_port, to_libpq_url
+from infermeter.stack.ports import free_port
+from infermeter.stack.postgres import to_libpq_url
 from serving.tinymodel import SERVED_NAME, ensure_tiny_model
 from serving.vllm_server import VllmServer, resolve_python, start_vllm
 from tests.conftest import new_database

@@ -47,7 +47,9 @@ import pytest
 from typer.testing import CliRunner
 
 from infermeter.settings import Settings, get_settings
-from infermeter.stack import free_port, process_cpu_s, process_stat, stop_process_group, to_libpq_url
+from infermeter.stack.ports import free_port
+from infermeter.stack.postgres import to_libpq_url
+from infermeter.stack.processes import process_cpu_s, process_stat, stop_process_group
 from pricing.anatomy import TERMS
 from pricing_service.books import EXAMPLE_BOOKS_DIR
 from serving.routing import prefix_key, rank_replicas

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from infermeter.stack import free_port
+from infermeter.stack.ports import free_port
 
 REQUESTS = 12
 

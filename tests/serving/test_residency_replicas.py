@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from infermeter.db import get_engine
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from metering import queries
 from serving.residency import set_residency
 from serving.tinymodel import SERVED_NAME

@@ -31,14 +31,9 @@ from pathlib import Path
 import psycopg
 from openai import OpenAI
 
-from infermeter.stack import (
-    free_port,
-    is_recorded_process,
-    process_session,
-    process_start,
-    session_members,
-    to_libpq_url,
-)
+from infermeter.stack.ports import free_port
+from infermeter.stack.postgres import to_libpq_url
+from infermeter.stack.processes import is_recorded_process, process_session, process_start, session_members
 from tests.cli.test_up import _left_behind, _processes
 
 

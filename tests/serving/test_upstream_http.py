@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from infermeter.stack import free_port
+from infermeter.stack.ports import free_port
 from serving.upstream_http import UpstreamBroken, UpstreamConnectError, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int, int], Awaitable[bool]]

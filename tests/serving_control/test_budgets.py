@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy import func, select
 
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from infermeter.times import Window
 from metering.contract import REQUEST_V1, encode_event, make_event
 from metering.kafka_types import Message

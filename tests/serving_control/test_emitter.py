@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from infermeter.settings import Settings
-from infermeter.stack import free_port, start_tansu
+from infermeter.stack.broker import start_tansu
+from infermeter.stack.ports import free_port
 from metering.contract import encode_event
 from metering.kafka import ensure_topics
 from metering.spool import Spool, intake_depth

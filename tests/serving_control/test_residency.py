@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from infermeter.settings import Settings
-from infermeter.stack import to_libpq_url
+from infermeter.stack.postgres import to_libpq_url
 from pricing.anatomy import request_cause
 from serving.gateway import create_app
 from serving.residency import ResidencyCache, ResidencyError, clear_residency, get_residency, set_residency
