@@ -112,33 +112,36 @@ TOKEN_KEYS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input
 
 
 def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, model: str | None, *,
-                   models: bool = True, totals_only: bool = False) -> dict[str, Any]:
+                   models: bool = True, totals_only: bool = False, project: str | None = None) -> dict[str, Any]:
     """Tokens, requests and cache-hit rate per hour (day for windows over 3 days), and totals, from
     `metering.queries.customer_usage_series`: `metering.queries.usage` (what GET /v1/usage answers)
     by model and bucket, summed per bucket by PostgreSQL. `models=False`: without the customer's model
     list (None; the page's filter needs it, the charts' JSON does not), one statement cheaper.
     `totals_only`: the totals (and models) alone, from the customer's sums per model (the summary;
-    no series: bucket None)."""
+    no series: bucket None). `project`: that project's requests only (None: every project)."""
     bucket = bucket_for(window)
     if not window.on_hours:  # pages' windows are whole hours; anything else reads raw events at its edges
-        return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket]), bucket,
-                          model)
+        return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket],
+                                        project=project), bucket, model)
     bucket = None if totals_only else bucket
-    series, names = queries.customer_usage_series(conn, window, customer_id, bucket=bucket, model=model, models=models)
+    series, names = queries.customer_usage_series(conn, window, customer_id, bucket=bucket, model=model, models=models,
+                                                  project=project)
     return series_view(series, names, bucket)
 
 
 async def customer_usage_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str,
-                               model: str | None, *, models: bool = True, totals_only: bool = False) -> dict[str, Any]:
+                               model: str | None, *, models: bool = True, totals_only: bool = False,
+                               project: str | None = None) -> dict[str, Any]:
     """`customer_usage` on an async connection (`metering.queries.customer_usage_series_async`: the
     same statement)."""
     bucket = bucket_for(window)
     if not window.on_hours:
-        rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket])
+        rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket],
+                                         project=project)
         return usage_view(rows, bucket, model)
     bucket = None if totals_only else bucket
     series, names = await queries.customer_usage_series_async(conn, window, customer_id, bucket=bucket, model=model,
-                                                              models=models)
+                                                              models=models, project=project)
     return series_view(series, names, bucket)
 
 

@@ -1,7 +1,7 @@
 """The metering HTTP API router (FastAPI): event ingestion, usage and task queries, dead letters.
 
     POST /v1/events          application/cloudevents+json (one) or application/cloudevents-batch+json
-    GET  /v1/usage           ?from=&to=&group_by=model,deployment,region,day|hour[&customer_id=]
+    GET  /v1/usage           ?from=&to=&group_by=model,deployment,project,region,day|hour[&customer_id=][&project=]
     GET  /v1/tasks           ?customer_id=   (customers: their own)
     GET  /v1/tasks/{task_id}
     GET  /v1/dead-letters    (admin)
@@ -64,6 +64,8 @@ class UsageRow(BaseModel):
     customer_id: str
     model: str | None = Field(default=None, description="with group_by=model")
     deployment_id: str | None = Field(default=None, description="with group_by=deployment")
+    project: str | None = Field(default=None, description="with group_by=project: the API key's project, null for "
+                                                          "the requests made without one")
     day: str | None = Field(default=None, description="with group_by=day (RFC 3339, UTC)")
     hour: str | None = Field(default=None, description="with group_by=hour (RFC 3339, UTC)")
     requests: int
@@ -243,18 +245,22 @@ def get_usage(
                                 json_schema_extra=DATE_TIME)],
     to: Annotated[str, Query(description="RFC 3339 (half-open window)", examples=["2026-11-03T00:00:00Z"],
                              json_schema_extra=DATE_TIME)],
-    group_by: Annotated[str | None, Query(description="comma-separated: model, deployment, day or hour",
+    group_by: Annotated[str | None, Query(description="comma-separated: model, deployment, project, day or hour",
                                           examples=["model,day"])] = None,
     customer_id: str | None = None,
+    project: Annotated[str | None, Query(description="only the requests of this project (empty: those without one)")
+                       ] = None,
 ) -> dict[str, Any]:
     customer = scope(principal, customer_id)
     try:
         window = queries.Window(queries.parse_time(from_, "from"), queries.parse_time(to, "to"))
         dims = queries.parse_group_by(group_by)
+        if project is not None and "region" in dims:
+            raise queries.QueryError("project: not with group_by region (the region rollup is not kept per project)")
     except queries.QueryError as exc:
         raise error(400, str(exc), "invalid_query") from None
     with request.app.state.pool.connection() as conn:
-        rows = queries.usage(conn, window, customer_id=customer, group_by=dims)
+        rows = queries.usage(conn, window, customer_id=customer, group_by=dims, project=project)
     return {"from": window.start.isoformat(), "to": window.end.isoformat(), "rows": rows}
 
 

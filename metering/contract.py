@@ -113,6 +113,9 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True):
     # the region of the replica that served (or was tried last); absent when it has none, or when
     # the producer does not record it (data residency, docs/serving.md)
     region: Region | None = None
+    # the project of the API key the request was made with (the key's project_id); absent (None) when
+    # the key has none: the request then counts under the "no project" bucket, project '' in the rollups
+    project: Id | None = None
     # the prediction made at admission; absent from producers that do not predict
     prediction: AdmissionPrediction | None = None
 
@@ -367,12 +370,13 @@ def request_event(
     prefix_seen: bool | None = None,
     prefix_seen_replica: str | None = None,
     prediction: dict[str, Any] | None = None,
+    project: str | None = None,
 ) -> dict[str, Any]:
     """An `infermeter.request.v1` event; its id is the request id and its time `finished_at`
     (usage counts in the period in which the request finished). `upstream_attempts` (how many
     replicas the gateway tried), `region` (the serving replica's), the router's `prefix_seen` /
-    `prefix_seen_replica` and the admission-time `prediction` (AdmissionPrediction's fields) are
-    left out of the data when None."""
+    `prefix_seen_replica`, the admission-time `prediction` (AdmissionPrediction's fields) and the API
+    key's `project` are left out of the data when None."""
     if status not in REQUEST_STATUSES:
         raise ValueError(f"unknown request status {status!r} (one of {', '.join(REQUEST_STATUSES)})")
     data = {
@@ -403,6 +407,8 @@ def request_event(
             data["prefix_seen_replica"] = prefix_seen_replica
     if prediction is not None:
         data["prediction"] = dict(prediction)
+    if project is not None:
+        data["project"] = project
     return make_event(REQUEST_V1, source=source, subject=customer_id, data=data, event_id=request_id,
                       time=finished_at)
 

@@ -327,9 +327,12 @@ def gpu_ms_attribution(
 # The hourly records of a window. With a customer: its own rows, plus every row of the deployment-
 # hours it was served in (the shared pool's GPU time is attributed across everyone served in the same
 # deployment-hour).
+# (summed over the rollup's projects: one row per customer x model x deployment x hour, adjacent in its key)
 REQUESTS_SQL = """
-SELECT customer_id, model, deployment_id, hour, requests, input_tokens, cached_input_tokens, output_tokens
+SELECT customer_id, model, deployment_id, hour, sum(requests)::bigint, sum(input_tokens)::bigint,
+       sum(cached_input_tokens)::bigint, sum(output_tokens)::bigint
 FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s
+GROUP BY customer_id, model, deployment_id, hour
 """
 GPU_SQL = """
 SELECT customer_id, deployment_id, gpu_type, hour, sum(gpu_ms)::bigint
@@ -356,9 +359,10 @@ WITH mine AS (
     SELECT DISTINCT deployment_id, hour FROM request_rollup_hourly
     WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s
 )
-SELECT r.customer_id, r.model, r.deployment_id, r.hour, r.requests, r.input_tokens, r.cached_input_tokens,
-       r.output_tokens
+SELECT r.customer_id, r.model, r.deployment_id, r.hour, sum(r.requests)::bigint, sum(r.input_tokens)::bigint,
+       sum(r.cached_input_tokens)::bigint, sum(r.output_tokens)::bigint
 FROM request_rollup_hourly r JOIN mine m ON m.deployment_id = r.deployment_id AND m.hour = r.hour
+GROUP BY r.customer_id, r.model, r.deployment_id, r.hour
 """
 CUSTOMER_GPU_SQL = """
 WITH mine AS (

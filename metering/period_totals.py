@@ -50,9 +50,9 @@ REQUEST_COUNTS = (
     "retry_requests", "retry_input_tokens", "retry_cached_input_tokens", "retry_output_tokens",
 )
 # An infermeter.request.v1 row's fields, read from its payload (the writer's `req`, a rebuild's split hours).
-# project: '' until request events carry one (issue 22, usage by project).
+# project: the API key's (request.v1 `project`), '' for an event without one (the "no project" bucket).
 REQUEST_FIELDS = """payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
-           '' AS project,
+           coalesce(payload->'data'->>'project', '') AS project,
            payload->'data'->>'status' AS status, payload->'data'->>'task_id' AS task_id,
            payload->'data'->>'region' AS region,
            coalesce((payload->'data'->>'attempt')::int, 1) AS attempt,
@@ -266,7 +266,7 @@ _SPLIT_RAW_EVENTS = """(
 )"""
 _REBUILD_REQUESTS = f"""
 WITH hourly AS (
-    SELECT *, '' AS project FROM request_rollup_hourly WHERE customer_id = %(customer)s
+    SELECT * FROM request_rollup_hourly WHERE customer_id = %(customer)s
 ), hours AS (
     SELECT DISTINCT customer_id, hour FROM hourly
 ), located AS (

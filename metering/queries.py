@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 
 from infermeter.times import HOUR, TimeInputError, Window, floor_hour, parse_time, utc_text  # noqa: F401 - re-exported
 
-GROUP_BY_CHOICES = ("model", "deployment", "region", "day", "hour")
+GROUP_BY_CHOICES = ("model", "deployment", "project", "region", "day", "hour")
 TOKEN_FIELDS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
 
 
@@ -50,6 +50,8 @@ def parse_group_by(text: str | Sequence[str] | None) -> list[str]:
         raise QueryError(f"group_by: unknown {', '.join(unknown)}; choose from {', '.join(GROUP_BY_CHOICES)}")
     if "day" in parts and "hour" in parts:
         raise QueryError("group_by: choose day or hour, not both")
+    if "region" in parts and "project" in parts:
+        raise QueryError("group_by: region and project cannot be combined (the region rollup is not kept per project)")
     return list(dict.fromkeys(parts))
 
 
@@ -71,6 +73,8 @@ def _dimensions(group_by: list[str]) -> list[tuple[str, str, str]]:
         dims.append(("model", "model", "payload->'data'->>'model'"))
     if "deployment" in group_by:
         dims.append(("deployment_id", "deployment_id", "payload->'data'->>'deployment_id'"))
+    if "project" in group_by:  # None: the requests without a project (rollup project '')
+        dims.append(("project", "nullif(project, '')", "payload->'data'->>'project'"))
     if "region" in group_by:
         dims.append(("region", "region", "payload->'data'->>'region'"))
     if "day" in group_by:
@@ -86,13 +90,16 @@ def usage(
     *,
     customer_id: str | None = None,
     group_by: list[str] | None = None,
+    project: str | None = None,
 ) -> list[dict]:
     """Request usage per customer (and per the chosen dimensions), integers, sorted.
 
     By region: whole hours come from request_region_hourly (events that carry a region) plus, as
     region None, request_rollup_hourly minus request_region_hourly (the events without one; both are
-    written in the same transaction, so the difference is exact)."""
-    sql, params, names = _usage_statement(window, customer_id, group_by or [])
+    written in the same transaction, so the difference is exact). By project: the API key's project,
+    None for the requests without one. `project` keeps only that project's requests ('' : those
+    without one); not with region (the region rollup is not kept per project)."""
+    sql, params, names = _usage_statement(window, customer_id, group_by or [], project)
     with conn.cursor(binary=True) as cur:  # binary rows: bigint and timestamptz parse faster (bench.dashboards)
         utc_session(cur)
         cur.execute(sql, params)
@@ -106,10 +113,11 @@ async def usage_async(
     *,
     customer_id: str | None = None,
     group_by: list[str] | None = None,
+    project: str | None = None,
 ) -> list[dict]:
     """`usage` on an async connection: the same statement and rows (the dashboards' data endpoints
     read in the event loop, no worker thread)."""
-    sql, params, names = _usage_statement(window, customer_id, group_by or [])
+    sql, params, names = _usage_statement(window, customer_id, group_by or [], project)
     async with conn.cursor(binary=True) as cur:
         await utc_session_async(cur)
         await cur.execute(sql, params)
@@ -117,14 +125,22 @@ async def usage_async(
     return _usage_items(rows, names)
 
 
-def _usage_statement(window: Window, customer_id: str | None, group_by: list[str]) -> tuple[str, list, list[str]]:
+def _usage_statement(window: Window, customer_id: str | None, group_by: list[str],
+                     project: str | None = None) -> tuple[str, list, list[str]]:
     """`usage`'s SQL, its parameters and the names of its dimension columns."""
+    if project is not None and "region" in group_by:
+        raise QueryError("project: not with group_by region (the region rollup is not kept per project)")
     dims = _dimensions(group_by)
     names = [d[0] for d in dims]
     parts: list[str] = []
     params: list = []
     customer_filter = " AND customer_id = %s" if customer_id is not None else ""
     customer_params = [customer_id] if customer_id is not None else []
+    raw_filter = customer_filter
+    if project is not None:  # the rollup's column, the raw event's field ('' = none in both)
+        customer_filter += " AND project = %s"
+        raw_filter += " AND coalesce(payload->'data'->>'project', '') = %s"
+        customer_params.append(project)
     sums = "sum(requests) AS requests, sum(input_tokens) AS input_tokens, " \
            "sum(cached_input_tokens) AS cached_input_tokens, sum(output_tokens) AS output_tokens"
     if hours := window.whole_hours:
@@ -159,7 +175,7 @@ def _usage_statement(window: Window, customer_id: str | None, group_by: list[str
             "sum((payload->'data'->>'cached_input_tokens')::bigint) AS cached_input_tokens, "
             "sum((payload->'data'->>'output_tokens')::bigint) AS output_tokens "
             "FROM raw_events WHERE type = 'infermeter.request.v1' AND occurred_at >= %s AND occurred_at < %s"
-            f"{customer_filter} GROUP BY {', '.join(d[2] for d in dims)}"
+            f"{raw_filter} GROUP BY {', '.join(d[2] for d in dims)}"
         )
         params += [edge_start, edge_end, *customer_params]
     if len(parts) == 1 and hours and "region" not in group_by:
@@ -224,7 +240,7 @@ SELECT grouping(model) AS per_bucket, {bucket} AS bucket, model,
        (sum(requests){only})::bigint, (sum(input_tokens){only})::bigint,
        (sum(cached_input_tokens){only})::bigint, (sum(output_tokens){only})::bigint
 FROM request_rollup_hourly
-WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s
+WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s{project}
 GROUP BY GROUPING SETS (({bucket}), (model))
 {having}ORDER BY 1, 2, 3
 """
@@ -242,9 +258,16 @@ CUSTOMER_USAGE_MODELS_SQL = """
 SELECT model, sum(requests)::bigint, sum(input_tokens)::bigint, sum(cached_input_tokens)::bigint,
        sum(output_tokens)::bigint
 FROM request_rollup_hourly
-WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s
+WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s{project}
 GROUP BY model ORDER BY model
 """
+# the projects a customer's requests of a window were made under ('' : with keys without a project)
+CUSTOMER_PROJECTS_SQL = """
+SELECT DISTINCT project FROM request_rollup_hourly
+WHERE customer_id = %(customer)s AND hour >= %(start)s AND hour < %(end)s ORDER BY 1
+"""
+# one project's rows only (the customer dashboard's project filter; '' : the requests without one)
+_PROJECT_ONLY = " AND project = %(project)s"
 _SERIES_BUCKETS = {"hour": "hour", "day": "date_trunc('day', hour)"}
 # a bucket's UTC text, formatted once per bucket time: the charts' rows repeat the same hours and days
 # call after call (~1 us a row saved; bench.dashboards)
@@ -252,7 +275,8 @@ _bucket_text = lru_cache(maxsize=8192)(utc_text)
 
 
 def customer_usage_series(conn: psycopg.Connection, window: Window, customer_id: str, *, bucket: str | None,
-                          model: str | None = None, models: bool = True) -> tuple[list[dict], list[str] | None]:
+                          model: str | None = None, models: bool = True,
+                          project: str | None = None) -> tuple[list[dict], list[str] | None]:
     """A customer's request usage per `bucket` (hour or day) summed over its models (only `model`'s
     when given), sorted, and every model it used in the window (whatever `model`), from one statement:
     what `usage(..., group_by=["model", bucket])` summed per bucket gives, the sums done by PostgreSQL
@@ -261,8 +285,9 @@ def customer_usage_series(conn: psycopg.Connection, window: Window, customer_id:
     (QueryError otherwise: `usage` reads the edges of other windows from raw events). `models=False`:
     the buckets only, None for the models (one GROUP BY, ~0.1 ms less: the charts' JSON endpoints).
     `bucket=None`: the window's totals, one row without a bucket key (none without usage), and the
-    models, from the customer's sums per model (the summary)."""
-    sql, params = _customer_usage_series_statement(window, customer_id, bucket, model, models)
+    models, from the customer's sums per model (the summary). `project`: that project's requests only
+    (the models too; '' : the requests made without one)."""
+    sql, params = _customer_usage_series_statement(window, customer_id, bucket, model, models, project)
     with conn.cursor(binary=True) as cur:
         utc_session(cur)
         cur.execute(sql, params)
@@ -271,9 +296,9 @@ def customer_usage_series(conn: psycopg.Connection, window: Window, customer_id:
 
 async def customer_usage_series_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str, *,
                                       bucket: str | None, model: str | None = None,
-                                      models: bool = True) -> tuple[list[dict], list[str] | None]:
+                                      models: bool = True, project: str | None = None) -> tuple[list[dict], list[str] | None]:
     """`customer_usage_series` on an async connection: the same statement and rows."""
-    sql, params = _customer_usage_series_statement(window, customer_id, bucket, model, models)
+    sql, params = _customer_usage_series_statement(window, customer_id, bucket, model, models, project)
     async with conn.cursor(binary=True) as cur:
         await utc_session_async(cur)
         await cur.execute(sql, params)
@@ -281,22 +306,31 @@ async def customer_usage_series_async(conn: psycopg.AsyncConnection, window: Win
 
 
 def _customer_usage_series_statement(window: Window, customer_id: str, bucket: str | None, model: str | None,
-                                     models: bool = True) -> tuple[str, dict]:
+                                     models: bool = True, project: str | None = None) -> tuple[str, dict]:
     if bucket is not None and bucket not in _SERIES_BUCKETS:
         raise QueryError(f"bucket: choose hour or day, not {bucket!r}")
     if not window.on_hours:
         raise QueryError("customer_usage_series reads hourly rollups: the window must start and end on whole hours")
-    params = {"customer": customer_id, "start": window.start, "end": window.end, "model": model}
+    params = {"customer": customer_id, "start": window.start, "end": window.end, "model": model, "project": project}
+    project_only = _PROJECT_ONLY if project is not None else ""
     if bucket is None:
-        return CUSTOMER_USAGE_MODELS_SQL, params
+        return CUSTOMER_USAGE_MODELS_SQL.format(project=project_only), params
     if not models:
-        only = " AND model = %(model)s" if model else ""
+        only = (" AND model = %(model)s" if model else "") + project_only
         return CUSTOMER_USAGE_BUCKETS_SQL.format(bucket=_SERIES_BUCKETS[bucket], only=only), params
     # with a model, the buckets sum that model's rows only and keep only the buckets it has rows in;
     # the per-model rows (the model list) stay unfiltered
     only = " FILTER (WHERE model = %(model)s)" if model else ""
     having = "HAVING grouping(model) = 0 OR count(*) FILTER (WHERE model = %(model)s) > 0\n" if model else ""
-    return CUSTOMER_USAGE_SERIES_SQL.format(bucket=_SERIES_BUCKETS[bucket], only=only, having=having), params
+    return CUSTOMER_USAGE_SERIES_SQL.format(bucket=_SERIES_BUCKETS[bucket], only=only, having=having,
+                                            project=project_only), params
+
+
+def customer_projects(conn: psycopg.Connection, window: Window, customer_id: str) -> list[str]:
+    """The projects of the customer's requests in the window (whole hours), sorted; '' for the requests
+    made with keys without a project (the customer dashboard's project filter)."""
+    params = {"customer": customer_id, "start": window.start, "end": window.end}
+    return [project for (project,) in conn.execute(CUSTOMER_PROJECTS_SQL, params)]
 
 
 def _customer_usage_series_items(rows: list[tuple], bucket: str | None, models: bool,

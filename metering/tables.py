@@ -74,7 +74,7 @@ archived_months = Table(
     PrimaryKeyConstraint("month", name="archived_months_pkey"),
 )
 
-# infermeter.request.v1, per customer x model x deployment x hour of event time.
+# infermeter.request.v1, per customer x model x deployment x hour of event time x project.
 request_rollup_hourly = Table(
     "request_rollup_hourly",
     metadata,
@@ -82,6 +82,8 @@ request_rollup_hourly = Table(
     Column("model", Key, nullable=False),
     Column("deployment_id", Key, nullable=False),
     timestamp_column("hour", nullable=False),
+    # the API key's project (request.v1 `project`, migration 0019_project); '' = none (events without one)
+    Column("project", Key, nullable=False, server_default=""),
     *_counts(
         "requests",
         "requests_ok",
@@ -98,7 +100,7 @@ request_rollup_hourly = Table(
     ),
     # the sums a rating reads ride in the key's index (migration 0005: index-only sums in customer order)
     PrimaryKeyConstraint(
-        "customer_id", "model", "deployment_id", "hour", name="request_rollup_hourly_pkey",
+        "customer_id", "model", "deployment_id", "hour", "project", name="request_rollup_hourly_pkey",
         postgresql_include=["requests", "input_tokens", "cached_input_tokens", "output_tokens"],
     ),
 )
@@ -273,7 +275,8 @@ request_period_totals = Table(
     Column("model", Key, nullable=False),
     Column("deployment_id", Key, nullable=False),
     Column("project", Key, nullable=False, server_default=""),
-    *_counts(*(c.name for c in request_rollup_hourly.c if c.name not in ("customer_id", "model", "deployment_id", "hour"))),
+    *_counts(*(c.name for c in request_rollup_hourly.c
+               if c.name not in ("customer_id", "model", "deployment_id", "hour", "project"))),
     PrimaryKeyConstraint("customer_id", "period_start", "model", "deployment_id", "project",
                          name="request_period_totals_pkey"),
 )

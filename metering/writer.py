@@ -128,9 +128,10 @@ WITH fresh_keys AS (
     INSERT INTO raw_events (occurred_at, source, event_id, type, customer_id, payload)
     SELECT occurred_at, source, event_id, type, customer_id, payload FROM fresh
 {{request_hours}}), requests AS (
-    INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, {", ".join(_REQUEST_COUNTS)})
+    INSERT INTO request_rollup_hourly AS r (customer_id, model, deployment_id, hour, project,
+                                            {", ".join(_REQUEST_COUNTS)})
     {{request_rollup_rows}}
-    ON CONFLICT (customer_id, model, deployment_id, hour) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
+    ON CONFLICT (customer_id, model, deployment_id, hour, project) DO UPDATE SET {_ADD("r", _REQUEST_COUNTS)}
 ), regions AS (
     INSERT INTO request_region_hourly AS rg (customer_id, model, deployment_id, region, hour, {", ".join(_REGION_COUNTS)})
     SELECT customer_id, model, deployment_id, region, hour,
@@ -203,16 +204,15 @@ REQUEST_HOURS_CTE = f"""), request_hours AS (
     FROM req
     GROUP BY customer_id, hour, model, deployment_id, project
 """
-_ROLLUP_FROM_EVENTS = f"""SELECT customer_id, model, deployment_id, hour,
+_ROLLUP_FROM_EVENTS = f"""SELECT customer_id, model, deployment_id, hour, project,
            {REQUEST_SUMS}
     FROM req
-    GROUP BY customer_id, model, deployment_id, hour
-    ORDER BY customer_id, model, deployment_id, hour"""
-_ROLLUP_FROM_HOURS = f"""SELECT customer_id, model, deployment_id, hour,
-           {", ".join(f"sum({c})" for c in _REQUEST_COUNTS)}
+    GROUP BY customer_id, model, deployment_id, hour, project
+    ORDER BY customer_id, model, deployment_id, hour, project"""
+# the groups are the rollup's rows (both are per customer x hour x model x deployment x project)
+_ROLLUP_FROM_HOURS = f"""SELECT customer_id, model, deployment_id, hour, project, {", ".join(_REQUEST_COUNTS)}
     FROM request_hours
-    GROUP BY customer_id, model, deployment_id, hour
-    ORDER BY customer_id, model, deployment_id, hour"""
+    ORDER BY customer_id, model, deployment_id, hour, project"""
 
 
 def _write_batch(period_totals: bool) -> str:

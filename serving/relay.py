@@ -133,6 +133,7 @@ async def finish(
         prefix_seen=prefix_seen,
         prefix_seen_replica=seen_on,
         prediction=None if ctx.prediction is None else ctx.prediction.to_event(),
+        project=ctx.principal.project_id,
     )
     event = build_request_event(outcome, source=state.source)
     data = event["data"]

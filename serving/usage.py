@@ -62,6 +62,7 @@ class RequestOutcome:
     prefix_seen_replica: str | None = None
     # the prediction made at admission (serving/predictions.py `Prediction.to_event()`), None: none made
     prediction: dict[str, Any] | None = None
+    project: str | None = None  # the API key's project (None: the key has none)
 
 
 def _int(value: Any) -> int:
@@ -114,4 +115,5 @@ def build_request_event(outcome: RequestOutcome, *, source: str) -> dict[str, An
         prefix_seen=outcome.prefix_seen,
         prefix_seen_replica=outcome.prefix_seen_replica,
         prediction=outcome.prediction,
+        project=outcome.project,
     )

@@ -109,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0019_project", "0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -186,6 +186,33 @@ def test_0009_keeps_every_task_outcome_already_stored_with_its_source(pg_server_
             rows = conn.execute("SELECT task_id, source, event_id, outcome, to_char(finished_at AT TIME ZONE 'UTC', "
                                 "'HH24:MI') FROM task_outcome_reports ORDER BY source").fetchall()
         assert rows == [("t1", "//customer/c", "e2", "failed", "11:00"), ("t1", "//verifier/v", "e1", "succeeded", "10:00")]
+    finally:
+        with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_0019_gives_existing_rollups_no_project_and_its_downgrade_keeps_the_sums_over_projects(pg_server_url):
+    """Up: rows stored before 0019_project get project '' (no event carried one). Down: each hour's project rows
+    are added into its no-project row, so every sum over projects is what it was."""
+    name = "t_mig_0019_project"
+    counts = "requests, requests_ok, input_tokens, cached_input_tokens, output_tokens, retry_requests"
+    try:
+        url = _fresh_database(pg_server_url, name)
+        upgrade(url, "0019")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            conn.execute(f"INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, {counts}) "
+                         "VALUES ('c', 'm', 'd', '2026-11-01T00:00:00Z', 3, 3, 30, 10, 6, 1)")
+        upgrade(url, "0019_project")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            assert conn.execute("SELECT project, requests FROM request_rollup_hourly").fetchall() == [("", 3)]
+            conn.execute(f"INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, project, "
+                         f"{counts}) VALUES ('c', 'm', 'd', '2026-11-01T00:00:00Z', 'web', 2, 1, 20, 5, 4, 0), "
+                         "('c', 'm', 'd', '2026-11-01T01:00:00Z', 'web', 1, 1, 7, 0, 1, 1)")
+        _downgrade(url, "0019")
+        with psycopg.connect(to_libpq_url(url)) as conn:
+            rows = conn.execute(f"SELECT to_char(hour AT TIME ZONE 'UTC', 'HH24'), {counts} "
+                                "FROM request_rollup_hourly ORDER BY hour").fetchall()
+        assert rows == [("00", 5, 4, 50, 15, 10, 1), ("01", 1, 1, 7, 0, 1, 1)]
     finally:
         with psycopg.connect(to_libpq_url(pg_server_url), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

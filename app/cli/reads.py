@@ -18,7 +18,10 @@ def usage(
     from_: Annotated[str, typer.Option("--from", help="Start, inclusive (ISO 8601, e.g. 2026-11-02T00:00:00Z).")],
     to: Annotated[str, typer.Option("--to", help="End, exclusive.")],
     customer: Annotated[str | None, typer.Option(help="One customer only.")] = None,
-    group_by: Annotated[str | None, typer.Option(help="model, deployment, region, day or hour (comma-separated).")] = None,
+    group_by: Annotated[str | None, typer.Option(
+        help="model, deployment, project, region, day or hour (comma-separated).")] = None,
+    project: Annotated[str | None, typer.Option(
+        help="One project only (the API key's; \"\" for the requests made without one).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print {\"rows\": [...]} with integers.")] = False,
 ) -> None:
     """Request usage per customer over [from, to) on event time."""
@@ -27,7 +30,7 @@ def usage(
     window = queries.Window(queries.parse_time(from_, "--from"), queries.parse_time(to, "--to"))
     dims = queries.parse_group_by(group_by)
     with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
-        rows = queries.usage(conn, window, customer_id=customer, group_by=dims)
+        rows = queries.usage(conn, window, customer_id=customer, group_by=dims, project=project)
     if as_json:
         print_json({"rows": rows})
         return

@@ -1,6 +1,6 @@
 """The customer dashboard and its chart data endpoints.
 
-    GET  /dashboard                           the customer dashboard (?from=&to=&model=; admins add &customer_id=)
+    GET  /dashboard                           the customer dashboard (?from=&to=&model=&project=; admins add &customer_id=)
     GET  /dashboard/data/{chart}.{json|csv}   tokens, requests, cache_hit, gpu, tasks, summary
 """
 
@@ -46,13 +46,12 @@ async def dashboard(request: Request) -> Response:
     except TimeInputError as exc:
         return bad_input(request, viewer, False, str(exc))
     query = urllib.parse.urlencode({k: v for k, v in params.items()
-                                    if k in ("from", "to", "model", "customer_id", "period") and v})
+                                    if k in ("from", "to", "model", "project", "customer_id", "period") and v})
     charts = []
     if view["customer_id"] is not None:
         charts = chart_context(views.customer_charts(view["usage"], view["gpu"], view["tasks"]), "/dashboard/data", query)
     return render(request, "customer.html", viewer=viewer, view=view, charts=charts, query=query,
-                  window=views.window_json(view["window"]), project_id=viewer.principal.project_id,
-                  project_asked=params.get("project"), summary_json=f"/dashboard/data/summary.json?{query}",
+                  window=views.window_json(view["window"]), summary_json=f"/dashboard/data/summary.json?{query}",
                   summary_csv=f"/dashboard/data/summary.csv?{query}", billing_query=billing_query(view, params), request_params=params)
 
 
@@ -61,6 +60,8 @@ CUSTOMER_DATA = chart_names(CUSTOMER_CHARTS)
 
 @router.get("/dashboard/data/{name}", **data_route(CUSTOMER_DATA, WINDOW_QUERY + [
     {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "project", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "one project's requests and tokens (the API key's project); GPU time and tasks are not per project"},
     {"name": "customer_id", "in": "query", "required": False, "schema": {"type": "string"},
      "description": "admins: required; customers: their own id or nothing"}], admin=False))
 async def dashboard_data(request: Request, name: Annotated[str, name_param(CUSTOMER_DATA)]) -> Response:

@@ -29,6 +29,9 @@ from dashboards.web.state import billing_now, billing_views, now, prediction_vie
 from infermeter.times import TimeInputError, Window
 
 CUSTOMER_CHARTS = ("tokens", "requests", "cache_hit", "gpu", "tasks", "summary")
+# what the project filter covers: request usage is kept per API key project, the rest is not
+PROJECT_TRACKING = ("requests and tokens are kept per project (the API key's); GPU time, tasks and spend "
+                    "cover all of the customer's API keys")
 ALL_PARTS = frozenset({"usage", "gpu", "tasks"})
 # what each data endpoint reads (an endpoint reads only its own part)
 CHART_PARTS = {"tokens": {"usage"}, "requests": {"usage"}, "cache_hit": {"usage"}, "gpu": {"gpu"},
@@ -50,20 +53,21 @@ def _reads(conn):
             conn.autocommit = False
 
 
-Target = tuple[Window, str | None, str | None]  # the window, customer and model a view shows
+Target = tuple[Window, str | None, str | None, str | None]  # the window, customer, model and project a view shows
 
 
 def _view_target(request: Request, viewer: Viewer, params: dict[str, str | None]) -> Target:
-    """The window, customer and model a customer view shows (TimeInputError for bad times)."""
+    """The window, customer, model and project a customer view shows (TimeInputError for bad times).
+    No project (or an empty one): every project."""
     window = views.page_window(params.get("from"), params.get("to"), now=now(request), default=timedelta(days=7))
     customer = viewer.customer_id if not viewer.is_admin else params.get("customer_id")
-    return window, customer, params.get("model") or None
+    return window, customer, params.get("model") or None, params.get("project") or None
 
 
 def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None], *, spend: bool,
                   parts: frozenset[str] | set[str] = ALL_PARTS, with_billing: bool = False, models: bool = True,
                   totals_only: bool = False) -> dict:
-    window, customer, model = _view_target(request, viewer, params)
+    window, customer, model, project = _view_target(request, viewer, params)
     settings = request.app.state.settings
     billing = billing_views(request)
     with request.app.state.pool.connection() as conn:
@@ -71,12 +75,16 @@ def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None
             customers = sorted({r["customer_id"] for r in views.queries.usage(conn, window)})
             return {"window": window, "customer_id": None, "customers": customers}
         with _reads(conn):
-            usage = views.customer_usage(conn, window, customer, model, models=models, totals_only=totals_only) \
-                if "usage" in parts else None
+            usage = views.customer_usage(conn, window, customer, model, models=models, totals_only=totals_only,
+                                         project=project) if "usage" in parts else None
             gpu = views.customer_gpu(conn, window, customer, totals_only=totals_only) if "gpu" in parts else None
             tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
-        result = {"window": window, "customer_id": customer, "model": model, "usage": usage, "gpu": gpu,
-                  "tasks": tasks, "spend": None, "invoices": None, "current_period": None}
+            # the page's project filter: the named projects of the window (and the one asked for)
+            projects = sorted({p for p in views.queries.customer_projects(conn, window, customer) if p}
+                              | ({project} if project else set())) if with_billing else None
+        result = {"window": window, "customer_id": customer, "model": model, "project": project,
+                  "projects": projects, "usage": usage, "gpu": gpu, "tasks": tasks, "spend": None, "invoices": None,
+                  "current_period": None}
         if spend:
             book, rated = _rated_spend(conn, settings, billing, window, customer)
             result["spend"] = views.spend_view(book, rated, tasks["totals"]["succeeded"])
@@ -111,9 +119,9 @@ async def _chart_view(pool, target: Target, parts: set[str] | frozenset[str], *,
     loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
     a worker thread. No model list: no data endpoint answers it. `totals_only` (the
     summary): usage and GPU totals from per-model and per-deployment sums, no series."""
-    window, customer, model = target
+    window, customer, model, project = target
     reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
-                              models=False, totals_only=totals_only),
+                              models=False, totals_only=totals_only, project=project),
              "gpu": partial(views.customer_gpu_async, window=window, customer_id=customer, totals_only=totals_only),
              "tasks": partial(views.customer_tasks_async, window=window, customer_id=customer)}
     wanted = [part for part in ("usage", "gpu", "tasks") if part in parts]
@@ -121,8 +129,8 @@ async def _chart_view(pool, target: Target, parts: set[str] | frozenset[str], *,
         found = {wanted[0]: await _pooled_read(pool, reads[wanted[0]])}
     else:  # the summary: each data set on its own pooled connection, at once
         found = dict(zip(wanted, await asyncio.gather(*(_pooled_read(pool, reads[p]) for p in wanted)), strict=True))
-    return {"window": window, "customer_id": customer, "model": model, "usage": found.get("usage"),
-            "gpu": found.get("gpu"), "tasks": found.get("tasks")}
+    return {"window": window, "customer_id": customer, "model": model, "project": project,
+            "usage": found.get("usage"), "gpu": found.get("gpu"), "tasks": found.get("tasks")}
 
 
 async def _pooled_read(pool, read):
@@ -134,7 +142,7 @@ async def _summary_view(request: Request, pool, target: Target) -> dict:
     """What `customer_view` gives the summary (spend, no billing), in two halves at once: the spend
     (the book lookup and pricing's synchronous rating) in a worker thread on the sync pool while the
     three data sets are read in the event loop from the async read pool."""
-    window, customer, _ = target
+    window, customer, _, _ = target
     halves = await asyncio.gather(run_in_threadpool(_pooled_rated_spend, request, window, customer),
                                   _chart_view(pool, target, ALL_PARTS, totals_only=True),
                                   return_exceptions=True)
@@ -223,9 +231,9 @@ async def chart_data(request: Request, chart: str, *, customers_only: bool = Fal
 
 def _summary(view: dict) -> dict:
     return {"customer_id": view["customer_id"], "window": views.window_json(view["window"]), "model": view["model"],
-            "usage": view["usage"]["totals"], "gpu_hours": view["gpu"]["total_gpu_hours"],
+            "project": view["project"], "usage": view["usage"]["totals"], "gpu_hours": view["gpu"]["total_gpu_hours"],
             "tasks": view["tasks"]["totals"], "spend": view["spend"],
-            "project_tracking": "usage is not tracked per project: every figure covers all of the customer's API keys"}
+            "project_tracking": PROJECT_TRACKING}
 
 
 def _chart_of(view: dict, chart: str) -> views.Chart:
@@ -235,5 +243,5 @@ def _chart_of(view: dict, chart: str) -> views.Chart:
     else:
         found = views.gpu_chart(view["gpu"]) if chart == "gpu" else views.tasks_chart(view["tasks"])
     found.extra = {"customer_id": view["customer_id"], "window": views.window_json(view["window"]),
-                   "model": view["model"]}
+                   "model": view["model"], "project": view["project"]}
     return found

@@ -92,12 +92,15 @@ class Metering:
         assert result.accepted == len(events), result
 
     def request(self, customer: str, at: datetime, *, model: str = "m1", input_tokens: int = 1000, cached: int = 0,
-                output: int = 100, task_id: str | None = None, attempt: int = 1) -> None:
+                output: int = 100, task_id: str | None = None, attempt: int = 1, project: str | None = None) -> None:
+        """A request; `project` (the API key's) changes no invoice: the reference ignores it."""
         i = next(self.ids)
-        self._write([make_event(REQUEST_V1, source="//test/gw", subject=customer, event_id=f"r-{i}", time=at, data={
-            "request_id": f"r-{i}", "customer_id": customer, "model": model, "deployment_id": "d1", "status": "ok",
-            "input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output, "task_id": task_id,
-            "attempt": attempt, "started_at": at, "finished_at": at})])
+        data = {"request_id": f"r-{i}", "customer_id": customer, "model": model, "deployment_id": "d1", "status": "ok",
+                "input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output,
+                "task_id": task_id, "attempt": attempt, "started_at": at, "finished_at": at}
+        if project is not None:
+            data["project"] = project
+        self._write([make_event(REQUEST_V1, source="//test/gw", subject=customer, event_id=f"r-{i}", time=at, data=data)])
         self.sent.append(Sent("request", customer, at, {"model": model, "input": input_tokens, "cached": cached,
                                                         "output": output}))
 
@@ -187,7 +190,7 @@ def february(conn, metering):
     set_customer(conn, "acme", now=t0)
     assign_plan(conn, "acme", BOOK_YAML, "bill-usd.yaml", "2026-02-01", now=t0)
     metering.request("acme", datetime(2026, 2, 3, 10, tzinfo=UTC), input_tokens=1_000_000, cached=250_000,
-                     output=100_000)
+                     output=100_000, project="web")
     metering.request("acme", datetime(2026, 2, 10, 10, tzinfo=UTC), model="big", input_tokens=20_000, output=50_000)
     metering.usage("acme", "tool_calls", "40", datetime(2026, 2, 11, tzinfo=UTC))
     [inv] = billing_run(conn, "2026-02", now=AFTER_GRACE, cost_model=cost_model()).invoices

@@ -43,7 +43,7 @@ def month(conn, metering):
     assign_plan(conn, "acme", BOOK_YAML, "bill-usd.yaml", "2026-02-01", now=T0)
     assign_plan(conn, "beta", EUR_BOOK_YAML, "bill-eur.yaml", "2026-02-01", now=T0)
     metering.request("acme", utc(2026, 2, 3, 10), input_tokens=1_000_000, cached=250_000, output=100_000,
-                     task_id="t1")
+                     task_id="t1", project="web")
     metering.task("acme", "t1", "succeeded", utc(2026, 2, 3, 11))
     metering.request("acme", utc(2026, 2, 10, 10), model="big", input_tokens=20_000, output=50_000)
     metering.usage("acme", "tool_calls", "40", utc(2026, 2, 11))
@@ -68,7 +68,7 @@ def show_invoices(conn) -> list[dict]:
 def late_usage_and_runs(conn, metering) -> None:
     """After T1: February usage arrives late, the March run puts it on March as adjustments and finalizes
     March, another credit note is issued, beta pays."""
-    metering.request("acme", utc(2026, 2, 27, 9), input_tokens=2_000_000, output=1_000)
+    metering.request("acme", utc(2026, 2, 27, 9), input_tokens=2_000_000, output=1_000, project="batch")
     metering.usage("acme", "tool_calls", "2.5", utc(2026, 2, 27, 9))
     metering.request("ghost", utc(2026, 2, 20), output=99)
     received(conn, utc(2026, 3, 20))

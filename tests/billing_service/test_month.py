@@ -38,7 +38,7 @@ def test_a_month_walked_through(conn, metering):
     assign_plan(conn, "acme", BOOK_YAML, "bill-usd.yaml", "2026-02-01", now=t0)
 
     metering.request("acme", datetime(2026, 2, 3, 10, 15, tzinfo=UTC), input_tokens=1_234_567, cached=200_000,
-                     output=54_321)
+                     output=54_321, project="search")  # a key's project: the invoice does not change
     metering.request("acme", datetime(2026, 2, 14, 23, 59, 59, tzinfo=UTC), model="big", input_tokens=10_000,
                      output=77_777, task_id="t1")
     metering.task("acme", "t1", "succeeded", datetime(2026, 2, 15, 0, 0, 1, tzinfo=UTC))
@@ -53,7 +53,7 @@ def test_a_month_walked_through(conn, metering):
     assert mid.unbilled == []  # January is not this period
 
     # the last minutes of February arrive after midnight; the run inside the grace window picks them up
-    metering.request("acme", datetime(2026, 2, 28, 23, 50, tzinfo=UTC), input_tokens=333, output=33)
+    metering.request("acme", datetime(2026, 2, 28, 23, 50, tzinfo=UTC), input_tokens=333, output=33, project="search")
     again = run(conn, "2026-02", datetime(2026, 3, 1, 0, 30, tzinfo=UTC))
     assert [(o.invoice_id, o.action, o.status) for o in again.invoices] == [
         (draft.invoice_id, "refreshed", "draft")]

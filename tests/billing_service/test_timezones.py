@@ -62,7 +62,7 @@ def test_events_land_in_the_period_of_the_customers_local_month(conn, metering):
         for at in edge_instants(tz):
             i += 1
             metering.request(customer, at, model=("m1", "big")[i % 2], input_tokens=1000 + i * 7919, cached=i * 13,
-                             output=100 + i * 31)
+                             output=100 + i * 31, project=(None, "web", "batch")[i % 3])  # projects change nothing
             if i % 3 == 0:
                 metering.usage(customer, "tool_calls", f"{i}.5", at)
             if i % 4 == 0:

@@ -55,18 +55,19 @@ def _replica(replica: str, deployment: str, customer: str | None, start: datetim
 
 
 def stream(recent: datetime) -> list[bytes]:
-    """cust-a: m1 over three hours with tasks and retries, m2 in a fourth hour, some recent traffic,
-    a dedicated deployment; cust-b: a different model, numbers and deployment."""
+    """cust-a: m1 over three hours with tasks and retries, m2 in a fourth hour (10 of these requests
+    in project proj-1), some recent traffic, a dedicated deployment; cust-b: a different model, numbers and deployment."""
     lines = []
     tasks_a = {0: ("task-a1", 1), 1: ("task-a1", 2), 4: ("task-a2", 1), 6: ("task-a3", 1), 7: ("task-a3", 2),
                8: ("task-a3", 3)}
     for i in range(12):
         task, attempt = tasks_a.get(i, (None, 1))
         lines.append(request_event(i, customer="cust-a", model="m1", at=DAY + timedelta(hours=10, minutes=15 * i),
-                                   input_tokens=1000 + i, cached=400, output=50 + i, task_id=task, attempt=attempt))
-    for i in range(12, 18):
+                                   input_tokens=1000 + i, cached=400, output=50 + i, task_id=task, attempt=attempt,
+                                   project="proj-1" if i >= 8 else None))
+    for i in range(12, 18):  # made with the key of project proj-1 (the first 8 above with a key without one)
         lines.append(request_event(i, customer="cust-a", model="m2", at=DAY + timedelta(hours=13, minutes=i),
-                                   input_tokens=500, cached=0, output=20))
+                                   input_tokens=500, cached=0, output=20, project="proj-1"))
     for i in range(18, 23):
         lines.append(request_event(i, customer="cust-a", model="m1", at=recent + timedelta(minutes=i),
                                    input_tokens=300, cached=100, output=30))

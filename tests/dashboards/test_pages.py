@@ -81,7 +81,7 @@ def test_customer_page_shows_its_usage_as_metering_counts_it(web, site):
     # nothing of the platform's cost or margin
     body = p.page.inner_text("main").lower()
     assert "margin" not in body and "cost" not in body
-    assert "not tracked per project" in body
+    assert "kept per project" in body and "all projects" in p.page.inner_text("select[name=project]")
     assert p.problems == []
     shoot(p, "customer")
 
@@ -109,6 +109,32 @@ def test_filters_and_time_range_change_what_is_shown(web, site):
     p.goto("/dashboard")
     p.wait_for_charts(5)
     assert num(p.text("total-requests")) == 5
+    assert p.problems == []
+
+
+def test_the_project_filter_shows_one_projects_requests_and_the_projects_add_up(web, site):
+    p = web()
+    p.sign_in(site.keys["a"])
+    p.goto(f"/dashboard?{Q}")
+    p.wait_for_charts(5)
+    everything = num(p.text("total-requests"))
+    assert p.page.eval_on_selector_all("select[name=project] option", "os => os.map(o => o.value)") == ["", "proj-1"]
+    p.page.select_option("select[name=project]", "proj-1")
+    with p.page.expect_navigation():
+        p.page.click("form.filters button[type=submit]")
+    p.wait_for_charts(5)
+    assert "project=proj-1" in p.page.url and "proj-1" in p.text("project-note")
+    with psycopg.connect(to_libpq_url(site.settings.database_url)) as conn:
+        [mine] = queries.usage(conn, window(), customer_id="cust-a", project="proj-1")
+        [none] = queries.usage(conn, window(), customer_id="cust-a", project="")
+    assert num(p.text("total-requests")) == mine["requests"] == 10
+    assert mine["requests"] + none["requests"] == everything  # the requests without a project still count
+    assert sum(p.chart_data("requests")[0]["y"]) == 10
+    # the chart endpoints the page links carry the filter
+    got = p.context.request.get(f"{site.url}/dashboard/data/requests.json?{Q}&project=proj-1").json()
+    assert got["project"] == "proj-1" and sum(r["requests"] for r in got["rows"]) == 10
+    summary = p.context.request.get(f"{site.url}/dashboard/data/summary.json?{Q}&project=proj-1").json()
+    assert summary["usage"]["requests"] == 10 and summary["project"] == "proj-1"
     assert p.problems == []
 
 

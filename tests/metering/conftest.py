@@ -20,7 +20,7 @@ from metering.kafka import ensure_topics, make_producer
 from metering.processor import INGEST_ID_HEADER
 
 ROLLUP_TABLES = {
-    "request_rollup_hourly": "customer_id, model, deployment_id, hour",
+    "request_rollup_hourly": "customer_id, model, deployment_id, hour, project",
     "request_region_hourly": "customer_id, model, deployment_id, region, hour",
     "task_attempts": "customer_id, task_id, attempt",
     "task_outcomes": "customer_id, task_id",
@@ -77,7 +77,8 @@ def meter(settings: Settings, lines: Iterable[bytes], timeout_s: float = 120, ra
 
 def request_event(i: int, *, customer: str = "cust-a", model: str = "m1", at: datetime | None = None,
                   input_tokens: int = 100, cached: int = 40, output: int = 10, task_id: str | None = None,
-                  attempt: int = 1, source: str = "//test/gw", status: str = "ok", region: str | None = None) -> bytes:
+                  attempt: int = 1, source: str = "//test/gw", status: str = "ok", region: str | None = None,
+                  project: str | None = None) -> bytes:
     at = at or datetime(2026, 11, 2, 10, 0, tzinfo=UTC) + timedelta(seconds=i)
     data = {"request_id": f"r-{i}", "customer_id": customer, "model": model, "deployment_id": "d1",
             "status": status, "input_tokens": input_tokens, "cached_input_tokens": cached,
@@ -85,6 +86,8 @@ def request_event(i: int, *, customer: str = "cust-a", model: str = "m1", at: da
             "started_at": at - timedelta(seconds=1), "finished_at": at}
     if region is not None:
         data["region"] = region
+    if project is not None:
+        data["project"] = project
     return encode_event(make_event(REQUEST_V1, source=source, subject=customer, event_id=f"r-{i}", time=at, data=data))
 
 

@@ -56,12 +56,14 @@ class Events:
 
     def request(self, customer: str, at: datetime, *, model: str = "m1", deployment: str = "d1", status: str = "ok",
                 input_tokens: int = 100, cached: int = 0, output: int = 10, task_id: str | None = None,
-                attempt: int = 1) -> bytes:
+                attempt: int = 1, project: str | None = None) -> bytes:
         i = f"{self.tag}-r{next(self.ids)}"
-        return self._add(make_event(REQUEST_V1, source="//test/gw", subject=customer, event_id=i, time=at, data={
-            "request_id": i, "customer_id": customer, "model": model, "deployment_id": deployment, "status": status,
-            "input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output,
-            "task_id": task_id, "attempt": attempt, "started_at": at, "finished_at": at}))
+        data = {"request_id": i, "customer_id": customer, "model": model, "deployment_id": deployment,
+                "status": status, "input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output,
+                "task_id": task_id, "attempt": attempt, "started_at": at, "finished_at": at}
+        if project is not None:  # the API key's project; without it, the "no project" bucket
+            data["project"] = project
+        return self._add(make_event(REQUEST_V1, source="//test/gw", subject=customer, event_id=i, time=at, data=data))
 
     def task(self, customer: str, task_id: str, outcome: str, at: datetime, *, source: str = "//test/agents") -> bytes:
         return self._add(make_event(TASK_V1, source=source, subject=customer, event_id=f"{self.tag}-t{next(self.ids)}",
@@ -93,11 +95,14 @@ def _nonzero(rows: dict) -> dict:
     return {k: v for k, v in rows.items() if any(v)}
 
 
-def kept(conn: psycopg.Connection, customer: str, period_start: datetime) -> dict[str, dict]:
-    """The period totals of one customer and period, all-zero rows left out."""
+def kept(conn: psycopg.Connection, customer: str, period_start: datetime, project: str | None = None) -> dict[str, dict]:
+    """The period totals of one customer and period, all-zero rows left out: the requests summed over
+    projects, or only `project`'s ('' = the requests without one)."""
     p = (customer, period_start)
-    requests = conn.execute(f"SELECT model, deployment_id, {', '.join(REQUEST_COUNTS)} FROM request_period_totals "
-                            "WHERE customer_id = %s AND period_start = %s AND project = ''", p).fetchall()
+    only = "" if project is None else "AND project = %s"
+    requests = conn.execute(f"SELECT model, deployment_id, {', '.join(f'sum({c})' for c in REQUEST_COUNTS)} "
+                            f"FROM request_period_totals WHERE customer_id = %s AND period_start = %s {only} "
+                            "GROUP BY 1, 2", (*p, project) if project is not None else p).fetchall()
     usage = conn.execute("SELECT meter, quantity, events FROM usage_period_totals "
                          "WHERE customer_id = %s AND period_start = %s", p).fetchall()
     tasks = conn.execute("SELECT succeeded, failed, abandoned, succeeded_attempts, failed_attempts "
@@ -112,12 +117,15 @@ def kept(conn: psycopg.Connection, customer: str, period_start: datetime) -> dic
     }
 
 
-def read_today(conn: psycopg.Connection, customer: str, period: Period) -> dict[str, dict]:
-    """What the period reads today (see the module's docstring), in the shape of `kept`."""
+def read_today(conn: psycopg.Connection, customer: str, period: Period, project: str | None = None) -> dict[str, dict]:
+    """What the period reads today (see the module's docstring), in the shape of `kept` (with `project`,
+    its requests only)."""
     window = period.window
     base = {(r["model"], r["deployment_id"]): (r["requests"], r["input_tokens"], r["cached_input_tokens"],
                                                r["output_tokens"])
-            for r in queries.usage(conn, window, customer_id=customer, group_by=["model", "deployment"])}
+            for r in queries.usage(conn, window, customer_id=customer, group_by=["model", "deployment"],
+                                   project=project)}
+    only = "" if project is None else "AND coalesce(payload->'data'->>'project', '') = %s "
     raw = conn.execute(
         "SELECT payload->'data'->>'model', payload->'data'->>'deployment_id', "
         "count(*) FILTER (WHERE payload->'data'->>'status' = 'ok'), "
@@ -130,8 +138,8 @@ def read_today(conn: psycopg.Connection, customer: str, period: Period) -> dict[
         "         FILTER (WHERE (payload->'data'->>'attempt')::int > 1), 0), "
         "coalesce(sum((payload->'data'->>'output_tokens')::bigint) FILTER (WHERE (payload->'data'->>'attempt')::int > 1), 0) "
         "FROM raw_events WHERE type = 'infermeter.request.v1' AND customer_id = %s "
-        "AND occurred_at >= %s AND occurred_at < %s GROUP BY 1, 2",
-        (customer, window.start, window.end)).fetchall()
+        f"AND occurred_at >= %s AND occurred_at < %s {only}GROUP BY 1, 2",
+        (customer, window.start, window.end, *([project] if project is not None else []))).fetchall()
     statuses = {(m, d): tuple(int(x) for x in v) for m, d, *v in raw}
     assert set(statuses) == set(base)
     requests = {k: (v[0], *statuses[k][:4], v[1], v[2], v[3], *statuses[k][4:]) for k, v in base.items()}
@@ -188,8 +196,15 @@ def check_customer(conn: psycopg.Connection, customer: str, schedule: tuple[str,
     for start in starts:
         assert period_containing(start, timezone, anchor_day).start == start, f"{customer}: {start} starts no period"
     periods = {period_containing(t, timezone, anchor_day) for t in [*instants, *starts]}
+    projects = [p for (p,) in conn.execute(
+        "SELECT DISTINCT coalesce(payload->'data'->>'project', '') FROM raw_events WHERE customer_id = %(c)s "
+        "AND type = 'infermeter.request.v1' UNION SELECT project FROM request_period_totals WHERE customer_id = %(c)s",
+        {"c": customer}).fetchall()]
     for period in sorted(periods, key=lambda p: p.start):
         assert kept(conn, customer, period.start) == read_today(conn, customer, period), (customer, period.label)
+        for project in projects:  # each project's totals too (the sum over them is checked just above)
+            assert kept(conn, customer, period.start, project)["requests"] == \
+                read_today(conn, customer, period, project)["requests"], (customer, period.label, project)
     return len(periods)
 
 

@@ -48,6 +48,19 @@ def test_customers_see_only_their_own_usage(api):
     assert everyone.json()["rows"][0]["hour"] == "2026-11-02T10:00:00Z"
 
 
+def test_usage_by_project(api, settings):
+    client, keys = api
+    meter(settings, [request_event(3, customer="cust-a", at=BASE, output=7, project="web")])
+    rows = client.get("/v1/usage", params={**WINDOW, "group_by": "project"}, headers=auth(keys["a"])).json()["rows"]
+    assert [(r["project"], r["requests"], r["output_tokens"]) for r in rows] == [("web", 1, 7), (None, 1, 10)]
+    web = client.get("/v1/usage", params={**WINDOW, "project": "web"}, headers=auth(keys["a"])).json()["rows"]
+    assert [(r["customer_id"], r["output_tokens"]) for r in web] == [("cust-a", 7)]
+    none = client.get("/v1/usage", params={**WINDOW, "project": ""}, headers=auth(keys["a"])).json()["rows"]
+    assert [(r["customer_id"], r["output_tokens"]) for r in none] == [("cust-a", 10)]
+    refused = client.get("/v1/usage", params={**WINDOW, "group_by": "region", "project": "web"}, headers=auth(keys["a"]))
+    assert refused.status_code == 400 and "region" in refused.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     "method, path, params",
     [

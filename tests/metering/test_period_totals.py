@@ -64,10 +64,11 @@ def scenario(ev: Events, customer: str) -> tuple[list[bytes], list[bytes]]:
     b = boundary(customer, "2026-03")
     c = customer
     first = [
-        ev.request(c, b - 40 * MIN, input_tokens=1000, cached=400, output=50),
+        ev.request(c, b - 40 * MIN, input_tokens=1000, cached=400, output=50, project="web"),
         ev.request(c, b - US, model="m2", deployment="d2", status="error", input_tokens=7, output=0),
         ev.request(c, b, cached=60, status="cancelled"),
-        ev.request(c, b + 29 * MIN, input_tokens=300, cached=300, output=3, attempt=2, status="rejected"),
+        ev.request(c, b + 29 * MIN, input_tokens=300, cached=300, output=3, attempt=2, status="rejected",
+                   project="batch"),
         ev.request(c, b + 3 * HOUR, model="m2", deployment="d2", input_tokens=5000, cached=4096, output=900),
         ev.request(c, b - 20 * 24 * HOUR, output=1),  # mid-period, a whole hour
         # t1: two attempts, succeeded 1 us before the boundary
@@ -94,7 +95,7 @@ def scenario(ev: Events, customer: str) -> tuple[list[bytes], list[bytes]]:
     ]
     late = [
         ev.request(c, b - 45 * 24 * HOUR, input_tokens=11, output=2),  # a backfill two periods back
-        ev.request(c, b - 10 * MIN, status="error", attempt=3, input_tokens=40, cached=8, output=4),
+        ev.request(c, b - 10 * MIN, status="error", attempt=3, input_tokens=40, cached=8, output=4, project="web"),
         ev.request(c, b + 11 * MIN, task_id=f"{c}-t4", attempt=3),  # t4's third attempt, after its outcome
         ev.request(c, b + 12 * MIN, task_id=f"{c}-t4", attempt=3),  # same attempt again: still three attempts
         ev.task(c, f"{c}-t2", "succeeded", b + 32 * 24 * HOUR, source="//test/verifier"),  # moves t2 to April
@@ -219,7 +220,8 @@ _instant = st.builds(lambda b, us: b + timedelta(microseconds=us), st.sampled_fr
                      st.integers(-2 * 3600 * 10**6, 2 * 3600 * 10**6) | st.sampled_from([-1, 0, 1]))
 _event = st.one_of(
     st.tuples(st.just("request"), st.sampled_from(CUSTOMERS), _instant, st.sampled_from(["ok", "error", "rejected"]),
-              st.integers(0, 500), st.integers(0, 3), st.sampled_from([None, "t1", "t2"])),
+              st.integers(0, 500), st.integers(0, 3), st.sampled_from([None, "t1", "t2"]),
+              st.sampled_from([None, "web", "batch"])),
     st.tuples(st.just("task"), st.sampled_from(CUSTOMERS), _instant,
               st.sampled_from(["succeeded", "failed", "abandoned"]), st.sampled_from(["t1", "t2"]),
               st.sampled_from(["//a", "//b"])),
@@ -241,9 +243,9 @@ def test_any_events_in_any_order_with_duplicates_keep_exact_period_totals(db_url
     for kind, c, at, *rest in events:
         who = customer[c]
         if kind == "request":
-            status, tokens, attempt, task = rest
+            status, tokens, attempt, task, project = rest
             lines.append(ev.request(who, at, status=status, input_tokens=tokens, cached=tokens // 3, output=tokens % 7,
-                                    attempt=attempt + 1, task_id=task and f"{who}-{task}"))
+                                    attempt=attempt + 1, task_id=task and f"{who}-{task}", project=project))
         elif kind == "task":
             outcome, task, source = rest
             lines.append(ev.task(who, f"{who}-{task}", outcome, at, source=source))

@@ -27,14 +27,17 @@ def insert_synthetic(db_url: str) -> None:
     Hour 1: same, plus tasks finishing, and tool usage.
     """
     req = [
-        # customer, model, deployment, hour, requests, ok, input, cached, output
-        ("cust-1", "kimi-chat", "dep-pool", H0, 100, 98, 2_000_000, 1_200_000, 100_000),
-        ("cust-1", "kimi-chat", "dep-c1", H0, 50, 50, 1_000_000, 500_000, 50_000),
-        ("cust-2", "kimi-chat", "dep-pool", H0, 40, 40, 800_000, 400_000, 40_000),
-        ("cust-2", "kimi-chat-lite", "dep-pool", H0, 30, 30, 300_000, 0, 30_000),
-        ("cust-3", "kimi-chat-lite", "dep-pool", H1, 20, 19, 400_000, 200_000, 20_000),
-        ("cust-4", "kimi-chat", "dep-pool", H1, 10, 10, 200_000, 100_000, 10_000),
-        ("cust-1", "kimi-chat", "dep-pool", H1, 60, 60, 1_200_000, 600_000, 60_000),
+        # customer, model, deployment, hour, requests, ok, input, cached, output, project ('' = none)
+        # cust-1's kimi-chat/dep-pool hour H0 (100, 98, 2M, 1.2M, 100k) comes in two projects: every
+        # figure below is their sum (readers that do not ask for projects sum over them)
+        ("cust-1", "kimi-chat", "dep-pool", H0, 70, 69, 1_500_000, 900_000, 70_000, "web"),
+        ("cust-1", "kimi-chat", "dep-pool", H0, 30, 29, 500_000, 300_000, 30_000, ""),
+        ("cust-1", "kimi-chat", "dep-c1", H0, 50, 50, 1_000_000, 500_000, 50_000, ""),
+        ("cust-2", "kimi-chat", "dep-pool", H0, 40, 40, 800_000, 400_000, 40_000, ""),
+        ("cust-2", "kimi-chat-lite", "dep-pool", H0, 30, 30, 300_000, 0, 30_000, ""),
+        ("cust-3", "kimi-chat-lite", "dep-pool", H1, 20, 19, 400_000, 200_000, 20_000, ""),
+        ("cust-4", "kimi-chat", "dep-pool", H1, 10, 10, 200_000, 100_000, 10_000, ""),
+        ("cust-1", "kimi-chat", "dep-pool", H1, 60, 60, 1_200_000, 600_000, 60_000, ""),
     ]
     gpu = [
         ("", "dep-pool", "r1", "H100", H0, 3_600_000),
@@ -56,7 +59,7 @@ def insert_synthetic(db_url: str) -> None:
     with psycopg.connect(to_libpq_url(db_url)) as conn, conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, requests, requests_ok, "
-            "input_tokens, cached_input_tokens, output_tokens) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            "input_tokens, cached_input_tokens, output_tokens, project) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
             req,
         )
         cur.executemany(

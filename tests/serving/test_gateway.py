@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
 from datetime import datetime
 
 import aiohttp
@@ -52,6 +54,7 @@ def test_chat_non_streaming_usage_matches_vllm(client, customer, pipeline):
     assert data["cached_input_tokens"] == response.usage.prompt_tokens_details.cached_tokens
     assert (data["model"], data["deployment_id"], data["replica_id"]) == (MODEL, "tiny-cpu", "tiny-cpu-0")
     assert data["api_key_id"] == customer.key_id
+    assert "project" not in data  # the key has no project: the "no project" bucket
     assert data["task_id"] is None and data["attempt"] == 1
     _assert_timings(data)
     [(requests, input_tokens, output_tokens)] = pipeline.rows(
@@ -100,6 +103,15 @@ def test_chat_streaming_without_usage_is_still_metered(client, customer, pipelin
     assert text_chunks <= 6
     assert data["input_tokens"] > 0
     assert data["tags"]["usage_source"] == "upstream"
+
+
+def test_a_keys_project_is_carried_by_its_requests_event(gateway, key_store, pipeline):
+    customer_id = f"cust-{uuid.uuid4().hex[:10]}"
+    key_id, token = key_store.create(customer_id, project_id="search")
+    with contextlib.closing(openai.OpenAI(base_url=gateway.url + "/v1", api_key=token, max_retries=0)) as client:
+        client.completions.create(model=MODEL, prompt="Ask the pilot", max_tokens=2, **FIXED)
+    [event] = pipeline.request_events(customer_id, 1)
+    assert (event["data"]["api_key_id"], event["data"]["project"]) == (key_id, "search")
 
 
 def test_continuous_usage_passes_through_when_asked(gateway, customer):

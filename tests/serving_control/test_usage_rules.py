@@ -12,6 +12,7 @@ Values that are not non-negative ints (strings, floats, bools, None, negatives) 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -158,6 +159,15 @@ def test_the_event_is_the_requests_and_counts_when_it_finished():
     )
     assert data["started_at"] == "2025-03-01T12:00:00.000000Z"
     assert data["first_token_at"] == "2025-03-01T12:00:01.000000Z"
+
+
+def test_the_keys_project_rides_in_the_event_and_is_left_out_without_one():
+    with_project = build_request_event(replace(outcome(usage()), project="search"), source="//gateway/test")
+    without = build_request_event(outcome(usage()), source="//gateway/test")
+    assert with_project["data"]["project"] == "search"
+    assert "project" not in without["data"]
+    assert decode_event(encode_event(with_project), now=FINISHED).data.project == "search"
+    assert decode_event(encode_event(without), now=FINISHED).data.project is None
 
 
 @pytest.mark.parametrize("status", ["OK", "timeout", "", "succeeded"])
