@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from infermeter.db import upgrade
 from infermeter.settings import Settings
@@ -25,6 +26,12 @@ from infermeter.stack.broker import start_tansu
 from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 
 TEMPLATE_DB = "infermeter_template"
+
+# No Hypothesis deadline: an example's wall time says nothing about correctness (speed is measured by
+# bench/), and beside other workers one example of a microsecond test took 322 ms (the default
+# deadline is 200 ms). Tests keep their own max_examples.
+hypothesis_settings.register_profile("infermeter", deadline=None)
+hypothesis_settings.load_profile("infermeter")
 
 
 def _with_database(url: str, name: str) -> str:
@@ -102,3 +109,12 @@ def settings(db_url: str, kafka_bootstrap: str, unique_name: str, tmp_path: Path
         INFERMETER_CONSUMER_GROUP=f"{unique_name}-group",
         INFERMETER_BATCH_MAX_WAIT_MS=50,
     )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `--dist loadgroup` every test of tests/serving/ runs on one worker, which alone starts the
+    session's vLLM replicas (a CPU engine each: two workers starting their own would starve each other)."""
+    serving = Path(__file__).parent / "serving"
+    for item in items:
+        if serving in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("vllm"))

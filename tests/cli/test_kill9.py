@@ -147,6 +147,7 @@ def _metered(dsn: str) -> tuple[dict[str, tuple[int, int, int, int]], tuple[int,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ten restarts of the whole stack: 6-14 min here, more beside other workers
 def test_kill_9_of_up_while_events_arrive_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(SEED)
     home = Path(tempfile.mkdtemp(prefix="infermeter-kill9-")) / "home"

@@ -61,6 +61,9 @@ def _start(vllm_python: str, tiny_model: Path, state_dir: Path) -> VllmServer:
     )
 
 
+VLLM_START_TIMEOUT_S = 600
+
+
 @pytest.fixture(scope="session")
 def vllm_servers(request, tmp_path_factory, vllm_python: str, tiny_model: Path) -> list[VllmServer]:
     """One replica, or two booting in parallel when a collected test needs `second_vllm`."""
@@ -68,7 +71,9 @@ def vllm_servers(request, tmp_path_factory, vllm_python: str, tiny_model: Path) 
     servers = [_start(vllm_python, tiny_model, tmp_path_factory.mktemp(f"vllm{n}")) for n in range(wanted)]
     try:
         for server in servers:
-            server.wait_ready()
+            # the suite runs on several workers (scripts/test): an engine booting beside them takes
+            # longer than alone (240 s, the default, is what `up` allows on an idle machine)
+            server.wait_ready(timeout_s=VLLM_START_TIMEOUT_S)
         yield servers
     finally:
         for server in servers:
