@@ -82,7 +82,7 @@ request_rollup_hourly = Table(
     Column("model", Key, nullable=False),
     Column("deployment_id", Key, nullable=False),
     timestamp_column("hour", nullable=False),
-    # the API key's project (request.v1 `project`, migration 0019_project); '' = none (events without one)
+    # the API key's project (request.v1 `project`, migration 0020); '' = none (events without one)
     Column("project", Key, nullable=False, server_default=""),
     *_counts(
         "requests",

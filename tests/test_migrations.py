@@ -109,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0019_project", "0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0020", "0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
@@ -192,9 +192,9 @@ def test_0009_keeps_every_task_outcome_already_stored_with_its_source(pg_server_
 
 
 def test_0019_gives_existing_rollups_no_project_and_its_downgrade_keeps_the_sums_over_projects(pg_server_url):
-    """Up: rows stored before 0019_project get project '' (no event carried one). Down: each hour's project rows
+    """Up: rows stored before 0020 get project '' (no event carried one). Down: each hour's project rows
     are added into its no-project row, so every sum over projects is what it was."""
-    name = "t_mig_0019_project"
+    name = "t_mig_0020_project"
     counts = "requests, requests_ok, input_tokens, cached_input_tokens, output_tokens, retry_requests"
     try:
         url = _fresh_database(pg_server_url, name)
@@ -202,7 +202,7 @@ def test_0019_gives_existing_rollups_no_project_and_its_downgrade_keeps_the_sums
         with psycopg.connect(to_libpq_url(url)) as conn:
             conn.execute(f"INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, {counts}) "
                          "VALUES ('c', 'm', 'd', '2026-11-01T00:00:00Z', 3, 3, 30, 10, 6, 1)")
-        upgrade(url, "0019_project")
+        upgrade(url, "0020")
         with psycopg.connect(to_libpq_url(url)) as conn:
             assert conn.execute("SELECT project, requests FROM request_rollup_hourly").fetchall() == [("", 3)]
             conn.execute(f"INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, project, "

@@ -1,7 +1,7 @@
 """metering: usage by project (the API key's project on request events, a dimension of the rollups)
 
-Revision ID: 0019_project
-Revises: 0019 (0019_prediction_scores: both branches numbered 0019; this one follows it)
+Revision ID: 0020
+Revises: 0019
 
 `infermeter.request.v1` events carry the project of the API key they were made with (optional
 `project`, docs/metering.md). request_rollup_hourly gains `project` (text, '' = no project: events
@@ -21,7 +21,7 @@ over projects are kept, the split is lost.
 
 from alembic import op
 
-revision = "0019_project"
+revision = "0020"
 down_revision = "0019"
 branch_labels = None
 depends_on = None
