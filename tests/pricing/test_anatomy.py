@@ -160,6 +160,11 @@ def test_each_books_margin_under_the_anatomy():
     assert (task["failure"].billed_to_customers, task["failure"].carried_by_platform) == (0, D("2.24"))
     # per token: the customer pays for the failed tokens (a: 4/9 of its tokens' work, b: half)
     assert 0 < token["failure"].billed_to_customers < token["failure"].cost
+    # without the failed share of the tokens: a's lines x 5/9 = 0.44 + 0.17 + 0.44, b's x 1/2 = 0.30 + 0.20;
+    # 2.90 - 1.55 = 1.35
+    assert token["failure"].billed_to_customers == D("1.35")
+    # GPU-hour bills the failed GPU time at $6 where it costs $4: 2.24 x 6 / 4
+    assert gpu["failure"].billed_to_customers == D("3.36")
 
 
 def test_a_rejection_by_data_residency_is_a_routing_failure_a_budgets_a_capacity_one():

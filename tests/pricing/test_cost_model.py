@@ -58,6 +58,8 @@ def test_comparison_of_the_three_books():
     assert {c.customer_id: c.revenue for c in gpu.customers} == {"cust-a": D("13.20"), "cust-b": D("4.80")}
     assert {c.customer_id: c.revenue for c in task.customers} == {"cust-a": D("3.00"), "cust-b": D("0")}
     assert gpu.margin == D("18.00") - D("12.10")
+    # t1 made two attempts (the smallest number with a retry): one retried attempt, 100k + 2 x 10k weighted tokens x 0.000008
+    assert [(b.retries.retried_attempts, b.retries.retried_cost) for b in report.books] == [(1, D("0.96"))] * 3
     assert [c.versus_baseline for c in gpu.customers] == [D("11.30"), D("3.80")]
 
     # caching gain on model m: cost saving 4.80 under every book
