@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import NamedTuple
 
 from pricing.book import GPU_METER, REQUEST_METERS
+from pricing.money import EXACT
 
 
 class UsageKey(NamedTuple):
@@ -68,7 +69,7 @@ class Usage:
         totals: dict[UsageKey, Decimal] = {}
         for key, quantity in rows:
             if quantity:
-                totals[key] = totals.get(key, Decimal(0)) + Decimal(quantity)
+                totals[key] = EXACT.add(totals.get(key, Decimal(0)), Decimal(quantity))
         return cls(customer_id, period_start, period_end, totals)
 
     @classmethod
@@ -98,7 +99,11 @@ class Usage:
         )
 
     def total(self, meter: str) -> Decimal:
-        return sum((q for k, q in self.quantities.items() if k.meter == meter), Decimal(0))
+        total = Decimal(0)
+        for key, quantity in self.quantities.items():
+            if key.meter == meter:
+                total = EXACT.add(total, quantity)
+        return total
 
     def empty_before(self) -> Usage:
         """No usage over the empty period [start, start): the prior of the first progressive rating."""

@@ -182,3 +182,13 @@ def test_an_empty_ratings_amounts_are_decimal_zero():
     assert empty.lines == ()
     for value in (empty.total, empty.usage_total, empty.amount_by()):
         assert value == 0 and type(value) is D
+
+
+def test_usage_sums_quantities_beyond_28_digits_exactly():
+    # 33 significant digits: the default decimal context (28) would round the sum and the total.
+    half = Decimal("6172839450617283945.061728394506")
+    key = UsageKey("input_tokens", model="m")
+    built = Usage.build("c", T0, T2, [(key, half), (key, half), (UsageKey("output_tokens", model="m"), 1)])
+    assert built.quantities[key] == Decimal("12345678901234567890.123456789012")
+    assert built.total("input_tokens") == Decimal("12345678901234567890.123456789012")
+    assert built.then(Usage("c", T2, T2, {})).quantities[key] == Decimal("12345678901234567890.123456789012")
