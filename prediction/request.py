@@ -281,17 +281,25 @@ class RequestModel:
         self.rows = rows
 
     def predict_request(self, features: RequestFeatures) -> RequestPrediction:
-        tokens = features.prompt_tokens
-        bucket = 0 if tokens <= 1024 else min(LAST_BUCKET, (tokens - 1).bit_length() - BUCKET_BASE_BITS)
-        row = self._customer.get((features.customer_id, features.model, bucket))
-        if row is None:
-            row = self._model.get((features.model, bucket), self._global)
-        seen = features.prefix_seen
-        prediction = row[0] if seen is None else row[1] if seen else row[2]
+        prediction = self.lookup(features.customer_id, features.model, features.prompt_tokens, features.prefix_seen)
         cap = features.max_tokens
         if cap is not None and cap < prediction.output_tokens_p99:
             return prediction.capped(cap)
         return prediction
+
+    def lookup(self, customer_id: str | None, model: str | None, prompt_tokens: int,
+               prefix_seen: bool | None = None) -> RequestPrediction:
+        """The table's row for these features, uncapped: `predict_request` without building a
+        `RequestFeatures` (the gateway's admission calls this, and caps lazily)."""
+        bucket = 0 if prompt_tokens <= 1024 else min(LAST_BUCKET, (prompt_tokens - 1).bit_length() - BUCKET_BASE_BITS)
+        row = self._customer.get((customer_id, model, bucket))
+        if row is None:
+            row = self._model.get((model, bucket), self._global)
+        return row[0] if prefix_seen is None else row[1] if prefix_seen else row[2]
+
+    def predictions(self) -> list[RequestPrediction]:
+        """Every prediction the table can answer (each cell's three rows)."""
+        return [p for row in (*self._customer.values(), *self._model.values(), self._global) for p in row]
 
     @property
     def cells(self) -> int:

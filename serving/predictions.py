@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
 
 from infermeter.periodic import Periodic
-from prediction.request import RequestFeatures, RequestModel, RequestPrediction
+from prediction.request import RequestModel, RequestPrediction
 
 log = logging.getLogger("serving.predictions")
 
@@ -55,17 +54,46 @@ def newest_request_model(conn, newer_than: int = 0) -> tuple[int, RequestModel] 
     return int(row.version), RequestModel.from_state(row.requests)
 
 
-@dataclass(frozen=True, slots=True)
+def _event_of(model_version: int, p: RequestPrediction, cap: int | None) -> dict[str, Any]:
+    """The `prediction` object of a request's event (metering.contract's `AdmissionPrediction`): the
+    output figures capped at `cap` (None: uncapped), the rates kept inside [0, 1] whatever history the
+    fit saw, so that the event is never refused for its prediction."""
+    def capped(tokens: int) -> int:
+        return tokens if cap is None or tokens <= cap else max(cap, 0)
+
+    return {"model_version": model_version, "output_tokens_p50": capped(p.output_tokens_p50),
+            "output_tokens_p90": capped(p.output_tokens_p90), "output_tokens_p99": capped(p.output_tokens_p99),
+            "cached_fraction": min(max(p.cached_fraction, 0.0), 1.0),
+            "failure_probability": min(max(p.failure_probability, 0.0), 1.0)}
+
+
 class Prediction:
     """A request's prediction at admission: the table's prediction for its features, the version of
     the fit it came from, and the request's `max_tokens` (None: none given), which caps every output
     figure when read (the engine stops there). The cap is applied here, lazily, rather than by
     `RequestModel.predict_request` (`RequestPrediction.capped` copies the prediction: a few µs a
-    request on the hot path for a few `min`s)."""
+    request on the hot path for a few `min`s). `event` is the uncapped event object of the same
+    prediction, made once per table row by `AdmissionPredictor` (None: made when asked)."""
 
-    model_version: int
-    request: RequestPrediction
-    max_tokens: int | None = None
+    __slots__ = ("_event", "max_tokens", "model_version", "request")
+
+    def __init__(self, model_version: int, request: RequestPrediction, max_tokens: int | None = None,
+                 event: dict[str, Any] | None = None) -> None:
+        self.model_version = model_version
+        self.request = request
+        self.max_tokens = max_tokens
+        self._event = event
+
+    def __repr__(self) -> str:
+        return f"Prediction({self.model_version!r}, {self.request!r}, max_tokens={self.max_tokens!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Prediction):
+            return NotImplemented
+        return (self.model_version, self.request, self.max_tokens) == (
+            other.model_version, other.request, other.max_tokens)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def _capped(self, tokens: int) -> int:
         cap = self.max_tokens
@@ -80,15 +108,15 @@ class Prediction:
         return self._capped(self.request.output_tokens_p99)
 
     def to_event(self) -> dict[str, Any]:
-        """The `prediction` object of the request's `request.v1` event (metering.contract's
-        `AdmissionPrediction`: the rates are kept inside [0, 1], whatever history the fit saw, so that
-        the event is never refused for its prediction)."""
-        p = self.request
-        cap = self._capped
-        return {"model_version": self.model_version, "output_tokens_p50": cap(p.output_tokens_p50),
-                "output_tokens_p90": cap(p.output_tokens_p90), "output_tokens_p99": cap(p.output_tokens_p99),
-                "cached_fraction": min(max(p.cached_fraction, 0.0), 1.0),
-                "failure_probability": min(max(p.failure_probability, 0.0), 1.0)}
+        """The `prediction` object of the request's `request.v1` event (see `_event_of`). Uncapped
+        (no `max_tokens`, or one at or above every figure) it is the row's shared
+        object: read it, do not change it (`metering.contract.request_event` copies it)."""
+        cap, p = self.max_tokens, self.request
+        if cap is None or (cap >= p.output_tokens_p99 and cap >= p.output_tokens_p90 and cap >= p.output_tokens_p50):
+            if self._event is None:
+                self._event = _event_of(self.model_version, self.request, None)
+            return self._event
+        return _event_of(self.model_version, p, cap)
 
 
 Loader = Callable[[int], "tuple[int, RequestModel] | None"]
@@ -105,10 +133,26 @@ class AdmissionPredictor(Periodic):
         super().__init__()
         self._load = load
         self.interval_s = reload_s
-        # (version, table) of the fit held, swapped as one object so a request never pairs one fit's
-        # table with another's version; None: no fit yet
-        self.held: tuple[int, RequestModel] | None = None
+        # (version, table, each row's event object by the row's id) of the fit held, swapped as one
+        # object so a request never pairs one fit's table with another's version; None: no fit yet
+        self._held: tuple[int, RequestModel, dict[int, dict[str, Any]]] | None = None
         self.reloads = 0
+
+    @property
+    def held(self) -> tuple[int, RequestModel] | None:
+        """(version, table) of the fit held; None: no fit yet."""
+        held = self._held
+        return None if held is None else held[:2]
+
+    @held.setter
+    def held(self, found: tuple[int, RequestModel] | None) -> None:
+        if found is None:
+            self._held = None
+            return
+        version, table = found
+        # the table (held with them) keeps its rows alive, so their ids stay theirs
+        events = {id(p): _event_of(version, p, None) for p in table.predictions()}
+        self._held = (version, table, events)
 
     @property
     def version(self) -> int:
@@ -144,10 +188,10 @@ class AdmissionPredictor(Periodic):
 
     def predict(self, customer_id: str, model: str, prompt_tokens: int, max_tokens: int | None,
                 task_id: str | None = None, attempt: int = 1) -> Prediction | None:
-        held = self.held
+        held = self._held
         if held is None:
             return None
-        version, table = held
-        # uncapped lookup (max_tokens None), capped by Prediction when read
-        features = RequestFeatures(customer_id, model, prompt_tokens, None, task_id, attempt)
-        return Prediction(version, table.predict_request(features), max_tokens)
+        version, table, events = held
+        # uncapped lookup (prefix_seen unknown at admission), capped by Prediction when read
+        row = table.lookup(customer_id, model, prompt_tokens)
+        return Prediction(version, row, max_tokens, events.get(id(row)))

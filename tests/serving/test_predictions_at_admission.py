@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 
 from infermeter.stack.postgres import to_libpq_url
 from metering.contract import AdmissionPrediction
-from prediction.request import RequestFeatures, RequestPrediction
+from prediction.request import RequestFeatures, RequestModel, RequestPrediction
 from prediction_service import store
 from serving.budgets import AdmissionController, list_price, set_budget
 from serving.openai_api import prompt_token_bound
@@ -168,3 +168,25 @@ def test_the_events_prediction_is_capped_and_its_rates_kept_inside_0_1():
                      "cached_fraction": 1.0, "failure_probability": 0.0}
     msgspec.convert(event, AdmissionPrediction)  # valid for metering
     assert Prediction(3, odd).to_event()["output_tokens_p99"] == 900  # no max_tokens: uncapped
+
+
+def test_an_uncapped_prediction_shares_its_rows_event_object_and_a_capped_one_makes_its_own():
+    """The gateway makes each table row's event object once (AdmissionPredictor); a request whose
+    max_tokens is at or above every figure reads it, one below any figure gets its own, capped."""
+    row = RequestPrediction(10, 100, 400, 900, 150.0, 0.25, 0.01, "global", 40)
+    table = RequestModel({}, {}, (row, row, row), 40)
+    predictor = AdmissionPredictor(lambda _newer_than: None)
+    predictor.held = (7, table)
+    assert predictor.held == (7, table) and predictor.version == 7
+    shared = predictor.predict("c1", "m1", 100, None).to_event()
+    assert predictor.predict("c1", "m1", 5000, 900).to_event() is shared  # max_tokens == p99: nothing capped
+    assert shared == {"model_version": 7, "output_tokens_p50": 100, "output_tokens_p90": 400, "output_tokens_p99": 900,
+                      "cached_fraction": 0.25, "failure_probability": 0.01}
+    capped = predictor.predict("c1", "m1", 100, 899).to_event()  # one below the p99
+    assert capped is not shared and capped["output_tokens_p99"] == 899 and capped["output_tokens_p90"] == 400
+    # a row whose p50 is above its p99 (a stored fit is not checked for it) is capped on every figure
+    odd = RequestPrediction(10, 950, 400, 900, 150.0, 0.25, 0.01, "global", 40)
+    assert Prediction(7, odd, 900).to_event()["output_tokens_p50"] == 900
+    assert Prediction(7, odd, 900) == Prediction(7, odd, 900) != Prediction(8, odd, 900)
+    predictor.held = None
+    assert predictor.predict("c1", "m1", 100, None) is None and predictor.version == 0
