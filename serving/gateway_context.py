@@ -98,6 +98,7 @@ class RequestContext:
     extra_headers: dict[str, str] = field(default_factory=dict)
     # the prediction made at admission (serving/predictions.py); None without a fit
     prediction: Prediction | None = None
+    prompt_bound: int | None = None  # prompt_token_bound(body), once computed (prediction, admission)
     # The request's event, emitted by GatewayApp right after the response is handed to the client.
     after_send: Callable[[], Awaitable[None]] | None = None
 

@@ -422,7 +422,8 @@ def predict(state: GatewayState, ctx: RequestContext) -> Prediction | None:
     if max_tokens is not None:
         max_tokens *= body.get("n") or 1
     try:
-        return state.predictor.predict(ctx.customer_id, ctx.route.name, prompt_token_bound(body), max_tokens,
+        ctx.prompt_bound = bound = prompt_token_bound(body)
+        return state.predictor.predict(ctx.customer_id, ctx.route.name, bound, max_tokens,
                                        ctx.task_id, ctx.attempt)
     except Exception:
         log.exception("predicting %s failed", ctx.request_id)
@@ -441,7 +442,7 @@ async def admit(state: GatewayState, ctx: RequestContext) -> Response | None:
         ctx.customer_id,
         model=ctx.route.name,
         request_id=ctx.request_id,
-        prompt_tokens=prompt_token_bound(body),
+        prompt_tokens=prompt_token_bound(body) if ctx.prompt_bound is None else ctx.prompt_bound,
         max_tokens=max_tokens,
         predicted_output_tokens=None if prediction is None else prediction.output_tokens_p99,
     )
