@@ -14,7 +14,7 @@ Alembic revision 0002 (migrations/versions/0002_serving_control.py) creates exac
   (`event_source`, `event_id` found in metering's `event_keys`), after which the rollups count it.
 - `rate_windows`: per customer and minute, the requests admitted and tokens charged
   (worst case at admission, corrected to actual tokens at settlement).
-- `customer_residency` (revision 0009): the regions a customer's requests may be served in
+- `customer_residency` (revision 0010): the regions a customer's requests may be served in
   (serving/residency.py); no row = no restriction.
 - `capacity_arrivals_minutely` (revision 0022): per deployment, UTC minute and gateway process
   (`gateway_instance`, random per process), the requests that gateway admitted and their predicted
