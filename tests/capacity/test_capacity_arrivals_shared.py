@@ -242,3 +242,37 @@ def test_the_tally_hands_over_changed_minutes_with_full_counts():
     assert tally.unflushed() == [("d", int(BASE.timestamp() // 60), 3, 25)]  # the minute's full count
     now[0] += 6 * 60  # the minute is no longer kept: not handed over, even if never written
     assert tally.unflushed() == []
+
+
+def test_the_gateway_flushes_what_it_admits(settings, db_url):
+    """build_gateway's wiring, against a stub replica: requests through the gateway reach the table
+    under this process's own name, by the flush before a /metrics round and by the last flush at stop."""
+    import httpx
+
+    from serving.gateway import build_gateway, serve_in_thread
+    from serving.upstreams import single_upstream
+    from tests.serving_control.stub_vllm import StubLoop
+
+    settings = settings.model_copy(update={"admin_token_configured": "adm", "gateway_id": "gw-wired"})
+    with StubLoop() as loop:
+        replica = loop.replica("r0")
+        served = serve_in_thread(build_gateway(settings, upstreams=single_upstream("m", replica.url)))
+        try:
+            deployment = served.state.upstreams.route("m").deployment_id
+            with httpx.Client(base_url=served.url, timeout=30,
+                              headers={"Authorization": "Bearer adm", "X-Infermeter-Customer-Id": "cust-1"}) as http:
+                for _ in range(2):
+                    ok = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 3})
+                    assert ok.status_code == 200, ok.text
+                assert http.get("/metrics").status_code == 200  # its round flushes first
+                with psycopg.connect(to_libpq_url(db_url)) as conn:
+                    first = conn.execute("SELECT gateway_instance, sum(requests) FROM capacity_arrivals_minutely "
+                                         "WHERE deployment_id = %s GROUP BY 1", (deployment,)).fetchall()
+                assert len(first) == 1 and first[0][0].startswith("gw-wired-") and first[0][1] == 2
+                assert http.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 3}).status_code == 200
+        finally:
+            served.stop()
+    with psycopg.connect(to_libpq_url(db_url)) as conn:
+        after = conn.execute("SELECT gateway_instance, sum(requests) FROM capacity_arrivals_minutely "
+                             "WHERE deployment_id = %s GROUP BY 1", (deployment,)).fetchall()
+    assert after == [(first[0][0], 3)]  # the last flush at stop
