@@ -17,7 +17,7 @@ came.
 
 Requests refused at admission (budgets, rate limits) are not counted (as metering leaves rejected
 requests out). Minutes older than `keep_min` are dropped. `unflushed()` hands the flusher the minutes
-whose counts changed since it last recorded them written (`flushed`), each with its full count.
+whose counts changed since `flushed` last recorded them as written, each with its full count.
 
 Hot path: one `time.time()`, one dict read and two additions per admitted request.
 """
