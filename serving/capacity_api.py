@@ -5,8 +5,9 @@
 
 The report (serving.capacity.report) as of the end of the last complete minute before `at`
 (default: now): demand, its Holt forecast, tokens per busy replica-second, utilisation and the
-recommended replica count. 401 without valid credentials, 403 for anything but the admin token,
-404 for a deployment with nothing metered in the last hour.
+recommended replica count, from metering and the gateways' demand at arrival. 401 without valid
+credentials, 403 for anything but the admin token, 404 for a deployment with nothing metered or
+admitted in the last hour.
 """
 
 from __future__ import annotations

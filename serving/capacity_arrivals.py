@@ -5,16 +5,19 @@ built from metering alone (serving/capacity_service.py) sees what was served, no
 requests are invisible until they end, and the signal lags exactly when it matters. The gateway knows
 each request when it admits it: `ArrivalDemand.arrive(deployment_id, predicted_output_tokens)` counts
 it in the current minute with its predicted p50 output tokens (serving/predictions.py; 0 without a
-fit). `CapacityRefresher` (the gateway's /metrics gauges) merges these minutes with metering's
-(`merge`): per minute, the larger of the metered and the arrived requests, output tokens and prompt
-tokens. The gateway has only a byte bound of a prompt's tokens (up to several times them), so the
-arrivals' prompt tokens are estimated as their count x the metered prompt tokens per request of the
-window. Under a steady load the two sides agree (metering's actual figures, the outputs usually above
-the p50, win); under overload the arrivals do, so the signal rises with the load that came.
+fit), in memory. `ArrivalFlusher` (serving/capacity_arrivals_store.py) writes each gateway's minutes
+to the table `capacity_arrivals_minutely` off the event loop, and every reader of the capacity signal
+(each gateway's /metrics gauges, the API, the CLI) sums them over gateways and merges them with
+metering's minutes (`merge`): per minute, the larger of the metered and the arrived requests, output
+tokens and prompt tokens. The gateway has only a byte bound of a prompt's tokens (up to several times
+them), so the arrivals' prompt tokens are estimated as their count x the metered prompt tokens per
+request of the window. Under a steady load the two sides agree (metering's actual figures, the outputs
+usually above the p50, win); under overload the arrivals do, so the signal rises with the load that
+came.
 
 Requests refused at admission (budgets, rate limits) are not counted (as metering leaves rejected
-requests out). The tally is per gateway process: behind several gateways each adds what it admitted, and the
-metered minutes remain the floor. Minutes older than `keep_min` are dropped.
+requests out). Minutes older than `keep_min` are dropped. `unflushed()` hands the flusher the minutes
+whose counts changed since `flushed` last recorded them as written, each with its full count.
 
 Hot path: one `time.time()`, one dict read and two additions per admitted request.
 """
@@ -34,14 +37,15 @@ KEEP_MIN = 90  # minutes kept: more than the capacity signal's history (serving/
 class ArrivalDemand:
     """Per (deployment, UTC minute): [requests admitted, predicted output tokens]."""
 
-    __slots__ = ("_clock", "_counts", "_lock", "_minute", "keep_min")
+    __slots__ = ("_clock", "_counts", "_flushed", "_lock", "_minute", "keep_min")
 
     def __init__(self, *, keep_min: int = KEEP_MIN, clock: Callable[[], float] = time.time) -> None:
         self.keep_min = keep_min
         self._clock = clock  # seconds since the epoch (UTC minutes are whole multiples of 60)
         self._counts: dict[tuple[str, int], list[int]] = {}
         self._minute = 0
-        self._lock = threading.Lock()  # the refresher reads on a worker thread
+        self._lock = threading.Lock()  # the flusher reads on a worker thread
+        self._flushed: dict[tuple[str, int], tuple[int, int]] = {}  # the counts last written, per key
 
     def arrive(self, deployment_id: str, predicted_output_tokens: int = 0) -> None:
         minute = int(self._clock() // 60)
@@ -60,9 +64,35 @@ class ArrivalDemand:
             oldest = minute - self.keep_min
             for key in [k for k in self._counts if k[1] < oldest]:
                 del self._counts[key]
+            for key in [k for k in self._flushed if k[1] < oldest]:
+                del self._flushed[key]
+
+    def oldest_kept(self) -> int:
+        """The first UTC minute (minutes since the epoch) the tally keeps now."""
+        return int(self._clock() // 60) - self.keep_min
+
+    def unflushed(self) -> list[tuple[str, int, int, int]]:
+        """(deployment, minute, requests, predicted output tokens) of every kept minute whose counts
+        changed since `flushed` recorded them, with the minute's full counts, sorted. A minute being
+        counted while this reads may be read between its two additions: its counts then differ from
+        the final ones, so the next call hands it over again."""
+        oldest = self.oldest_kept()
+        with self._lock:
+            items = [(k, (v[0], v[1])) for k, v in self._counts.items() if k[1] >= oldest]
+            return sorted((dep, minute, *counts) for (dep, minute), counts in items
+                          if self._flushed.get((dep, minute)) != counts)
+
+    def flushed(self, rows: Sequence[tuple[str, int, int, int]]) -> None:
+        """Record `rows` (from `unflushed`) as written: they are handed over again only once they change."""
+        oldest = self.oldest_kept()
+        with self._lock:
+            for dep, minute, requests, output in rows:
+                if minute >= oldest:
+                    self._flushed[(dep, minute)] = (requests, output)
 
     def minutes(self, start: datetime, end: datetime) -> dict[str, list[Minute]]:
-        """Per deployment, the minutes of [start, end) with arrivals (requests, output tokens)."""
+        """Per deployment, this process's own minutes of [start, end) with arrivals (requests, output
+        tokens); the capacity signal reads every gateway's from the table instead."""
         first, last = int(start.timestamp() // 60), int(end.timestamp() // 60)
         with self._lock:
             items = [(k, tuple(v)) for k, v in self._counts.items() if first <= k[1] < last]

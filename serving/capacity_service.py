@@ -5,18 +5,21 @@ Public API:
 
     policy_from_settings(settings) -> capacity.Policy
     as_of_for(now) -> datetime          # end of the last complete minute, SETTLE_S behind `now`
-    capacity_reports(conn, *, now, policy, deployment_id=None, history=False, arrivals=None) -> list[dict]
+    capacity_reports(conn, *, now, policy, deployment_id=None, history=False) -> list[dict]
     publish_gauges(reports)             # the infermeter_deployment_* gauges of serving/metrics.py
-    CapacityRefresher(engine, settings, arrivals=None) # await .refresh_if_stale() (the gateway's /metrics);
+    CapacityRefresher(engine, settings, flusher=None) # await .refresh_if_stale() (the gateway's /metrics);
                                         # .start() / await .aclose() (every period); .refresh_once()
 
 Every reader (GET /v1/deployments/{id}/capacity, `infermeter capacity`, the gauges) computes the
-same report from the same window, statelessly: the last HISTORY_MIN minutes of demand are replayed
-through Holt and the hysteresis each time, so two gateways, the API and the CLI agree without
-sharing state, and a restart changes nothing. The gateway's own gauges also fold in what it admitted
-and has not seen metered yet (`arrivals`, serving/capacity_arrivals.py): demand at arrival, with each
-request's predicted output tokens, so that under overload the signal sees what came, not only what
-was served.
+same report from the same tables, statelessly: the last HISTORY_MIN minutes of demand are replayed
+through Holt and the hysteresis each time, so any number of gateways, the API and the CLI agree, and
+a restart changes nothing. Demand is metering's (requests when they finished) merged with demand at
+arrival: what the gateways admitted, with each request's predicted output tokens, summed over the
+gateways from the table they flush their tallies to (serving/capacity_arrivals.py,
+serving/capacity_arrivals_store.py), so that under overload the signal sees what came, not only what
+was served. A gateway flushes its own tally before computing its gauges (`flusher`), so its report
+counts everything it admitted; another gateway's last seconds arrive with that gateway's next flush
+(every 10 s, within the settling delay SETTLE_S).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import psycopg
 from infermeter.settings import Settings
 from metering import ops_reads, queries
 from serving import capacity, metrics
-from serving.capacity_arrivals import ArrivalDemand, merge
+from serving.capacity_arrivals import merge
+from serving.capacity_arrivals_store import ArrivalFlusher, arrival_minutes
 
 log = logging.getLogger("serving.capacity")
 
@@ -54,10 +58,9 @@ def as_of_for(now: datetime) -> datetime:
 
 
 def capacity_reports(conn: psycopg.Connection, *, now: datetime, policy: capacity.Policy,
-                     deployment_id: str | None = None, history: bool = False,
-                     arrivals: ArrivalDemand | None = None) -> list[dict]:
-    """One report per deployment with metered requests, replica intervals or (given `arrivals`, the
-    gateway's demand at arrival) admitted requests in the history window (only `deployment_id` if
+                     deployment_id: str | None = None, history: bool = False) -> list[dict]:
+    """One report per deployment with metered requests, replica intervals or requests admitted by a
+    gateway (demand at arrival, summed over gateways) in the history window (only `deployment_id` if
     given; [] when it has none), sorted by deployment."""
     as_of = as_of_for(now)
     start = as_of - timedelta(minutes=HISTORY_MIN)
@@ -66,9 +69,7 @@ def capacity_reports(conn: psycopg.Connection, *, now: datetime, policy: capacit
         conn, queries.Window(as_of - timedelta(minutes=CAPACITY_WINDOW_MIN), as_of), deployment_id=deployment_id)
     recent_rows = ops_reads.replica_interval_sums(
         conn, queries.Window(as_of - timedelta(minutes=LIVE_WINDOW_MIN), as_of), deployment_id=deployment_id)
-    arrived = arrivals.minutes(start, as_of) if arrivals is not None else {}
-    if deployment_id is not None:
-        arrived = {dep: rows for dep, rows in arrived.items() if dep == deployment_id}
+    arrived = arrival_minutes(conn, start, as_of, deployment_id=deployment_id)
     deployments = sorted({r["deployment_id"] for r in request_rows} | {r["deployment_id"] for r in capacity_rows}
                          | set(arrived))
     reports = []
@@ -115,15 +116,16 @@ def publish_gauges(reports: list[dict]) -> None:
 
 
 class CapacityRefresher:
-    """Recomputes every deployment's report on a worker thread, reading metering through the
+    """Recomputes every deployment's report on a worker thread, reading the database through the
     gateway's SQLAlchemy engine, and publishes the gauges: when they are read (`refresh_if_stale`,
     called by the gateway's /metrics: at most once per `settings.capacity_refresh_s`, nothing while
-    nobody scrapes), or every period from `start` on. A failed round is logged and the gauges keep
-    their last values."""
+    nobody scrapes), or every period from `start` on. Each round first flushes the gateway's own
+    tally (`flusher`; a failed flush is logged by the flusher and the round goes on without this
+    gateway's unflushed minutes). A failed round is logged and the gauges keep their last values."""
 
-    def __init__(self, engine, settings: Settings, *, clock=None, arrivals: ArrivalDemand | None = None) -> None:
+    def __init__(self, engine, settings: Settings, *, clock=None, flusher: ArrivalFlusher | None = None) -> None:
         self.engine = engine
-        self.arrivals = arrivals  # the gateway's demand at arrival (serving/capacity_arrivals.py)
+        self.flusher = flusher  # the gateway's demand at arrival (serving/capacity_arrivals_store.py)
         self.period_s = settings.capacity_refresh_s
         self.policy = policy_from_settings(settings)
         self.clock = clock or (lambda: datetime.now(UTC))
@@ -133,10 +135,11 @@ class CapacityRefresher:
         self._refreshing: asyncio.Lock | None = None
 
     def refresh_once(self) -> list[dict]:
+        if self.flusher is not None:
+            self.flusher.tick()
         raw = self.engine.raw_connection()  # the pool's psycopg connection
         try:
-            reports = capacity_reports(raw.driver_connection, now=self.clock(), policy=self.policy,
-                                       arrivals=self.arrivals)
+            reports = capacity_reports(raw.driver_connection, now=self.clock(), policy=self.policy)
             raw.driver_connection.rollback()  # read-only: end the snapshot, return the connection clean
         finally:
             raw.close()

@@ -17,8 +17,8 @@ Endpoints
   `infermeter.usage.v1` for the caller's customer (`id` makes client retries idempotent).
   Both in serving/task_endpoints.py.
 - `GET /metrics` (Prometheus, serving/metrics.py; a scrape recomputes the capacity gauges from
-  metering when they are INFERMETER_CAPACITY_REFRESH_S old, serving/capacity_service.py: nothing
-  runs in the background for them), `GET /health`.
+  the database when they are INFERMETER_CAPACITY_REFRESH_S old, serving/capacity_service.py: no
+  background task computes them), `GET /health`.
 
 Errors always have the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
@@ -31,7 +31,8 @@ Predictions at admission (serving/predictions.py): with a stored fit, every requ
 (output tokens p50/p90/p99, cached fraction, failure probability) by a lookup in the newest fit's
 table, reloaded in a thread when a new version appears; the prediction rides on the request's
 event (`prediction`), a `predictive` budget reserves its p99 (serving/budgets.py), and the capacity
-signal counts it at arrival (serving/capacity_arrivals.py).
+signal counts it at arrival (serving/capacity_arrivals.py; the tally is flushed to the database
+every 10 s by a worker thread, serving/capacity_arrivals_store.py, and summed over gateways).
 
 Usage capture: every request that passes authentication and body checks ends in exactly one
 `infermeter.request.v1` event (ok, error, cancelled or rejected), built by
@@ -296,12 +297,16 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     if hasattr(authenticator, "residency"):
         authenticator.residency = residency
 
-    # the capacity gauges on /metrics, recomputed from metering by a scrape that finds them
-    # INFERMETER_CAPACITY_REFRESH_S old (no background task)
+    # the capacity gauges on /metrics, recomputed from the database by a scrape that finds them
+    # INFERMETER_CAPACITY_REFRESH_S old (no background task); what this gateway admits is counted in
+    # memory and flushed to the database every 10 s by a worker thread, and before each refresh, so
+    # that every reader sums the gateways' demand at arrival (serving/capacity_arrivals_store.py)
     from serving.capacity_arrivals import ArrivalDemand
+    from serving.capacity_arrivals_store import ArrivalFlusher, new_gateway_instance
 
-    arrivals = ArrivalDemand()  # what this gateway admitted, for the gauges before metering has it
-    refresher = CapacityRefresher(engine, settings, arrivals=arrivals)
+    arrivals = ArrivalDemand()
+    flusher = ArrivalFlusher.on_engine(arrivals, engine, instance=new_gateway_instance(settings.gateway_id))
+    refresher = CapacityRefresher(engine, settings, flusher=flusher)
     # every request predicted at admission from the newest stored fit, reloaded in a thread when a
     # new version appears (serving/predictions.py)
     from serving.predictions import AdmissionPredictor
@@ -311,10 +316,12 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     async def start() -> None:
         emitter.start()
         predictor.start()
+        flusher.start()
 
     async def stop() -> None:
         await asyncio.to_thread(predictor.stop)
         await refresher.aclose()
+        await asyncio.to_thread(flusher.stop)  # a last flush of this gateway's tally
         await emitter.aclose()
         if admission is not None and hasattr(admission, "close"):
             await asyncio.to_thread(admission.close)
@@ -334,6 +341,7 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     app.gateway.residency = residency
     app.gateway.predictor = predictor
     app.gateway.arrivals = arrivals
+    app.state.arrivals_flusher = flusher
     return app
 
 

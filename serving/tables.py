@@ -14,8 +14,13 @@ Alembic revision 0002 (migrations/versions/0002_serving_control.py) creates exac
   (`event_source`, `event_id` found in metering's `event_keys`), after which the rollups count it.
 - `rate_windows`: per customer and minute, the requests admitted and tokens charged
   (worst case at admission, corrected to actual tokens at settlement).
-- `customer_residency` (revision 0009): the regions a customer's requests may be served in
+- `customer_residency` (revision 0010): the regions a customer's requests may be served in
   (serving/residency.py); no row = no restriction.
+- `capacity_arrivals_minutely` (revision 0022): per deployment, UTC minute and gateway process
+  (`gateway_instance`, random per process), the requests that gateway admitted and their predicted
+  p50 output tokens: the capacity signal's demand at arrival, summed over gateways by every reader
+  (serving/capacity_arrivals_store.py). Each gateway writes its own rows with their full counts;
+  rows older than the signal needs (90 minutes) are deleted by the gateways' flushes.
 """
 
 from __future__ import annotations
@@ -96,4 +101,16 @@ customer_residency = Table(
     timestamp_column("updated_at", nullable=False, server_default=func.now()),
 )
 
-__all__ = ["api_keys", "customer_budgets", "budget_reservations", "rate_windows", "customer_residency"]
+capacity_arrivals_minutely = Table(
+    "capacity_arrivals_minutely",
+    metadata,
+    Column("deployment_id", Text, nullable=False),
+    timestamp_column("minute", nullable=False),
+    Column("gateway_instance", Text, nullable=False),
+    Column("requests", BigInteger, nullable=False),
+    Column("predicted_output_tokens", BigInteger, nullable=False),
+    PrimaryKeyConstraint("deployment_id", "minute", "gateway_instance", name="capacity_arrivals_minutely_pkey"),
+)
+
+__all__ = ["api_keys", "customer_budgets", "budget_reservations", "rate_windows", "customer_residency",
+           "capacity_arrivals_minutely"]

@@ -2,7 +2,7 @@
 requests that came, not only those served. A synthetic replica (tests/capacity/sim.py) is offered
 about twice what it can serve; its events go through metering's real write path into PostgreSQL,
 and the gateway's tally counts each request at its arrival with the p50 output a fitted
-prediction.RequestModel predicts for it."""
+prediction.RequestModel predicts for it, then flushes it to the database, where every reader sees it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from metering.contract import encode_event
 from prediction.request import RequestFeatures, RequestObservation, fit_requests
 from serving.capacity import Minute, Policy
 from serving.capacity_arrivals import ArrivalDemand, merge
+from serving.capacity_arrivals_store import ArrivalFlusher
 from serving.capacity_service import SETTLE_S, CapacityRefresher, capacity_reports
 from tests.capacity import sim
 from tests.conftest import new_database
@@ -47,19 +48,27 @@ def overload(pg_server_url):
     for r in requests:  # what the gateway admitted, when it admitted it
         now[0] = BASE.timestamp() + r.arrival
         demand.arrive(DEP, p50)
-    return db_url, requests, demand, p50
+    at = BASE + timedelta(minutes=MINUTES - 1, seconds=SETTLE_S)  # the report after minute 3
+    engine = create_engine(db_url)
+    try:  # metering alone, before the gateway's tally reaches the database
+        with psycopg.connect(to_libpq_url(db_url)) as conn:
+            [metered] = capacity_reports(conn, now=at, policy=Policy(), deployment_id=DEP)
+        [metered_gauges] = CapacityRefresher(engine, Settings(DATABASE_URL=db_url), clock=lambda: at).refresh_once()
+    finally:
+        engine.dispose()
+    flusher = ArrivalFlusher(demand, lambda: psycopg.connect(to_libpq_url(db_url)), instance="gw-overload")
+    return db_url, requests, flusher, p50, at, metered, metered_gauges
 
 
 def test_under_overload_the_signal_sees_arrivals_not_finishes(overload):
-    db_url, requests, demand, p50 = overload
-    as_of_minute = MINUTES - 1  # the report after minute 3: its last complete minute is minute 2, mid-overload
-    now = BASE + timedelta(minutes=as_of_minute, seconds=SETTLE_S)
+    db_url, requests, flusher, p50, now, metered, _ = overload
+    as_of_minute = MINUTES - 1  # its last complete minute is minute 2, mid-overload
     arrived = [r for r in requests if (as_of_minute - 1) * 60 <= r.arrival < as_of_minute * 60]
     finished = [r for r in requests if (as_of_minute - 1) * 60 <= r.finish < as_of_minute * 60]
     assert len(finished) < 0.7 * len(arrived)  # it is an overload: the replica serves far less than comes
+    flusher.flush_once()
     with psycopg.connect(to_libpq_url(db_url)) as conn:
-        [metered] = capacity_reports(conn, now=now, policy=Policy(), deployment_id=DEP)
-        [seen] = capacity_reports(conn, now=now, policy=Policy(), deployment_id=DEP, arrivals=demand)
+        [seen] = capacity_reports(conn, now=now, policy=Policy(), deployment_id=DEP)
     # metering alone: what was served in that minute; with arrivals: what came
     assert metered["demand"]["arrivals_per_s"] == round(len(finished) / 60, 3)
     assert seen["demand"]["arrivals_per_s"] == round(len(arrived) / 60, 3)
@@ -71,13 +80,10 @@ def test_under_overload_the_signal_sees_arrivals_not_finishes(overload):
 
 
 def test_the_gateways_gauges_count_arrivals(overload):
-    db_url, requests, demand, _ = overload
+    db_url, _, flusher, _, now, _, metered = overload
     engine = create_engine(db_url)
-    now = BASE + timedelta(minutes=MINUTES - 1, seconds=SETTLE_S)
-    try:
-        plain = CapacityRefresher(engine, Settings(DATABASE_URL=db_url), clock=lambda: now)
-        gateway = CapacityRefresher(engine, Settings(DATABASE_URL=db_url), clock=lambda: now, arrivals=demand)
-        [metered] = plain.refresh_once()
+    try:  # the gateway's refresher flushes its tally first (a no-op if the test above flushed it)
+        gateway = CapacityRefresher(engine, Settings(DATABASE_URL=db_url), clock=lambda: now, flusher=flusher)
         [seen] = gateway.refresh_once()
     finally:
         engine.dispose()
