@@ -148,8 +148,36 @@ class EncodingSink:
         self.emitted += 1
 
 
+class EmitterSink:
+    """The gateway's own emitter (intake, SQLite spool, publisher thread, librdkafka) publishing to a
+    Tansu broker of the run, broker acknowledgement: what `infermeter serve gateway` keeps each
+    event with. Its threads run in this process, so their CPU is counted with the gateway's."""
+
+    def __init__(self, spool_dir: Path, settings) -> None:
+        from infermeter.stack.broker import start_tansu
+        from serving.emitter import Emitter
+
+        self.broker = start_tansu()
+        self.emitter = Emitter(spool_dir, self.broker.bootstrap, settings, name="bench-prediction", ack="broker").start()
+        self.last: dict | None = None
+
+    def emit(self, event: dict) -> None:
+        self.emitter.emit(event)
+        self.last = event
+
+    def emit_batched(self, event: dict) -> None:
+        self.emitter.emit_batched(event)
+        self.last = event
+
+    def close(self) -> None:
+        try:
+            self.emitter.close()
+        finally:
+            self.broker.stop()
+
+
 def gateway_cpu(version: int, table, observations, *, seconds: float, concurrency: int = 8,
-                block_s: float = 0.02) -> dict:
+                block_s: float = 0.02, sink_kind: str = "emitter") -> dict:
     """The gateway's CPU per request with predictions on (the fit `version`'s `table`) and off, in
     alternating blocks of one run (see the module doc, 4)."""
     import asyncio
@@ -171,12 +199,13 @@ def gateway_cpu(version: int, table, observations, *, seconds: float, concurrenc
     stub = multiprocessing.get_context("spawn").Process(target=run_stub, args=(port,), daemon=True)
     stub.start()
     home = Path(tempfile.mkdtemp(prefix="bench-prediction-gw-"))
+    sink = None
     try:
         _wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=60)
         settings = Settings(INFERMETER_HOME=home)
         upstreams = parse_upstreams({"models": [{"name": model, "deployment_id": "bench", "upstream_model": STUB_MODEL,
                                                  "replicas": [{"id": "stub-0", "url": f"http://127.0.0.1:{port}"}]}]})
-        sink = EncodingSink()
+        sink = EmitterSink(home / "spool", settings) if sink_kind == "emitter" else EncodingSink()
         app = create_app(settings, upstreams=upstreams, sink=sink)
         state = app.gateway
         predictor = AdmissionPredictor(lambda _newer_than: None)
@@ -253,13 +282,15 @@ def gateway_cpu(version: int, table, observations, *, seconds: float, concurrenc
             raise RuntimeError(f"the gateway bench did not serve as expected: statuses {statuses}, "
                                f"last event {sink.last}")
     finally:
+        if sink is not None and hasattr(sink, "close"):
+            sink.close()
         stub.terminate()
         stub.join(10)
         remove_scratch(home)
     # per mode: CPU per request over all its blocks; the ratio on / off, the A/A off again / off
     per = {mode: sum(cpu for cpu, _ in rows) / sum(n for _, n in rows) * 1e6 for mode, rows in blocks.items()}
     ratio = per["on"] / per["off"]
-    return {"model": model, "concurrency": concurrency, "seconds": seconds, "block_s": block_s,
+    return {"model": model, "concurrency": concurrency, "seconds": seconds, "block_s": block_s, "sink": sink_kind,
             "requests": {mode: sum(n for _, n in rows) for mode, rows in blocks.items()},
             "cpu_us_per_request": {mode: round(v, 1) for mode, v in per.items()},
             "prediction_us_per_request": round(own := prediction_cost(predictor, customers, model), 2),
@@ -280,7 +311,8 @@ def prediction_cost(predictor, customers: list[str], model: str, n: int = 50_000
     return best / n * 1e6
 
 
-def run(url: str, limit: int | None, lookups: int, gateway_seconds: float = 4.0, gateway_concurrency: int = 8) -> dict:
+def run(url: str, limit: int | None, lookups: int, gateway_seconds: float = 4.0, gateway_concurrency: int = 8,
+        gateway_sink: str = "emitter") -> dict:
     from prediction_service import history, store
     from prediction_service.evaluate import evaluate
     from pricing_service.books import read_cost_model
@@ -315,7 +347,7 @@ def run(url: str, limit: int | None, lookups: int, gateway_seconds: float = 4.0,
         "eval": {"wall_s": round(eval_s, 1), "all": accuracy["all"],
                  "spend": {k: accuracy["spend"][k] for k in ("periods", "inside", "coverage")}},
         "gateway": gateway_cpu(info.version, fitted.requests, observations, seconds=gateway_seconds,
-                               concurrency=gateway_concurrency),
+                               concurrency=gateway_concurrency, sink_kind=gateway_sink),
     }
 
 
@@ -327,13 +359,15 @@ def main() -> None:
     parser.add_argument("--gateway-seconds", type=float, default=4.0,
                         help="the gateway's on/off measure: seconds in all (alternating 0.25 s blocks)")
     parser.add_argument("--gateway-concurrency", type=int, default=8, help="the gateway's requests at a time")
+    parser.add_argument("--gateway-sink", choices=("emitter", "encode"), default="emitter",
+                        help="the gateway's events kept by its emitter and a Tansu broker (as served), or only encoded")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     folder = None if os.environ.get("DATABASE_URL") else Path(tempfile.mkdtemp(prefix="bench-prediction-"))
     url = os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg")
     try:
         upgrade(url)
-        report = run(url, args.requests, args.lookups, args.gateway_seconds, args.gateway_concurrency)
+        report = run(url, args.requests, args.lookups, args.gateway_seconds, args.gateway_concurrency, args.gateway_sink)
     finally:
         if folder is not None:
             remove_scratch(folder)
@@ -354,7 +388,7 @@ def main() -> None:
     print(f"spend at mid-period: {s['inside']} of {s['periods']} customer-periods inside the 80% interval "
           f"({s['coverage']:.0%})")
     g = report["gateway"]
-    print(f"gateway CPU per request (c={g['concurrency']}, {g['requests']['on']:,} + {g['requests']['off']:,} "
+    print(f"gateway CPU per request (c={g['concurrency']}, events {'kept by the emitter' if g['sink'] == 'emitter' else 'only encoded'}, {g['requests']['on']:,} + {g['requests']['off']:,} "
           f"requests): {g['cpu_us_per_request']['on']:.1f} us with predictions, {g['cpu_us_per_request']['off']:.1f} us "
           f"without: {g['ratio']:.3f}x (target <= {g['target']}x): {'met' if g['met'] else 'NOT met'}; A/A (without, "
           f"again / without) {g['a_a']:.3f}x; the prediction's "

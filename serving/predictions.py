@@ -58,31 +58,32 @@ def _event_of(model_version: int, p: RequestPrediction, cap: int | None) -> dict
     """The `prediction` object of a request's event (metering.contract's `AdmissionPrediction`): the
     output figures capped at `cap` (None: uncapped), the rates kept inside [0, 1] whatever history the
     fit saw, so that the event is never refused for its prediction."""
-    def capped(tokens: int) -> int:
-        return tokens if cap is None or tokens <= cap else max(cap, 0)
-
-    return {"model_version": model_version, "output_tokens_p50": capped(p.output_tokens_p50),
-            "output_tokens_p90": capped(p.output_tokens_p90), "output_tokens_p99": capped(p.output_tokens_p99),
+    return {"model_version": model_version, "output_tokens_p50": _capped(p.output_tokens_p50, cap),
+            "output_tokens_p90": _capped(p.output_tokens_p90, cap), "output_tokens_p99": _capped(p.output_tokens_p99, cap),
             "cached_fraction": min(max(p.cached_fraction, 0.0), 1.0),
             "failure_probability": min(max(p.failure_probability, 0.0), 1.0)}
+
+
+def _capped(tokens: int, cap: int | None) -> int:
+    return tokens if cap is None or tokens <= cap else max(cap, 0)
 
 
 class Prediction:
     """A request's prediction at admission: the table's prediction for its features, the version of
     the fit it came from, and the request's `max_tokens` (None: none given), which caps every output
-    figure when read (the engine stops there). The cap is applied here, lazily, rather than by
-    `RequestModel.predict_request` (`RequestPrediction.capped` copies the prediction: a few µs a
-    request on the hot path for a few `min`s). `event` is the uncapped event object of the same
-    prediction, made once per table row by `AdmissionPredictor` (None: made when asked)."""
+    figure (the engine stops there). Immutable, made once and shared: `AdmissionPredictor` keeps one
+    per table row and `max_tokens`, so a request's prediction is two dict lookups and no allocation
+    (`RequestPrediction.capped` would copy the row a request)."""
 
-    __slots__ = ("_event", "max_tokens", "model_version", "request")
+    __slots__ = ("_event", "max_tokens", "model_version", "output_tokens_p50", "output_tokens_p99", "request")
 
-    def __init__(self, model_version: int, request: RequestPrediction, max_tokens: int | None = None,
-                 event: dict[str, Any] | None = None) -> None:
+    def __init__(self, model_version: int, request: RequestPrediction, max_tokens: int | None = None) -> None:
         self.model_version = model_version
         self.request = request
         self.max_tokens = max_tokens
-        self._event = event
+        self.output_tokens_p50 = _capped(request.output_tokens_p50, max_tokens)
+        self.output_tokens_p99 = _capped(request.output_tokens_p99, max_tokens)
+        self._event = _event_of(model_version, request, max_tokens)
 
     def __repr__(self) -> str:
         return f"Prediction({self.model_version!r}, {self.request!r}, max_tokens={self.max_tokens!r})"
@@ -95,28 +96,14 @@ class Prediction:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def _capped(self, tokens: int) -> int:
-        cap = self.max_tokens
-        return tokens if cap is None or tokens <= cap else max(cap, 0)
-
-    @property
-    def output_tokens_p50(self) -> int:
-        return self._capped(self.request.output_tokens_p50)
-
-    @property
-    def output_tokens_p99(self) -> int:
-        return self._capped(self.request.output_tokens_p99)
-
     def to_event(self) -> dict[str, Any]:
-        """The `prediction` object of the request's `request.v1` event (see `_event_of`). Uncapped
-        (no `max_tokens`, or one at or above every figure) it is the row's shared
-        object: read it, do not change it (`metering.contract.request_event` copies it)."""
-        cap, p = self.max_tokens, self.request
-        if cap is None or (cap >= p.output_tokens_p99 and cap >= p.output_tokens_p90 and cap >= p.output_tokens_p50):
-            if self._event is None:
-                self._event = _event_of(self.model_version, self.request, None)
-            return self._event
-        return _event_of(self.model_version, p, cap)
+        """The `prediction` object of the request's `request.v1` event (see `_event_of`), shared by
+        every request with this prediction: read it, do not change it (`metering.contract.request_event`
+        copies it into the event)."""
+        return self._event
+
+
+SHARED_MAX = 65_536  # shared predictions kept per fit (table rows x the max_tokens seen), then started afresh
 
 
 Loader = Callable[[int], "tuple[int, RequestModel] | None"]
@@ -133,9 +120,9 @@ class AdmissionPredictor(Periodic):
         super().__init__()
         self._load = load
         self.interval_s = reload_s
-        # (version, table, each row's event object by the row's id) of the fit held, swapped as one
+        # (version, table, the shared predictions by (row id, cap)) of the fit held, swapped as one
         # object so a request never pairs one fit's table with another's version; None: no fit yet
-        self._held: tuple[int, RequestModel, dict[int, dict[str, Any]]] | None = None
+        self._held: tuple[int, RequestModel, dict[tuple[int, int | None], Prediction]] | None = None
         self.reloads = 0
 
     @property
@@ -150,9 +137,9 @@ class AdmissionPredictor(Periodic):
             self._held = None
             return
         version, table = found
-        # the table (held with them) keeps its rows alive, so their ids stay theirs
-        events = {id(p): _event_of(version, p, None) for p in table.predictions()}
-        self._held = (version, table, events)
+        # every row's prediction without max_tokens made now, under a max_tokens when first asked.
+        # The table (held with them) keeps its rows alive, so their ids stay theirs.
+        self._held = (version, table, {(id(p), None): Prediction(version, p) for p in table.predictions()})
 
     @property
     def version(self) -> int:
@@ -191,7 +178,13 @@ class AdmissionPredictor(Periodic):
         held = self._held
         if held is None:
             return None
-        version, table, events = held
-        # uncapped lookup (prefix_seen unknown at admission), capped by Prediction when read
+        version, table, shared = held
+        # uncapped lookup (prefix_seen unknown at admission); the prediction under its cap, shared
         row = table.lookup(customer_id, model, prompt_tokens)
-        return Prediction(version, row, max_tokens, events.get(id(row)))
+        key = (id(row), max_tokens)
+        prediction = shared.get(key)
+        if prediction is None:
+            if len(shared) >= SHARED_MAX:  # many distinct max_tokens: start afresh (made again when asked)
+                shared.clear()
+            prediction = shared[key] = Prediction(version, row, max_tokens)
+        return prediction

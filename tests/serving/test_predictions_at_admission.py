@@ -22,7 +22,7 @@ from prediction.request import RequestFeatures, RequestModel, RequestPrediction
 from prediction_service import store
 from serving.budgets import AdmissionController, list_price, set_budget
 from serving.openai_api import prompt_token_bound
-from serving.predictions import AdmissionPredictor, Prediction, newest_request_model
+from serving.predictions import SHARED_MAX, AdmissionPredictor, Prediction, newest_request_model
 
 MODEL = "tiny-llama"
 FIELDS = {"model_version", "output_tokens_p50", "output_tokens_p90", "output_tokens_p99", "cached_fraction",
@@ -170,23 +170,38 @@ def test_the_events_prediction_is_capped_and_its_rates_kept_inside_0_1():
     assert Prediction(3, odd).to_event()["output_tokens_p99"] == 900  # no max_tokens: uncapped
 
 
-def test_an_uncapped_prediction_shares_its_rows_event_object_and_a_capped_one_makes_its_own():
-    """The gateway makes each table row's event object once (AdmissionPredictor); a request whose
-    max_tokens is at or above every figure reads it, one below any figure gets its own, capped."""
+def test_a_prediction_is_made_once_per_table_row_and_max_tokens_and_shared():
+    """The gateway keeps one Prediction (and its event object) per table row and max_tokens
+    (AdmissionPredictor): a second request alike gets the same object; another max_tokens its own,
+    capped on every figure above it."""
     row = RequestPrediction(10, 100, 400, 900, 150.0, 0.25, 0.01, "global", 40)
     table = RequestModel({}, {}, (row, row, row), 40)
     predictor = AdmissionPredictor(lambda _newer_than: None)
     predictor.held = (7, table)
     assert predictor.held == (7, table) and predictor.version == 7
-    shared = predictor.predict("c1", "m1", 100, None).to_event()
-    assert predictor.predict("c1", "m1", 5000, 900).to_event() is shared  # max_tokens == p99: nothing capped
-    assert shared == {"model_version": 7, "output_tokens_p50": 100, "output_tokens_p90": 400, "output_tokens_p99": 900,
-                      "cached_fraction": 0.25, "failure_probability": 0.01}
-    capped = predictor.predict("c1", "m1", 100, 899).to_event()  # one below the p99
-    assert capped is not shared and capped["output_tokens_p99"] == 899 and capped["output_tokens_p90"] == 400
+    uncapped = predictor.predict("c1", "m1", 100, None)
+    assert predictor.predict("c2", "m2", 5000, None) is uncapped  # the same row, no max_tokens
+    assert uncapped.to_event() == {"model_version": 7, "output_tokens_p50": 100, "output_tokens_p90": 400,
+                                   "output_tokens_p99": 900, "cached_fraction": 0.25, "failure_probability": 0.01}
+    at_p99 = predictor.predict("c1", "m1", 100, 900)
+    assert at_p99 is predictor.predict("c1", "m1", 100, 900) and at_p99.to_event() == uncapped.to_event()
+    below = predictor.predict("c1", "m1", 100, 899)  # one below the p99
+    assert (below.output_tokens_p50, below.output_tokens_p99) == (100, 899)
+    assert below.to_event()["output_tokens_p99"] == 899 and below.to_event()["output_tokens_p90"] == 400
+    assert predictor.predict("c1", "m1", 100, 0).to_event()["output_tokens_p50"] == 0
     # a row whose p50 is above its p99 (a stored fit is not checked for it) is capped on every figure
     odd = RequestPrediction(10, 950, 400, 900, 150.0, 0.25, 0.01, "global", 40)
-    assert Prediction(7, odd, 900).to_event()["output_tokens_p50"] == 900
+    assert Prediction(7, odd, 900).to_event()["output_tokens_p50"] == 900 == Prediction(7, odd, 900).output_tokens_p50
     assert Prediction(7, odd, 900) == Prediction(7, odd, 900) != Prediction(8, odd, 900)
     predictor.held = None
     assert predictor.predict("c1", "m1", 100, None) is None and predictor.version == 0
+
+
+def test_the_shared_predictions_start_afresh_past_their_bound():
+    row = RequestPrediction(10, 100, 400, 900, 150.0, 0.25, 0.01, "global", 40)
+    predictor = AdmissionPredictor(lambda _newer_than: None)
+    predictor.held = (7, RequestModel({}, {}, (row, row, row), 40))
+    shared = predictor._held[2]
+    for cap in range(1, SHARED_MAX + 5):
+        assert predictor.predict("c1", "m1", 100, cap).output_tokens_p99 == min(cap, 900)
+    assert len(shared) <= SHARED_MAX
