@@ -53,8 +53,12 @@ from rich.table import Table
 from bench.rating import END, HOURS, START, generate
 from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, encode_event, make_event
+from metering.customer_dashboard_reads import (
+    CUSTOMER_USAGE_BUCKETS_SQL,
+    _dedicated_gpu_sql,
+    _task_summary_sql,
+)
 from metering.kafka_types import Message
-from metering.queries import CUSTOMER_USAGE_BUCKETS_SQL, _dedicated_gpu_sql, _task_summary_sql
 
 CUSTOMER = "cust-00042"
 QUERY = {"from": "2026-11-01T00:00:00Z", "to": "2026-12-01T00:00:00Z"}

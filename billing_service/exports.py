@@ -5,7 +5,7 @@ reproducible byte for byte as of any past moment.
 - invoices and their lines: each invoice's last history row (`billing_invoice_history`) recorded at or
   before `as_of` (the whole invoice as it was then, its lines those of that revision: `store.with_lines`);
   credit notes issued at or before it;
-- usage: metering's raw events received at or before it (`metering.queries.usage_as_of`), each billed
+- usage: metering's raw events received at or before it (`metering.billing_reads.usage_as_of`), each billed
   customer (a customer record created by then) over its own period P, other customers over the UTC
   period P.
 Without `as_of`: everything recorded so far, so an export taken at T equals `--as-of T` taken later.
@@ -33,7 +33,7 @@ from billing.periods import UTC_SCHEDULE, billing_period, parse_label
 from billing_service.store import BillingServiceError, with_lines
 from infermeter.db import QUANTITY_SCALE
 from infermeter.times import utc_text
-from metering.queries import usage_as_of
+from metering.billing_reads import usage_as_of
 from pricing.book import REQUEST_METERS
 from pricing.money import Currency
 

@@ -2,9 +2,9 @@
 
 - Requests count at event time: whole UTC hours from the hourly rollups, the partial hours at the
   edges of a period in a +05:30 / +05:45 zone from raw events (`metering.queries.usage`).
-- Usage meters (infermeter.usage.v1) likewise (`metering.queries.usage_meter_totals`).
+- Usage meters (infermeter.usage.v1) likewise (`metering.billing_reads.usage_meter_totals`).
 - Tasks count at outcome time (`finished_at` of the task's outcome, exact to the microsecond), with
-  all their attempts (`metering.queries.task_totals`). Under a book that names its trusted outcome
+  all their attempts (`metering.billing_reads.task_totals`). Under a book that names its trusted outcome
   sources (`task_outcomes`), only their outcomes count and a task without one within its timeout
   is billed by the book's rule at its deadline (`pricing_service.rate_period.task_totals`;
   docs/billing.md, "Trusted task outcomes").
@@ -34,10 +34,11 @@ import psycopg
 from billing.periods import UTC_SCHEDULE, Period, billing_period
 from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
 from infermeter.times import Window, ceil_hour, utc_text
+from metering.billing_reads import task_totals, usage_meter_totals
 from metering.contract import CUSTOMER_SOURCE_PREFIX
 from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
-from metering.queries import task_totals, usage, usage_meter_totals
+from metering.queries import usage
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
 from pricing.task_outcomes import TaskReports, tasks_from_rows

@@ -1,6 +1,7 @@
 """What each page shows, as plain data. A page renders it, its JSON endpoint returns it and its CSV
 endpoint flattens it: the three come from one call, so they cannot disagree. The data comes from
-the same query functions the JSON API and the CLI use (metering.queries, pricing_service).
+the same query functions the JSON API and the CLI use (metering.queries, pricing_service), and for
+the customer dashboard's charts metering.customer_dashboard_reads.
 
 Amounts stay exact decimal strings (the charts convert them to numbers for drawing only).
 """
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 
 from infermeter.times import HOUR, TimeInputError, Window, floor_hour, parse_time, utc_text
-from metering import ops_reads, queries
+from metering import customer_dashboard_reads, ops_reads, queries
 from pricing.book import PriceBook
 from pricing.rating import rate
 from pricing.usage import Usage
@@ -114,40 +115,41 @@ TOKEN_KEYS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input
 def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, model: str | None, *,
                    models: bool = True, totals_only: bool = False, project: str | None = None) -> dict[str, Any]:
     """Tokens, requests and cache-hit rate per hour (day for windows over 3 days), and totals, from
-    `metering.queries.customer_usage_series`: `metering.queries.usage` (what GET /v1/usage answers)
-    by model and bucket, summed per bucket by PostgreSQL. `models=False`: without the customer's model
-    list (None; the page's filter needs it, the charts' JSON does not), one statement cheaper.
-    `totals_only`: the totals (and models) alone, from the customer's sums per model (the summary;
-    no series: bucket None). `project`: that project's requests only (None: every project)."""
+    `metering.customer_dashboard_reads.customer_usage_series`: `metering.queries.usage` (what GET
+    /v1/usage answers) by model and bucket, summed per bucket by PostgreSQL. `models=False`: without
+    the customer's model list (None; the page's filter needs it, the charts' JSON does not), one
+    statement cheaper. `totals_only`: the totals (and models) alone, from the customer's sums per
+    model (the summary; no series: bucket None). `project`: that project's requests only (None:
+    every project)."""
     bucket = bucket_for(window)
     if not window.on_hours:  # pages' windows are whole hours; anything else reads raw events at its edges
         return usage_view(queries.usage(conn, window, customer_id=customer_id, group_by=["model", bucket],
                                         project=project), bucket, model)
     bucket = None if totals_only else bucket
-    series, names = queries.customer_usage_series(conn, window, customer_id, bucket=bucket, model=model, models=models,
-                                                  project=project)
+    series, names = customer_dashboard_reads.customer_usage_series(conn, window, customer_id, bucket=bucket,
+                                                                   model=model, models=models, project=project)
     return series_view(series, names, bucket)
 
 
 async def customer_usage_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str,
                                model: str | None, *, models: bool = True, totals_only: bool = False,
                                project: str | None = None) -> dict[str, Any]:
-    """`customer_usage` on an async connection (`metering.queries.customer_usage_series_async`: the
-    same statement)."""
+    """`customer_usage` on an async connection
+    (`metering.customer_dashboard_reads.customer_usage_series_async`: the same statement)."""
     bucket = bucket_for(window)
     if not window.on_hours:
         rows = await queries.usage_async(conn, window, customer_id=customer_id, group_by=["model", bucket],
                                          project=project)
         return usage_view(rows, bucket, model)
     bucket = None if totals_only else bucket
-    series, names = await queries.customer_usage_series_async(conn, window, customer_id, bucket=bucket, model=model,
-                                                              models=models, project=project)
+    series, names = await customer_dashboard_reads.customer_usage_series_async(
+        conn, window, customer_id, bucket=bucket, model=model, models=models, project=project)
     return series_view(series, names, bucket)
 
 
 def series_view(series: list[dict], models: list[str] | None, bucket: str | None) -> dict[str, Any]:
-    """`customer_usage` from `metering.queries.customer_usage_series`: each bucket's cache-hit rate
-    added, and the totals (the buckets' sums)."""
+    """`customer_usage` from `metering.customer_dashboard_reads.customer_usage_series`: each bucket's
+    cache-hit rate added, and the totals (the buckets' sums)."""
     totals: dict[str, Any] = dict.fromkeys(TOKEN_KEYS, 0)
     for row in series:
         for key in TOKEN_KEYS:
@@ -186,18 +188,21 @@ def customer_gpu(conn: psycopg.Connection, window: Window, customer_id: str, *,
     """GPU-hours of the customer's dedicated deployments (the GPU ledger rows it owns); `totals_only`:
     per deployment and in all, no series (the summary: bucket None)."""
     bucket = None if totals_only else bucket_for(window)
-    return gpu_view(queries.dedicated_gpu_ms(conn, window, customer_id, bucket=bucket), bucket)
+    return gpu_view(customer_dashboard_reads.dedicated_gpu_ms(conn, window, customer_id, bucket=bucket), bucket)
 
 
 async def customer_gpu_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str, *,
                              totals_only: bool = False) -> dict[str, Any]:
-    """`customer_gpu` on an async connection (`metering.queries.dedicated_gpu_ms_async`: the same statement)."""
+    """`customer_gpu` on an async connection (`metering.customer_dashboard_reads.dedicated_gpu_ms_async`:
+    the same statement)."""
     bucket = None if totals_only else bucket_for(window)
-    return gpu_view(await queries.dedicated_gpu_ms_async(conn, window, customer_id, bucket=bucket), bucket)
+    return gpu_view(await customer_dashboard_reads.dedicated_gpu_ms_async(conn, window, customer_id, bucket=bucket),
+                    bucket)
 
 
 def gpu_view(rows: list[dict], bucket: str | None) -> dict[str, Any]:
-    """`customer_gpu` from the rows of `metering.queries.dedicated_gpu_ms` per `bucket` (None: no series)."""
+    """`customer_gpu` from the rows of `metering.customer_dashboard_reads.dedicated_gpu_ms` per `bucket`
+    (None: no series)."""
     deployments: dict[str, int] = defaultdict(int)
     per_bucket: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in rows:
@@ -221,17 +226,19 @@ def customer_tasks(conn: psycopg.Connection, window: Window, customer_id: str) -
     """The customer's finished tasks per bucket, and totals: the sums of the buckets (each task finishes
     in one bucket, every column is a count), so one statement instead of two."""
     bucket = bucket_for(window)
-    return tasks_view(queries.task_summary(conn, window, customer_id, bucket=bucket), bucket)
+    return tasks_view(customer_dashboard_reads.task_summary(conn, window, customer_id, bucket=bucket), bucket)
 
 
 async def customer_tasks_async(conn: psycopg.AsyncConnection, window: Window, customer_id: str) -> dict[str, Any]:
-    """`customer_tasks` on an async connection (`metering.queries.task_summary_async`: the same statement)."""
+    """`customer_tasks` on an async connection (`metering.customer_dashboard_reads.task_summary_async`: the
+    same statement)."""
     bucket = bucket_for(window)
-    return tasks_view(await queries.task_summary_async(conn, window, customer_id, bucket=bucket), bucket)
+    return tasks_view(await customer_dashboard_reads.task_summary_async(conn, window, customer_id, bucket=bucket),
+                      bucket)
 
 
 def tasks_view(series: list[dict], bucket: str) -> dict[str, Any]:
-    """`customer_tasks` from the rows of `metering.queries.task_summary` per `bucket`."""
+    """`customer_tasks` from the rows of `metering.customer_dashboard_reads.task_summary` per `bucket`."""
     total: dict[str, Any] = {key: sum(row[key] for row in series) for key in TASK_KEYS}
     total["success_rate"] = _rate(total["succeeded"], total["tasks"])
     return {"bucket": bucket, "totals": total, "series": series}

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from infermeter.auth import Principal
 from infermeter.http import DATE_TIME, AdminDep, CredentialsFirst, PrincipalDep, error, error_responses, scope
 from infermeter.settings import Settings
-from metering import ops_reads, queries
+from metering import ops_reads, queries, task_reads
 from metering.contract import (
     REPLICA_V1,
     REQUEST_V1,
@@ -275,7 +275,7 @@ def list_tasks(request: Request, principal: PrincipalDep, customer_id: CustomerP
     if customer is None:
         raise error(400, "customer_id is required for admin credentials", "invalid_query")
     with request.app.state.pool.connection() as conn:
-        return {"tasks": queries.tasks(conn, customer, limit=min(max(limit, 1), 10_000))}
+        return {"tasks": task_reads.tasks(conn, customer, limit=min(max(limit, 1), 10_000))}
 
 
 @router.get("/v1/tasks/{task_id}", responses=_answers(Task))
@@ -284,7 +284,7 @@ def get_task(request: Request, principal: PrincipalDep, task_id: str, customer_i
     if customer is None:
         raise error(400, "customer_id is required for admin credentials", "invalid_query")
     with request.app.state.pool.connection() as conn:
-        found = queries.tasks(conn, customer, task_id=task_id)
+        found = task_reads.tasks(conn, customer, task_id=task_id)
     if not found:
         raise error(404, "not found", "not_found")
     return found[0]

@@ -27,7 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from metering.spool import Key, Spool, SpooledEvent, event_identity
+from metering.event_identity import Key, event_identity
+from metering.spool import Spool, SpooledEvent
 
 log = logging.getLogger("metering.confirmer")
 

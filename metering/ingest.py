@@ -24,11 +24,12 @@ import msgspec
 import psycopg
 
 from metering.contract import event_partition_key
+from metering.event_identity import identity_of
 from metering.kafka import publish_and_wait
 from metering.kafka_types import Producer
 from metering.processor import INGEST_ID_HEADER
 from metering.publisher import Outbox
-from metering.spool import Spool, identity_of
+from metering.spool import Spool
 
 _json = msgspec.json.Decoder()
 

@@ -188,7 +188,7 @@ def task_totals(
 ) -> list[tuple[str, int, int, int]]:
     """(customer, tasks succeeded, tasks failed, their attempts) of the tasks that finished in
     [start, end), per customer with any. Abandoned tasks count in neither meter and their attempts are
-    not counted (as `metering.queries.task_totals` and `pricing.task_outcomes` count them)."""
+    not counted (as `metering.billing_reads.task_totals` and `pricing.task_outcomes` count them)."""
     only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
     params = {"start": start, "end": end, "customer": customer_id}
     return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()

@@ -31,8 +31,9 @@ from typing import Any
 
 from infermeter.settings import Settings
 from metering.confirmer import Confirm, Confirmer, MeteringConfirmer
+from metering.intake import Intake
 from metering.kafka import publish_and_wait
-from metering.spool import Intake, Spool, SpooledEvent, spool_dir
+from metering.spool import Spool, SpooledEvent, spool_dir
 
 log = logging.getLogger("metering.publisher")
 

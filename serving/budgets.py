@@ -31,14 +31,14 @@ Soft mode: the request is admitted (and reserved) and the response carries the h
 `X-Infermeter-Budget-Warning: monthly budget exceeded: spent 101.23 of 100.00` (WARNING_HEADER).
 
 Spend, this calendar month in UTC (infermeter.times.Window.month_of: [first of month 00:00Z, next first)):
-  metered  = the customer's metered tokens of the month (metering.queries.customer_token_sums:
+  metered  = the customer's metered tokens of the month (metering.budget_reads.customer_token_sums:
              uncached input, cached input, output per model and deployment; every status, as
              metering counts them), priced by `metered_cost`
 + settled  = actual costs of finished requests whose event metering has not recorded yet
              (budget_reservations.state='settled' and (event_source, event_id) not recorded)
 + reserved = worst cases of requests in flight (state='reserved', not expired).
 Budgets read their own table in one statement and metering's in another (metering owns its tables;
-budgets call metering.queries). No cost is counted twice nor missed, because metering's statement
+budgets call metering.budget_reads). No cost is counted twice nor missed, because metering's statement
 answers both "the month's tokens" and "which of these settled requests' events are recorded" from
 ONE snapshot, and metering commits an event's rollup and its key in one transaction: a settled
 row read by the first statement is, in the second, either recorded and inside the tokens (so
@@ -115,8 +115,8 @@ from sqlalchemy.engine import Engine
 
 from infermeter.settings import Settings, get_settings
 from infermeter.times import Window
+from metering.budget_reads import customer_token_sums
 from metering.event_lookups import recorded_event_keys
-from metering.queries import customer_token_sums
 from serving import ratelimit
 from serving.gateway_contracts import Admitted, Rejected
 from serving.single_flight import SingleFlight, due
@@ -209,7 +209,7 @@ def metered_cost(
 ) -> Decimal:
     """The cost of a customer's metered tokens over `window`, priced as the invoice prices them.
 
-    `sums`: {(model, deployment): (uncached input, cached input, output)} (metering.queries.
+    `sums`: {(model, deployment): (uncached input, cached input, output)} (metering.budget_reads.
     customer_token_sums). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
     make one Usage of the window, rated by pricing.rating.rate (free allowances, tiers, one rounding
     per line: the invoice's usage total to the cent); tokens of a meter the book does not charge
@@ -394,7 +394,7 @@ _HOUSEKEEP_SQL = text(
 
 
 def _driver_connection(conn):
-    """The psycopg connection under a SQLAlchemy connection, in its transaction (metering.queries'
+    """The psycopg connection under a SQLAlchemy connection, in its transaction (metering.budget_reads'
     read functions take psycopg connections)."""
     return conn.connection.driver_connection
 

@@ -16,7 +16,7 @@ Public API (the gateway and the replica agent code against this):
 
 Semantics:
 - `emit` encodes the event (`metering.contract.encode_event`) and appends it to the spool's
-  intake file (`metering.spool.Intake`: one write(2); the publisher thread moves it into the
+  intake file (`metering.intake.Intake`: one write(2); the publisher thread moves it into the
   SQLite spool `metering.spool.Spool`) BEFORE returning. With the default
   INFERMETER_SPOOL_SYNC=normal there is no fsync: `kill -9` of the process loses nothing already
   emitted (the next start moves the intake into the spool); only a power loss / kernel crash can
@@ -67,8 +67,10 @@ from typing import Any
 
 from infermeter.settings import Settings, get_settings
 from metering.confirmer import MeteringConfirmer
+from metering.event_identity import identity_of
+from metering.intake import Intake
 from metering.publisher import Outbox, ack_mode
-from metering.spool import Intake, Spool, SpooledEvent, identity_of, spool_dir
+from metering.spool import Spool, SpooledEvent, spool_dir
 from serving import metrics
 
 log = logging.getLogger("serving.emitter")
@@ -113,7 +115,7 @@ class Emitter:
         # it runs the checkpoints too (metering/spool.py, "Checkpoints").
         self.spool = Spool(spool_dir / f"{name}.sqlite3", sync=self.settings.spool_sync, checkpoints="publisher")
         # The producing side appends to the spool's intake file (one write(2) per append), which the
-        # publisher thread moves into the spool each round (metering/spool.py, `Intake`).
+        # publisher thread moves into the spool each round (metering/intake.py, `Intake`).
         self.intake = Intake(self.spool, sync=self.settings.spool_sync)
         self.batch_max_events = batch_max_events or self.settings.emitter_batch_max_events
         self._producer_factory = producer_factory

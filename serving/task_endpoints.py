@@ -53,7 +53,7 @@ def remember_task(state: GatewayState, customer_id: str, task_id: str) -> None:
 
 
 def _task_known_in_metering(engine: Any, customer_id: str, task_id: str) -> bool:
-    from metering.queries import task_exists
+    from metering.task_reads import task_exists
 
     conn = engine.raw_connection()  # the pool's psycopg connection
     try:

@@ -47,10 +47,10 @@ def tasks(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Tasks with attempts, tokens and outcome."""
-    from metering import queries
+    from metering import task_reads
 
     with open_stack(get_settings(), broker=False) as stack, psycopg.connect(to_libpq_url(stack.database_url)) as conn:
-        rows = queries.tasks(conn, customer, task_id=task)
+        rows = task_reads.tasks(conn, customer, task_id=task)
     if as_json:
         print_json({"tasks": rows})
         return

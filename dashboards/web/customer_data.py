@@ -80,8 +80,8 @@ def customer_view(request: Request, viewer: Viewer, params: dict[str, str | None
             gpu = views.customer_gpu(conn, window, customer, totals_only=totals_only) if "gpu" in parts else None
             tasks = views.customer_tasks(conn, window, customer) if "tasks" in parts else None
             # the page's project filter: the named projects of the window (and the one asked for)
-            projects = sorted({p for p in views.queries.customer_projects(conn, window, customer) if p}
-                              | ({project} if project else set())) if with_billing else None
+            projects = sorted({p for p in views.customer_dashboard_reads.customer_projects(conn, window, customer)
+                               if p} | ({project} if project else set())) if with_billing else None
         result = {"window": window, "customer_id": customer, "model": model, "project": project,
                   "projects": projects, "usage": usage, "gpu": gpu, "tasks": tasks, "spend": None, "invoices": None,
                   "current_period": None}
@@ -116,9 +116,10 @@ def _pooled_rated_spend(request: Request, window: Window, customer: str) -> tupl
 
 async def _chart_view(pool, target: Target, parts: set[str] | frozenset[str], *, totals_only: bool = False) -> dict:
     """What `customer_view` gives a chart's data endpoint (no spend, no billing), read in the event
-    loop from the async read pool: the same statements (metering.queries' `*_async` twins), no hop to
-    a worker thread. No model list: no data endpoint answers it. `totals_only` (the
-    summary): usage and GPU totals from per-model and per-deployment sums, no series."""
+    loop from the async read pool: the same statements (the `*_async` twins of metering.queries and
+    metering.customer_dashboard_reads), no hop to a worker thread. No model list: no data endpoint
+    answers it. `totals_only` (the summary): usage and GPU totals from per-model and per-deployment
+    sums, no series."""
     window, customer, model, project = target
     reads = {"usage": partial(views.customer_usage_async, window=window, customer_id=customer, model=model,
                               models=False, totals_only=totals_only, project=project),

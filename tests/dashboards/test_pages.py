@@ -399,9 +399,10 @@ def test_billing_sections_show_only_when_billing_is_registered(site, web):
 @pytest.mark.parametrize("window_text", [WINDOW, {"from": "2026-10-28T00:00:00Z", "to": "2026-11-28T00:00:00Z"}],
                          ids=["hourly", "daily"])
 def test_usage_charts_summed_by_postgresql_equal_metering_usage_summed_per_bucket(site, window_text):
-    """The usage charts' series (queries.customer_usage_series: PostgreSQL sums per bucket) equal
-    metering.queries.usage by model and bucket summed per bucket, sync and async, with and without a
-    model filter (an unknown model: no buckets, the customer's models still listed)."""
+    """The usage charts' series (metering.customer_dashboard_reads.customer_usage_series: PostgreSQL
+    sums per bucket) equal metering.queries.usage by model and bucket summed per bucket, sync and
+    async, with and without a model filter (an unknown model: no buckets, the customer's models still
+    listed)."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 

@@ -1,10 +1,11 @@
 """The period totals against what a period reads today, for the period-totals tests.
 
 "What a period reads today": the request and usage meters of `metering.queries.usage` /
-`usage_meter_totals` (whole hours from the hourly rollups, the edges from raw events), tasks of
-`metering.queries.task_totals` (and `metering.period_reads.task_totals`, its twin), the other request
-counters straight from raw events, and dedicated GPU-ms from gpu_ledger_hourly over the hours that
-start in the period (billing's edge-hour rule). Periods are cut by billing's own function.
+`metering.billing_reads.usage_meter_totals` (whole hours from the hourly rollups, the edges from raw
+events), tasks of `metering.billing_reads.task_totals` (and `metering.period_reads.task_totals`, its
+twin), the other request counters straight from raw events, and dedicated GPU-ms from
+gpu_ledger_hourly over the hours that start in the period (billing's edge-hour rule). Periods are
+cut by billing's own function.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import psycopg
 
 from billing.periods import Period, period_containing, periods_between
 from infermeter.times import ceil_hour
-from metering import period_reads, queries
+from metering import billing_reads, period_reads, queries
 from metering.calendars import SPAN, set_calendar
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
 from metering.kafka_types import Message
@@ -144,14 +145,15 @@ def read_today(conn: psycopg.Connection, customer: str, period: Period, project:
     assert set(statuses) == set(base)
     requests = {k: (v[0], *statuses[k][:4], v[1], v[2], v[3], *statuses[k][4:]) for k, v in base.items()}
 
-    quantities = {r["meter"]: r["quantity"] for r in queries.usage_meter_totals(conn, window, customer_id=customer)}
+    quantities = {r["meter"]: r["quantity"]
+                  for r in billing_reads.usage_meter_totals(conn, window, customer_id=customer)}
     events = dict(conn.execute(
         "SELECT payload->'data'->>'meter', count(*) FROM raw_events WHERE type = 'infermeter.usage.v1' "
         "AND customer_id = %s AND occurred_at >= %s AND occurred_at < %s GROUP BY 1",
         (customer, window.start, window.end)).fetchall())
     usage = {m: (Decimal(quantities.get(m, 0)), int(n)) for m, n in events.items()}
 
-    tasks_today = queries.task_totals(conn, window, customer_id=customer)
+    tasks_today = billing_reads.task_totals(conn, window, customer_id=customer)
     twin = period_reads.task_totals(conn, window.start, window.end, customer)
     assert [(t["customer_id"], t["succeeded"], t["failed"], t["attempts"]) for t in tasks_today] == \
         [(c, int(s), int(f), int(a)) for c, s, f, a in twin]

@@ -16,12 +16,14 @@ from infermeter.stack.ports import free_port
 from infermeter.stack.postgres import to_libpq_url
 from metering.confirmer import MeteringConfirmer
 from metering.consumer import MeteringConsumer, run_in_thread
+from metering.event_identity import NO_IDENTITY, event_identity
 from metering.event_lookups import handled_event_keys
+from metering.intake import Intake, intake_depth
 from metering.kafka import ensure_topics, make_producer
 from metering.kafka_types import DeliveryFailed
 from metering.processor import INGEST_ID_HEADER as PROCESSOR_INGEST_ID_HEADER
 from metering.publisher import INGEST_ID_HEADER, Outbox
-from metering.spool import NO_IDENTITY, Intake, Spool, event_identity, intake_depth
+from metering.spool import Spool
 from tests.metering.conftest import request_event
 
 

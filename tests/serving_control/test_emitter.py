@@ -14,8 +14,9 @@ from infermeter.settings import Settings
 from infermeter.stack.broker import start_tansu
 from infermeter.stack.ports import free_port
 from metering.contract import encode_event
+from metering.intake import intake_depth
 from metering.kafka import ensure_topics
-from metering.spool import Spool, intake_depth
+from metering.spool import Spool
 from serving import metrics
 from serving.emitter import Emitter
 from tests.serving_control.emit_child import request_event

@@ -1,0 +1,131 @@
+"""Billing's reads of usage: a billing period's usage meters (`usage_meter_totals`) and tasks by
+outcome time (`task_totals`) for billing_service's period usage, and usage as metering knew it at a
+moment (`usage_as_of`) for the finance exports."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import psycopg
+
+from infermeter.times import Window
+
+# ---------------------------------------------------------------- reads for billing periods
+# A billing period is a window in a customer's time zone; its edges may fall inside a UTC hour
+# (Asia/Kolkata +05:30). Whole hours are read from the hourly rollups, the partial edge hours from
+# raw events (the same split `usage` makes), so every event counts in exactly one period.
+
+
+def _edge_parts(window: Window) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
+    """(the whole UTC hours inside the window or None, the partial edge windows read from raw events)."""
+    hours = window.whole_hours
+    if hours is None:
+        return None, [(window.start, window.end)]
+    return hours, [(a, b) for a, b in ((window.start, hours[0]), (hours[1], window.end)) if a < b]
+
+
+def usage_meter_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | None = None) -> list[dict]:
+    """infermeter.usage.v1 quantities per customer and meter over [start, end) of event time:
+    [{customer_id, meter, quantity (Decimal)}], sorted. Edge parts of hours come from raw events."""
+    hours, edges = _edge_parts(window)
+    only = " AND customer_id = %s" if customer_id is not None else ""
+    extra = [customer_id] if customer_id is not None else []
+    parts: list[str] = []
+    params: list = []
+    if hours is not None:
+        parts.append(f"SELECT customer_id, meter, quantity FROM usage_rollup_hourly WHERE hour >= %s AND hour < %s{only}")
+        params += [hours[0], hours[1], *extra]
+    for a, b in edges:
+        parts.append(
+            "SELECT customer_id, payload->'data'->>'meter' AS meter, (payload->'data'->>'quantity')::numeric AS quantity "
+            f"FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %s AND occurred_at < %s{only}"
+        )
+        params += [a, b, *extra]
+    sql = (f"SELECT customer_id, meter, sum(quantity) FROM ({' UNION ALL '.join(parts)}) AS u "
+           "GROUP BY customer_id, meter HAVING sum(quantity) <> 0 ORDER BY customer_id, meter")
+    rows = conn.execute(sql, params).fetchall()
+    return [{"customer_id": c, "meter": m, "quantity": q} for c, m, q in rows]
+
+
+def task_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | None = None) -> list[dict]:
+    """Tasks by outcome time: per customer, the tasks whose outcome's finished_at is in [start, end)
+    that succeeded, that failed, and the attempts of those tasks (succeeded or failed):
+    [{customer_id, succeeded, failed, attempts}], sorted. finished_at is exact, so no hour split."""
+    rows = conn.execute(
+        "SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), "
+        "count(*) FILTER (WHERE o.outcome = 'failed'), "
+        "coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id "
+        "AND a.task_id = o.task_id)) FILTER (WHERE o.outcome IN ('succeeded', 'failed')), 0) "
+        "FROM task_outcomes o WHERE o.finished_at >= %s AND o.finished_at < %s "
+        "AND (%s::text IS NULL OR o.customer_id = %s) GROUP BY o.customer_id ORDER BY o.customer_id",
+        (window.start, window.end, customer_id, customer_id),
+    ).fetchall()
+    return [{"customer_id": c, "succeeded": int(s), "failed": int(f), "attempts": int(a)} for c, s, f, a in rows]
+
+
+# ---------------------------------------------------------------- usage as known at a moment (finance exports)
+# Rollups add late events in place, so what was known at a past moment is read from raw events, each
+# with the `received_at` metering wrote it at: an event counts if it was received at or before `as_of`.
+
+USAGE_AS_OF_SQL = """
+WITH req AS (
+    SELECT customer_id, payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
+           (payload->'data'->>'input_tokens')::bigint AS input_tokens,
+           (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
+           (payload->'data'->>'output_tokens')::bigint AS output_tokens
+    FROM raw_events WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
+      AND (%(as_of)s::timestamptz IS NULL OR received_at <= %(as_of)s) {only}
+), outcome AS (
+    SELECT DISTINCT ON (customer_id, payload->'data'->>'task_id') customer_id,
+           payload->'data'->>'task_id' AS task_id, payload->'data'->>'outcome' AS outcome,
+           (payload->'data'->>'finished_at')::timestamptz AS finished_at
+    FROM raw_events WHERE type = 'infermeter.task.v1'
+      AND (%(as_of)s::timestamptz IS NULL OR received_at <= %(as_of)s) {only}
+    ORDER BY customer_id, payload->'data'->>'task_id', (payload->'data'->>'finished_at')::timestamptz DESC,
+             source DESC, event_id DESC
+), done AS (
+    SELECT * FROM outcome WHERE finished_at >= %(start)s AND finished_at < %(end)s
+      AND outcome IN ('succeeded', 'failed')
+), attempts AS (
+    SELECT d.customer_id, count(DISTINCT coalesce((r.payload->'data'->>'attempt')::int, 1)) AS n
+    FROM done d JOIN raw_events r ON r.type = 'infermeter.request.v1' AND r.customer_id = d.customer_id
+      AND r.payload->'data'->>'task_id' = d.task_id
+      AND (%(as_of)s::timestamptz IS NULL OR r.received_at <= %(as_of)s)
+    GROUP BY d.customer_id, d.task_id
+)
+SELECT customer_id, m.meter, model, deployment_id, sum(m.value)::numeric FROM req,
+LATERAL (VALUES ('requests', 1::bigint), ('uncached_input_tokens', input_tokens - cached_input_tokens),
+                ('cached_input_tokens', cached_input_tokens), ('output_tokens', output_tokens)) AS m(meter, value)
+GROUP BY 1, 2, 3, 4
+UNION ALL
+SELECT customer_id, 'usage:' || (payload->'data'->>'meter'), '', '', sum((payload->'data'->>'quantity')::numeric)
+FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
+  AND (%(as_of)s::timestamptz IS NULL OR received_at <= %(as_of)s) {only}
+GROUP BY 1, 2
+UNION ALL
+SELECT customer_id, CASE outcome WHEN 'succeeded' THEN 'successful_tasks' ELSE 'failed_tasks' END, '', '',
+       count(*)::numeric FROM done GROUP BY 1, 2
+UNION ALL
+SELECT customer_id, 'task_attempts', '', '', sum(n)::numeric FROM attempts GROUP BY 1
+"""
+
+
+def usage_as_of(
+    conn: psycopg.Connection, window: Window, *, as_of: datetime | None = None, customer_id: str | None = None
+) -> list[dict]:
+    """Usage over [start, end) as metering knew it at `as_of` (events with received_at <= as_of; None: all),
+    from raw events only: [{customer_id, meter, model, deployment_id, quantity (Decimal)}], sorted by
+    customer, meter, model, deployment, zero quantities left out. Meters: requests, uncached_input_tokens,
+    cached_input_tokens, output_tokens (per model and deployment, at event time); usage:<meter> (event
+    time); successful_tasks, failed_tasks, task_attempts (the latest outcome of each task known then, at its
+    finished_at, with the attempts of its requests known then), as `usage`, `usage_meter_totals` and
+    `task_totals` count them. GPU time is not included (its attribution is pricing's)."""
+    only = "AND customer_id = %(customer)s" if customer_id is not None else ""
+    rows = conn.execute(
+        USAGE_AS_OF_SQL.format(only=only),
+        {"start": window.start, "end": window.end, "as_of": as_of, "customer": customer_id},
+    ).fetchall()
+    out = [{"customer_id": c, "meter": m, "model": model or "", "deployment_id": dep or "", "quantity": q}
+           for c, m, model, dep, q in rows if q]
+    out.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"]))
+    return out
