@@ -74,7 +74,7 @@ def reconcile_money(conn: psycopg.Connection, period: str, *, cost_model: CostMo
                 continue
             book = load_book(conn, charging[-1].book_sha256)
             used = period_usage(conn, customer.customer_id, target, meters=meters_of(book.book), cost_model=cost_model,
-                                task_outcomes=book.book.task_outcomes)
+                                task_outcomes=book.book.task_outcomes, by_project=book.book.lines_by_project)
             rating = rate(book.book, used)
             expected = {line.line_id: line for line in rating.lines}
             found: dict[str, tuple[Decimal, Decimal]] = {}
