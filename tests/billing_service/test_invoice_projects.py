@@ -94,7 +94,12 @@ def stored_lines(conn, customer: str) -> list[tuple]:
 def test_both_billing_paths_split_lines_by_project_and_the_projects_add_up_to_the_ungrouped_invoice(twins):
     t = twins
     february(t.both, t.event)
-    final = t.run("2026-02", at(2026, 3, 2, 1))  # both paths, the tables compared row by row
+    t.run("2026-02", at(2026, 2, 21))  # drafts; both paths, the tables compared row by row
+    t.event("request", "acme", at(2026, 2, 22, 8), input_tokens=50, output=5, project="web")
+    final = t.run("2026-02", at(2026, 3, 2, 1))  # the draft refreshed (its lines replaced), then finalized
+    replaced = t.conns[0].execute("SELECT DISTINCT project FROM billing_invoice_lines_replaced l JOIN billing_invoices i "
+                                  "ON i.id = l.invoice_id WHERE i.customer_id = 'acme'").fetchall()
+    assert {p for (p,) in replaced} == {"web", "batch", ""}  # the replaced lines keep their projects (0021)
     assert {i["status"] for i in final["invoices"]} == {"open"}
     conn = t.conns[0]
 
@@ -114,9 +119,10 @@ def test_both_billing_paths_split_lines_by_project_and_the_projects_add_up_to_th
         else:  # flat requests, usage meters: one line, no project, the ungrouped line's id
             assert [(r[0], r[4]) for r in parts] == [(line.line_id, "")]
     projects = {(r[2], r[3]): {p[4]: p[7] for p in grouped if (p[2], p[3]) == (r[2], r[3])} for r in grouped}
-    # 4.200002 of uncached input on m1 over 1,334,567 (web) + 765,433 (batch) + 1 (none): 2.67 / 1.53 / 0.00
+    # 4.200102 of uncached input on m1 over 1,334,617 (web) + 765,433 (batch) + 1 (none): 266.91 / 153.08 / 0.0002
+    # cents; the cent left over to web (the largest remainder): 2.67 / 1.53 / 0.00
     uncached_m1 = {r[4]: (r[5], r[7]) for r in grouped if (r[2], r[3]) == ("uncached_input_tokens", "m1")}
-    assert uncached_m1 == {"web": (D(1_334_567), D("2.67")), "batch": (D(765_433), D("1.53")), "": (D(1), D("0.00"))}
+    assert uncached_m1 == {"web": (D(1_334_617), D("2.67")), "batch": (D(765_433), D("1.53")), "": (D(1), D("0.00"))}
     assert set(projects[("output_tokens;model=big", "big")]) == {"batch", ""}
     assert len({r[0] for r in grouped}) == len(grouped)
 
