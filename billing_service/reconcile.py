@@ -85,7 +85,7 @@ def reconcile_money(conn: psycopg.Connection, period: str, *, cost_model: CostMo
                 e = expected.get(lid)
                 eq, ea = (e.quantity, e.amount) if e else (ZERO, ZERO)
                 fq, fa = found.get(lid, (ZERO, ZERO))
-                name = f"{e.meter}/{e.group}" if e else lid
+                name = f"{e.meter}/{e.group}" + (f" project {e.project}" if e.project else "") if e else lid
                 if eq != fq:
                     report.differences.append(MoneyDifference(customer.customer_id, period, f"quantity {name}",
                                                               number_text(eq), number_text(fq)))

@@ -18,12 +18,13 @@ import pytest
 from billing_service.customers import assign_plan, set_customer
 from billing_service.exports import export
 from billing_service.invoices import show_invoice
+from billing_service.reconcile import reconcile_money
 from billing_service.run import billing_run
 from billing_service.usage import period_usage
 from pricing.book import parse_price_book
 from pricing.rating import rate
 from tests.billing_service.conftest import BOOK_YAML, auth, cost_model
-from tests.billing_service.test_bulk_run import Twins
+from tests.billing_service.test_bulk_run import COST, Twins
 from tests.conftest import new_database
 
 T0 = datetime(2026, 1, 20, tzinfo=UTC)
@@ -145,6 +146,9 @@ def test_both_billing_paths_split_lines_by_project_and_the_projects_add_up_to_th
     again = rate(parse_price_book(UNGROUPED_YAML), period_usage(conn, "acme", _window(start, end)))
     feb_lines = [r for r in stored_lines(conn, "acme") if r[8] == "2026-02"]
     assert sum((r[7] for r in feb_lines), D(0)) == again.total  # invoiced + adjustments = the rating now
+    for c in t.conns:  # money reconcile reads per project too: every project line matches its rating
+        report = reconcile_money(c, "2026-02", cost_model=COST)
+        assert report.differences == [] and {x["customer_id"] for x in report.checked} == {"acme", "plain"}
 
 
 def _window(start: datetime, end: datetime):
