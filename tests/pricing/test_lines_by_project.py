@@ -8,12 +8,16 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pricing.book import PriceBookError, parse_price_book, price_book_to_data
+from pricing.book import PriceBookError, parse_price_book, price_book_from_data, price_book_to_data
 from pricing.money import QUANT
 from pricing.rating import Rating, line_id, rate
 from pricing.split import split_by_quantity
 from pricing.usage import Usage, UsageKey
+from tests.pricing.test_properties import METERS, MODELS, books
+from tests.pricing.test_properties import key as prop_key
 
 D = Decimal
 CENT = D("0.01")
@@ -214,3 +218,42 @@ def test_a_rating_of_no_usage_under_a_grouped_book_is_the_minimum_alone():
     rating = rate(parse_price_book(GROUPED), Usage("acme", START, END, {}))
     assert isinstance(rating, Rating)
     assert [(line.kind, line.amount) for line in rating.lines] == [("minimum", D("100.00")), ("credit", D("-1.00"))]
+
+
+# ---------------------------------------------------------------- properties
+
+PROJECTS = ["", "web", "batch"]
+project_rows = st.lists(st.tuples(st.sampled_from(METERS), st.sampled_from(MODELS), st.sampled_from(PROJECTS),
+                                  st.integers(0, 5 * 10**7)), max_size=10)
+
+
+def _key(meter: str, model: str, project: str) -> UsageKey:
+    found = prop_key(meter, model)
+    return found._replace(project=project) if meter in ("uncached_input_tokens", "output_tokens") else found
+
+
+@settings(max_examples=150, deadline=None)
+@given(books(), project_rows)
+def test_grouping_by_project_never_changes_a_lines_amount_only_shares_it(book, rows):
+    """Any book and usage: the grouped rating's lines, summed per (charge, model), are the ungrouped
+    rating's, precise and rounded; each project line is within one minor unit of its exact share."""
+    grouped_book = price_book_from_data({**price_book_to_data(book), "invoice": {"group_by": "project"}}, "grouped")
+    usage = Usage.build("c", START, END, [(_key(m, mod, p), D(q)) for m, mod, p, q in rows])
+    whole = rate(book, without_projects(usage))
+    assert rate(book, usage) == whole
+    grouped = rate(grouped_book, usage)
+    assert grouped.total == whole.total
+    sums: dict[tuple[str, str, str], list[D]] = {}
+    for line in grouped.lines:
+        s = sums.setdefault((line.kind, line.charge_key, line.group), [D(0), D(0), D(0)])
+        s[0] += line.quantity
+        s[1] += line.precise_amount
+        s[2] += line.amount
+    assert sums == {(x.kind, x.charge_key, x.group): [x.quantity, x.precise_amount, x.amount] for x in whole.lines}
+    minor = book.money.minor_unit
+    for line in grouped.lines:
+        if line.project or (line.kind == "usage" and line.line_id not in {x.line_id for x in whole.lines}):
+            [parent] = [x for x in whole.lines if (x.charge_key, x.group) == (line.charge_key, line.group)]
+            exact = parent.amount * line.quantity / parent.quantity
+            assert abs(line.amount - exact) < minor
+    assert len({line.line_id for line in grouped.lines}) == len(grouped.lines)
