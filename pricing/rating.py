@@ -435,7 +435,7 @@ def _split_by_project(book: PriceBook, usage: Usage, whole: Rating) -> Rating:
             slot = compiled.slot(key)
             if slot is not None:
                 found = projects.setdefault(slot, {})
-                found[key.project] = found.get(key.project, ZERO) + quantity
+                found[key.project] = EXACT.add(found.get(key.project, ZERO), quantity)
     by_line = {(compiled.keys[slot[0]], slot[1]): slot for slot in projects}  # charge keys are unique in a book
     minor = compiled.minor
     lines: list[Line] = []
