@@ -82,37 +82,37 @@ class _LineRows:
         order of `pricing.rating.Line`'s fields (the third, the customer, is not written), without a
         tuple made per line for `add`: a first invoice's lines (`_AS_RATED`)."""
         head, middles, parts = _copy_text(invoice_id), self._middles, self.parts
-        tail = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
+        tail = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\t"
         for position, (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount,
-                       amount) in enumerate(rated):
+                       amount, project) in enumerate(rated):
             middle = middles.get((kind, charge_key, meter, group)) or self._middle(kind, charge_key, meter, group)
             line_id = _copy_text(line_id)
             price = _NULL if unit_price is None else str(unit_price)
             parts.append(f"{head}\t{position}\t{line_id}\t{line_id}\t{middle}\t{str(quantity)}\t{price}\t"
-                         f"{str(precise_amount)}\t{str(amount)}\t{tail}")
+                         f"{str(precise_amount)}\t{str(amount)}\t{tail}{_copy_text(project) if project else ''}\n")
 
     def add(self, invoice_id: str, lines: Iterable[tuple]) -> None:
         """The lines of one invoice, in position order, each (id, rated_line_id, kind, charge_key, meter,
         group, quantity, unit_price, precise_amount, amount, period, service_period_start,
-        service_period_end)."""
+        service_period_end, project)."""
         head, middles, tails, parts = _copy_text(invoice_id), self._middles, self._tails, self.parts
         for position, (line_id, rated_id, kind, charge_key, meter, group, quantity, unit_price, precise_amount,
-                       amount, label, start, end) in enumerate(lines):
+                       amount, label, start, end, project) in enumerate(lines):
             middle = middles.get((kind, charge_key, meter, group)) or self._middle(kind, charge_key, meter, group)
             tail = tails.get((label, start, end))
             if tail is None:
-                tail = tails[(label, start, end)] = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\n"
+                tail = tails[(label, start, end)] = f"{_copy_text(label)}\t{start.isoformat()}\t{end.isoformat()}\t"
             line_id = _copy_text(line_id)
             rated_id = line_id if rated_id == line_id else _copy_text(rated_id)
             price = _NULL if unit_price is None else str(unit_price)
             parts.append(f"{head}\t{position}\t{line_id}\t{rated_id}\t{middle}\t{str(quantity)}\t{price}\t"
-                         f"{str(precise_amount)}\t{str(amount)}\t{tail}")
+                         f"{str(precise_amount)}\t{str(amount)}\t{tail}{_copy_text(project) if project else ''}\n")
 
 
 # a first invoice's line (`billing.invoice.drafts.first_invoice`: copied from a rated line, whose id it keeps)
 # in the order `_LineRows.add_rated` reads, `pricing.rating.Line`'s; the third field is not written
 _AS_RATED = attrgetter("id", "kind", "rated_line_id", "charge_key", "meter", "group", "quantity", "unit_price",
-                       "precise_amount", "amount")
+                       "precise_amount", "amount", "project")
 
 
 def _first_invoice_copy_row(first: Invoice, sha: str, now: datetime) -> str:
@@ -260,7 +260,7 @@ class BatchInvoiceStore:
                 for i in (*new, *changed):
                     rows.add(i, ((line.id, line.rated_line_id, line.kind, line.charge_key, line.meter, line.group,
                                   line.quantity, line.unit_price, line.precise_amount, line.amount, line.period,
-                                  line.service_period_start, line.service_period_end)
+                                  line.service_period_start, line.service_period_end, line.project)
                                  for line in self._written[i][0].lines))
                 if rows.parts:
                     with cur.copy(f"COPY billing_invoice_lines (invoice_id, position, {_LINE_COLS}) FROM STDIN") as copy:

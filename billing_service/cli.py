@@ -57,6 +57,11 @@ APPS = {"customers": customers_app, "plans": plans_app, "billing": billing_app, 
         "invoice": invoice_app, "credits": credits_app, "stripe": stripe_app, "export": export_app}
 
 
+def _has_projects(lines: list[dict]) -> bool:
+    """Whether an invoice's lines are split by project (a project column is shown then; '-' : none)."""
+    return any(line.get("project") for line in lines)
+
+
 def _print_json(payload: object) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
 
@@ -321,10 +326,13 @@ def invoices_show(
         return
     console.print(f"invoice {shown['id']} {shown['number'] or '(draft)'}: {shown['customer_id']} period "
                   f"{shown['period']} [{shown['period_start']}, {shown['period_end']}) {shown['status']}")
-    table = Table("line", "period", "meter", "model/group", "quantity", "unit price", "amount")
+    by_project = _has_projects(shown["lines"])
+    table = Table("line", "period", "meter", "model/group", *(["project"] if by_project else []), "quantity",
+                  "unit price", "amount")
     for line in shown["lines"]:
         table.add_row(line["id"], line["period"] + (" (adjustment)" if line["adjustment"] else ""), line["meter"],
-                      line["group"], line["quantity"], line["unit_price"] or "", line["amount"])
+                      line["group"], *([line["project"] or "-"] if by_project else []), line["quantity"],
+                      line["unit_price"] or "", line["amount"])
     console.print(table)
     console.print(f"subtotal {shown['subtotal']}  credits {shown['credits_applied']}  total {shown['total']} "
                   f"{shown['currency']}  (book {shown['price_book_version']})")
@@ -393,10 +401,12 @@ def invoice_preview(
         _print_json(shown)
         return
     console.print(f"{customer} {period} [{shown['period_start']}, {shown['period_end']}) {shown['note']}")
-    table = Table("meter", "model/group", "period", "quantity", "unit price", "amount")
+    by_project = _has_projects(shown["lines"])
+    table = Table("meter", "model/group", *(["project"] if by_project else []), "period", "quantity", "unit price",
+                  "amount")
     for line in shown["lines"]:
-        table.add_row(line["meter"], line["group"], line["period"], line["quantity"], line["unit_price"] or "",
-                      line["amount"])
+        table.add_row(line["meter"], line["group"], *([line["project"] or "-"] if by_project else []), line["period"],
+                      line["quantity"], line["unit_price"] or "", line["amount"])
     console.print(table)
     console.print(f"subtotal {shown['subtotal']}  credits {shown['credits_applied']}  total {shown['total']} "
                   f"{shown['currency']}")

@@ -43,7 +43,8 @@ STATUS_LABELS = {"draft": "draft", "open": "final", "paid": "paid", "payment_fai
 CUSTOMER_INVOICE_KEYS = ("id", "number", "customer_id", "period", "period_start", "period_end", "sequence", "status",
                          "currency", "subtotal", "credits_applied", "total", "issued_at", "finalized_at",
                          "reissue_of", "price_book_version", "lines")
-LINE_KEYS = ("id", "meter", "model", "group", "kind", "quantity", "unit_price", "amount", "period", "adjustment")
+LINE_KEYS = ("id", "meter", "model", "group", "kind", "quantity", "unit_price", "amount", "period", "adjustment",
+             "project")
 
 
 # ---------------------------------------------------------------- the customer's page

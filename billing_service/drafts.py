@@ -34,13 +34,13 @@ from billing_service.store import (
     load_book,
     plans,
 )
-from billing_service.usage import meters_of, period_usage
+from billing_service.usage import by_project_of, meters_of, period_usage
 from pricing.cost import CostModel
 from pricing.rating import Rating, rate
 from pricing.usage import Usage
 
 # `billing_service.usage.period_usage`'s signature: (conn, customer id, period, *, meters, cost_model,
-# task_outcomes) -> the customer-period's Usage
+# task_outcomes[, by_project]) -> the customer-period's Usage
 UsageReader = Callable[..., Usage]
 
 
@@ -91,7 +91,8 @@ class DraftContext:
         key = (period.label, book.sha256)
         if key not in self.ratings:
             usage = self.read_usage(self.conn, self.customer.customer_id, period, meters=meters_of(book.book),
-                                    cost_model=self.cost_model, task_outcomes=book.book.task_outcomes)
+                                    cost_model=self.cost_model, task_outcomes=book.book.task_outcomes,
+                                    **by_project_of(book.book))
             self.ratings[key] = rate(book.book, usage)
         return self.ratings[key]
 

@@ -103,6 +103,7 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("service_period_start", "timestamp", "service period start (UTC)"),
         ("service_period_end", "timestamp", "service period end, exclusive (UTC)"),
         ("adjustment", "bool", "an adjustment of an earlier period"),
+        ("project", "string", "project of a line split by project (the book's invoice.group_by); empty: none"),
     ),
     "revenue": _cols(
         ("customer_id", "string", "customer"),
@@ -129,6 +130,7 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("model", "string", "model (request meters), else empty"),
         ("deployment_id", "string", "deployment (request meters), else empty"),
         ("quantity", "decimal", "metered quantity (as of)"),
+        ("project", "string", "the API key's project (request meters); empty: none"),
     ),
 }
 
@@ -136,7 +138,7 @@ ORDER = {
     "invoices": "customer_id, period_start, sequence, invoice_id",
     "lines": "customer_id, invoice period_start, invoice sequence, position",
     "revenue": "customer_id, currency, invoiced_in, meter, group",
-    "usage": "customer_id, meter, model, deployment_id",
+    "usage": "customer_id, meter, model, deployment_id, project",
 }
 
 
@@ -247,7 +249,7 @@ def line_rows(conn: psycopg.Connection, period: str, as_of: datetime | None) -> 
                 "amount": _dec(line["amount"]), "credited": _money(credited.get((d["id"], line["id"]), ZERO), d["currency"]),
                 "period": line["period"], "service_period_start": _ts(line["service_period_start"]),
                 "service_period_end": _ts(line["service_period_end"]),
-                "adjustment": line["id"] != line["rated_line_id"],
+                "adjustment": line["id"] != line["rated_line_id"], "project": line.get("project") or None,
             })
     return rows
 
@@ -297,7 +299,8 @@ def usage_rows(conn: psycopg.Connection, period: str, as_of: datetime | None) ->
     def add(found: Iterable[dict], billed: bool, window) -> None:
         rows.extend({"customer_id": r["customer_id"], "billed": billed, "period": period,
                      "period_start": window.start, "period_end": window.end, "meter": r["meter"],
-                     "model": r["model"], "deployment_id": r["deployment_id"], "quantity": r["quantity"]}
+                     "model": r["model"], "deployment_id": r["deployment_id"], "quantity": r["quantity"],
+                     "project": r["project"] or None}
                     for r in found)
 
     for customer_id, timezone, anchor_day in customers:
@@ -306,7 +309,7 @@ def usage_rows(conn: psycopg.Connection, period: str, as_of: datetime | None) ->
     utc = billing_period(period, *UTC_SCHEDULE)
     billed = {c[0] for c in customers}
     add((r for r in usage_as_of(conn, utc.window, as_of=as_of) if r["customer_id"] not in billed), False, utc)
-    rows.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"]))
+    rows.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"], r["project"] or ""))
     return rows
 
 

@@ -102,7 +102,7 @@ def line_json(line: InvoiceLine, currency: str) -> dict:
             "group": line.group, "kind": line.kind, "quantity": number_text(line.quantity),
             "unit_price": None if line.unit_price is None else number_text(line.unit_price),
             "amount": money_text(line.amount, currency), "period": line.period,
-            "adjustment": line.is_adjustment}
+            "adjustment": line.is_adjustment, "project": line.project or None}
 
 
 def _preview_json(inv: Invoice, customer: Customer, *, note: str) -> dict:

@@ -74,7 +74,7 @@ def reconcile_money(conn: psycopg.Connection, period: str, *, cost_model: CostMo
                 continue
             book = load_book(conn, charging[-1].book_sha256)
             used = period_usage(conn, customer.customer_id, target, meters=meters_of(book.book), cost_model=cost_model,
-                                task_outcomes=book.book.task_outcomes)
+                                task_outcomes=book.book.task_outcomes, by_project=book.book.lines_by_project)
             rating = rate(book.book, used)
             expected = {line.line_id: line for line in rating.lines}
             found: dict[str, tuple[Decimal, Decimal]] = {}
@@ -85,7 +85,7 @@ def reconcile_money(conn: psycopg.Connection, period: str, *, cost_model: CostMo
                 e = expected.get(lid)
                 eq, ea = (e.quantity, e.amount) if e else (ZERO, ZERO)
                 fq, fa = found.get(lid, (ZERO, ZERO))
-                name = f"{e.meter}/{e.group}" if e else lid
+                name = f"{e.meter}/{e.group}" + (f" project {e.project}" if e.project else "") if e else lid
                 if eq != fq:
                     report.differences.append(MoneyDifference(customer.customer_id, period, f"quantity {name}",
                                                               number_text(eq), number_text(fq)))

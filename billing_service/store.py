@@ -263,7 +263,7 @@ def line_to_json(line: InvoiceLine, currency: str) -> dict:
             "unit_price": number_text(line.unit_price), "precise_amount": precise_text(line.precise_amount),
             "amount": money_text(line.amount, currency), "period": line.period,
             "service_period_start": utc_text(line.service_period_start),
-            "service_period_end": utc_text(line.service_period_end)}
+            "service_period_end": utc_text(line.service_period_end), "project": line.project or None}
 
 
 def lines_to_json(lines: Sequence[InvoiceLine], currency: str) -> list[dict]:
@@ -282,7 +282,7 @@ def lines_to_json(lines: Sequence[InvoiceLine], currency: str) -> list[dict]:
              "unit_price": number_text(line.unit_price), "precise_amount": precise_text(line.precise_amount),
              "amount": format(money.round(line.amount), "f"), "period": line.period,
              "service_period_start": when(line.service_period_start),
-             "service_period_end": when(line.service_period_end)} for line in lines]
+             "service_period_end": when(line.service_period_end), "project": line.project or None} for line in lines]
 
 
 def invoice_document(invoice: Invoice, book_sha256: str | None) -> dict:
@@ -339,7 +339,7 @@ def invoice_document_head(invoice: Invoice, book_sha256: str | None) -> dict:
 _INVOICE_COLS = ("id, customer_id, currency, period, period_start, period_end, sequence, status, subtotal, "
                  "credits_applied, total, price_book_version, number, issued_at, finalized_at, reissue_of, book_sha256")
 _LINE_COLS = ("id, rated_line_id, kind, charge_key, meter, grp, quantity, unit_price, precise_amount, amount, period, "
-              "service_period_start, service_period_end")
+              "service_period_start, service_period_end, project")
 
 
 @dataclass(frozen=True)
@@ -444,10 +444,11 @@ class PgInvoiceStore:
             with conn.cursor() as cur:
                 cur.executemany(
                     f"INSERT INTO billing_invoice_lines (invoice_id, position, {_LINE_COLS}) "
-                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                     [(invoice.id, i, line.id, line.rated_line_id, line.kind, line.charge_key, line.meter, line.group,
                       line.quantity, line.unit_price, line.precise_amount, line.amount, line.period,
-                      line.service_period_start, line.service_period_end) for i, line in enumerate(invoice.lines)],
+                      line.service_period_start, line.service_period_end, line.project)
+                     for i, line in enumerate(invoice.lines)],
                 )
         conn.execute(
             "UPDATE billing_invoices SET customer_id = %s, currency = %s, period = %s, period_start = %s, "

@@ -112,6 +112,9 @@ def _line_columns() -> list:
         Column("period", Text, nullable=False),
         timestamp_column("service_period_start", nullable=False),
         timestamp_column("service_period_end", nullable=False),
+        # the project of a line split by project (a book's `invoice: {group_by: project}`, migration 0021);
+        # '' = no project, or a line not split
+        Column("project", Key, nullable=False, server_default=""),
     ]
 
 

@@ -57,6 +57,12 @@ def meters_of(book: PriceBook | None) -> set[str] | None:
     return None if book is None else {c.meter for c in book.charges}
 
 
+def by_project_of(book: PriceBook) -> dict[str, bool]:
+    """`period_usage`'s keyword for a book: the usage per project for a book that splits its invoice
+    lines by project, nothing otherwise (a reader without that keyword still serves every other book)."""
+    return {"by_project": True} if book.lines_by_project else {}
+
+
 def period_usage(
     conn: psycopg.Connection,
     customer_id: str,
@@ -66,11 +72,14 @@ def period_usage(
     cost_model: CostModel | None = None,
     task_outcomes: TaskOutcomeTrust | None = None,
     with_tasks: bool = True,
+    by_project: bool = False,
 ) -> Usage:
     """The customer's usage of [period.start, period.end). `meters` limits what is read (the meters a
     book prices); GPU time is read only with a cost model (it attributes the shared pool);
     `task_outcomes` is the book's trust in task outcomes (None: every outcome counts); `with_tasks=False`
-    leaves the task meters out (`unbilled_summary` counts tasks its own way)."""
+    leaves the task meters out (`unbilled_summary` counts tasks its own way); `by_project=True` keeps the
+    request meters per project (`UsageKey.project`, '' for requests without one), for a book that
+    splits its invoice lines by project (`PriceBook.lines_by_project`)."""
     wanted = None if meters is None else set(meters)
     window = period.window if isinstance(period, Period) else period
     quantities: dict[UsageKey, Decimal | int] = {}
@@ -80,9 +89,14 @@ def period_usage(
             quantities[key] = quantities.get(key, 0) + quantity
 
     if wanted is None or wanted & set(REQUEST_METERS):
-        for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment"]):
-            for meter in REQUEST_METERS:
-                add(UsageKey(meter, row["model"], row["deployment_id"]), row[meter])
+        if by_project:
+            for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment", "project"]):
+                for meter in REQUEST_METERS:
+                    add(UsageKey(meter, row["model"], row["deployment_id"], "", row["project"] or ""), row[meter])
+        else:
+            for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment"]):
+                for meter in REQUEST_METERS:
+                    add(UsageKey(meter, row["model"], row["deployment_id"]), row[meter])
     if wanted is None or any(m.startswith("usage:") for m in wanted):
         for row in usage_meter_totals(conn, window, customer_id=customer_id):
             add(UsageKey("usage:" + row["meter"]), row["quantity"])

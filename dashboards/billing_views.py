@@ -31,6 +31,7 @@ class InvoiceLine(TypedDict):
     amount: str
     period: str
     adjustment: bool
+    project: str | None  # the project of a line split by project (the book's invoice.group_by), else None
 
 
 class CreditNote(TypedDict):

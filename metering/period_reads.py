@@ -48,10 +48,10 @@ UNCACHED_FROM_SUMS = "(sum(input_tokens) - sum(cached_input_tokens))::bigint"
 # plans PostgreSQL falls back to when the index cannot be read alone (pages not yet vacuumed).
 REQUEST_SUMS_SETTINGS = (("random_page_cost", "1.1"), ("max_parallel_workers_per_gather", "0"), ("work_mem", "64MB"))
 REQUEST_TOTALS_SQL = """
-SELECT customer_id, model, {deployment}, {sums}
+SELECT customer_id, model, {deployment}{project}, {sums}
 FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
-GROUP BY customer_id, model{group_deployment}
-ORDER BY customer_id, model{group_deployment}
+GROUP BY customer_id, model{group_deployment}{project}
+ORDER BY customer_id, model{group_deployment}{project}
 """
 # Rows per chunk handed from the reading thread to the caller, and chunks it may read ahead.
 STREAM_CHUNK_ROWS = 1000
@@ -65,6 +65,7 @@ def request_sums(
     meters: Sequence[str],
     *,
     by_deployment: bool = True,
+    by_project: bool = False,
     customer_id: str | None = None,
     sql_template: str = REQUEST_TOTALS_SQL,
     chunk_rows: int = STREAM_CHUNK_ROWS,
@@ -72,12 +73,14 @@ def request_sums(
 ) -> Iterator[tuple[str, list[tuple]]]:
     """(customer, its rows) for each customer served in [start, end), in customer order, each customer
     once and complete. A row is (customer, model, deployment, one sum per meter of `meters`, in that
-    order): one row per model (and deployment; deployment '' with `by_deployment=False`). `meters`
+    order): one row per model (and deployment; deployment '' with `by_deployment=False`); with
+    `by_project`, per project too, the row then (customer, model, deployment, project, sums...) with
+    project '' for the requests without one (books that split invoice lines by project). `meters`
     are request meters (REQUEST_METERS); none, no rows. A thread reads the rows, so PostgreSQL keeps
     summing the next customers while the caller works on this one; `conn` is the thread's until the
     iterator ends (one customer's few rows are read at once, without the thread and its planner
     settings: ~10 round trips fewer for a dashboard's spend). `sql_template` (formatted with
-    deployment, sums, group_deployment and only),
+    deployment, project, sums, group_deployment and only),
     `chunk_rows` (rows per chunk handed over) and `chunks_ahead` (chunks the thread may read ahead)
     default to the module's constants; tests pass others."""
     unknown = [m for m in meters if m not in REQUEST_METER_SUMS]
@@ -92,6 +95,7 @@ def request_sums(
         deployment="deployment_id" if by_deployment else "''",
         sums=", ".join(sums.values()),
         group_deployment=", deployment_id" if by_deployment else "",
+        project=", project" if by_project else "",
         only="" if customer_id is None else "AND customer_id = %(customer)s",
     )
     params = {"start": start, "end": end, "customer": customer_id}

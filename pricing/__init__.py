@@ -7,6 +7,8 @@ loading usage, storing books and writing reports live in `pricing_service`.
 - `pricing.book`: the price-book model (a discriminated union of price types) and its YAML parser.
 - `pricing.usage`, `pricing.records`: the aggregates rating and costing read.
 - `pricing.rating`: one function per price type; `rate` and `rate_progressive` make lines.
+- `pricing.split`: a rated line's amount shared over its projects by largest remainder (books that
+  split invoice lines by project).
 - `pricing.task_outcomes`: which task outcome a book bills (its trusted sources, timeout and rule).
 - `pricing.cost`: GPU-second attribution, cost per customer/model/request/task.
 - `pricing.experiments`: the same usage under several books, beside its cost.

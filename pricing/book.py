@@ -14,6 +14,8 @@ A price book is a YAML document (see docs/pricing.md):
       trusted_sources: ["//verifier/"]
       task_timeout: 24h
       untrusted_outcome: bill_as_success
+    invoice:                                   # optional: how invoice lines are laid out
+      group_by: project                        # one line per project of each request-meter line
 
 Amounts are decimal strings (the documented form). A bare YAML number such as `0.1` is also
 accepted, but is read from its source text exactly (never through a binary float). Any amount
@@ -227,6 +229,22 @@ class TaskOutcomeTrust(_Strict):
         return source.startswith(tuple(self.trusted_sources))
 
 
+INVOICE_GROUPINGS = ("project",)
+
+
+class InvoiceLayout(_Strict):
+    """How a book's invoices lay out their lines (docs/pricing.md, "Invoice lines by project").
+
+    `group_by: project`: each usage line of a request meter (tokens, requests) is split into one line
+    per project of its usage (the API key's project; '' for requests made without one). The line is
+    rated as a whole first; its amount is then shared over its projects in proportion to their
+    quantities (`pricing.split.split_by_quantity`), so the project lines add up to it exactly. Flat
+    charges, meters without projects (GPU time, tasks, usage meters), the minimum and credits stay
+    whole lines without a project. Absent (the default): lines are not split."""
+
+    group_by: Literal["project"] | None = None
+
+
 class PriceBook(_Strict):
     id: str = Field(min_length=1)
     currency: str
@@ -234,6 +252,7 @@ class PriceBook(_Strict):
     minimum: Amount | None = Field(default=None, ge=0)
     credits: Amount | None = Field(default=None, ge=0)
     task_outcomes: TaskOutcomeTrust | None = None
+    invoice: InvoiceLayout | None = None
     name: str | None = None
     description: str | None = None
 
@@ -264,6 +283,11 @@ class PriceBook(_Strict):
     @property
     def money(self) -> Currency:
         return Currency.of(self.currency)
+
+    @property
+    def lines_by_project(self) -> bool:
+        """True when the book's invoice lines of request meters are split by project."""
+        return self.invoice is not None and self.invoice.group_by == "project"
 
 
 class PriceBookError(ValueError):
@@ -350,5 +374,9 @@ def price_book_from_data(data: Any, source: str = "<price book>") -> PriceBook:
 def price_book_to_data(book: PriceBook) -> dict[str, Any]:
     """JSON-ready dict of a book with amounts as decimal strings (round-trips through parse).
 
-    Nulls are kept: a tier's `up_to: null` is what makes it the open last tier."""
-    return book.model_dump(mode="json")
+    Nulls are kept: a tier's `up_to: null` is what makes it the open last tier. A book without an
+    `invoice` layout has no `invoice` key (its document is as before the option existed)."""
+    data = book.model_dump(mode="json")
+    if book.invoice is None:
+        del data["invoice"]
+    return data

@@ -7,6 +7,12 @@ type beats the unnamed one; on a tie the earlier charge wins), makes one line pe
 (per GPU type for GPU time; one line for meters without a dimension), rounds each line once, half-up,
 to the currency's minor unit, and adds a top-up line for a minimum commitment and a credit line for
 prepaid credits. Line ids are stable hashes, so re-rating gives the same ids.
+
+A book that lays its invoice lines out by project (`invoice: {group_by: project}`) gets each usage line
+of a request meter rated as above, then split into one line per project of its usage: the line's
+rounded and precise amounts shared over the projects by quantity (`pricing.split.split_by_quantity`),
+so the project lines add up to the whole line exactly. Flat charges and the lines of meters without
+projects stay whole (project ''). `rate_progressive` does not split lines by project.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from hashlib import sha256
 from typing import Literal, NamedTuple
 
 from pricing.book import (
+    REQUEST_METERS,
     Charge,
     FlatPrice,
     PackagePrice,
@@ -28,6 +35,7 @@ from pricing.book import (
     UnitPrice,
 )
 from pricing.money import EXACT, QUANT, Currency, mul_div, precise
+from pricing.split import split_by_quantity
 from pricing.usage import Usage, UsageKey
 
 ZERO = Decimal(0)
@@ -107,6 +115,7 @@ class Line(NamedTuple):
     unit_price: Decimal | None  # amount per single unit for unit prices; None for the others
     precise_amount: Decimal  # at the project scale (12 places)
     amount: Decimal  # rounded once, half-up, to the currency's minor unit
+    project: str = ""  # the project of a line split by project ('' : no project, or a line not split)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -120,6 +129,7 @@ class Line(NamedTuple):
             "unit_price": None if self.unit_price is None else str(self.unit_price),
             "precise_amount": str(self.precise_amount),
             "amount": str(self.amount),
+            "project": self.project or None,
         }
 
 
@@ -173,10 +183,20 @@ def line_id_tail(charge_key: str, group: str, start: datetime, end: datetime) ->
     return f"{charge_key}|{group}|{start.isoformat()}|{end.isoformat()}".encode()
 
 
-def line_id(book: PriceBook, customer_id: str, charge_key: str, group: str, start: datetime, end: datetime) -> str:
+def line_id(book: PriceBook, customer_id: str, charge_key: str, group: str, start: datetime, end: datetime,
+            project: str | None = None) -> str:
+    """A line's id; with `project` (a line split by project, '' for no project), that project's line's."""
     ident = line_id_prefix(book.id, customer_id)
     ident.update(line_id_tail(charge_key, group, start, end))
+    if project is not None:
+        ident.update(project_line_id_tail(project))
     return ident.hexdigest()[:LINE_ID_CHARS]
+
+
+def project_line_id_tail(project: str) -> bytes:
+    """What a project's line hashes after its whole line's text: distinct for every project, '' included,
+    and never the id of the whole line (which books not split by project use)."""
+    return f"|project={project}".encode()
 
 
 def match_charge(book: PriceBook, key: UsageKey) -> tuple[int, Charge] | None:
@@ -295,7 +315,8 @@ class _CompiledBook:
     """What rating needs of a book, worked out once: charge keys, unit prices, which charge (and
     line group) prices each usage key, and for each line slot the fields its lines share."""
 
-    __slots__ = ("book", "currency", "minor", "keys", "unit_prices", "pricers", "units", "matches", "lines", "periods")
+    __slots__ = ("book", "currency", "minor", "keys", "unit_prices", "pricers", "units", "matches", "lines", "periods",
+                 "by_project")
 
     def __init__(self, book: PriceBook):
         self.book = book
@@ -310,6 +331,7 @@ class _CompiledBook:
         self.lines: dict[tuple[int, str], tuple[str, str, Decimal | None, Decimal | None, Callable]] = {}
         # (period start, end) -> {(charge index, group): the line-id text after "book|customer|"}
         self.periods: dict[tuple[datetime, datetime], dict[tuple[int, str], bytes]] = {}
+        self.by_project = book.lines_by_project
 
     def slot(self, key: UsageKey) -> tuple[int, str] | None:
         try:
@@ -357,6 +379,15 @@ def rate(book: PriceBook, usage: Usage) -> Rating:
                 slot = compiled.slot(key)
             if slot is not None:  # else a meter the book does not charge for
                 quantities[slot] = quantities[slot] + quantity if slot in quantities else quantity
+    if compiled.by_project:
+        return _split_by_project(book, usage, _rate_slots(book, compiled, usage, quantities))
+    return _rate_slots(book, compiled, usage, quantities)
+
+
+def _rate_slots(book: PriceBook, compiled: _CompiledBook, usage: Usage, quantities: dict[tuple[int, str], Decimal | int]
+                ) -> Rating:
+    """The rating of these line quantities ({(charge index, group): quantity}): one line per slot,
+    then the minimum and credit lines."""
     customer = usage.customer_id
     start, end = usage.period_start, usage.period_end
     # line ids as `line_id` makes them: the customer's prefix is hashed once and copied per line;
@@ -385,11 +416,45 @@ def rate(book: PriceBook, usage: Usage) -> Rating:
         ident.update(tail)
         lines.append(
             _new_line(Line, (ident.hexdigest()[:LINE_ID_CHARS], "usage", customer, charge_key, meter, slot[1], Decimal(quantity),
-                             unit_price, exact.quantize(QUANT, ROUND_HALF_UP, EXACT), amount))
+                             unit_price, exact.quantize(QUANT, ROUND_HALF_UP, EXACT), amount, ""))
         )
     if book.minimum is not None or book.credits:
         lines += _commitment_lines(book, compiled.currency, customer, usage_total, start, end)
     return Rating(book.id, book.currency, customer, start, end, tuple(lines))
+
+
+def _split_by_project(book: PriceBook, usage: Usage, whole: Rating) -> Rating:
+    """`whole` (the rating of `usage`) with each usage line of a request meter whose price is not flat
+    replaced by one line per project of its usage, in project name order: quantity the project's,
+    rounded and precise amounts the line's shared by quantity (`split_by_quantity`), id `line_id`'s
+    with the project. Other lines are kept as they are."""
+    compiled = _compiled(book)
+    projects: dict[tuple[int, str], dict[str, Decimal]] = {}
+    for key, quantity in usage.quantities.items():
+        if quantity and key.meter in REQUEST_METERS:
+            slot = compiled.slot(key)
+            if slot is not None:
+                found = projects.setdefault(slot, {})
+                found[key.project] = EXACT.add(found.get(key.project, ZERO), quantity)
+    by_line = {(compiled.keys[slot[0]], slot[1]): slot for slot in projects}  # charge keys are unique in a book
+    minor = compiled.minor
+    lines: list[Line] = []
+    for line in whole.lines:
+        slot = by_line.get((line.charge_key, line.group)) if line.kind == "usage" else None
+        if slot is None or isinstance(book.charges[slot[0]].price, FlatPrice):
+            lines.append(line)
+            continue
+        shares = projects[slot]
+        amounts = split_by_quantity(line.amount, shares, minor)
+        precise_amounts = split_by_quantity(line.precise_amount, shares, QUANT)
+        for project in sorted(shares):
+            lines.append(line._replace(
+                line_id=line_id(book, whole.customer_id, line.charge_key, line.group, whole.period_start,
+                                whole.period_end, project),
+                quantity=Decimal(shares[project]), precise_amount=precise_amounts[project], amount=amounts[project],
+                project=project,
+            ))
+    return Rating(whole.book_id, whole.currency, whole.customer_id, whole.period_start, whole.period_end, tuple(lines))
 
 
 def rate_progressive(book: PriceBook, prior: Usage, window: Usage, *, final: bool) -> Rating:

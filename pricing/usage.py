@@ -3,7 +3,9 @@ metering rollups, or by tests by hand.
 
 A `Usage` is the quantity of each meter for one customer over one half-open period [start, end),
 split by the dimensions a charge may select on: model and deployment (request meters), deployment
-and gpu_type (gpu_seconds). Task and usage meters have no dimension.
+and gpu_type (gpu_seconds). Task and usage meters have no dimension. Request meters may also be split
+by project (the API key's, '' for none): adapters read it only for a book that lays its invoice lines
+out by project (`PriceBook.lines_by_project`); no charge selects on it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class UsageKey(NamedTuple):
     model: str = ""
     deployment: str = ""
     gpu_type: str = ""
+    project: str = ""  # request meters only, read for books that split lines by project
 
     @property
     def group(self) -> str:

@@ -83,6 +83,7 @@ def request_sums(
     end: datetime,
     *,
     by_deployment: bool = True,
+    by_project: bool = False,
     meters: set[str] | None = None,
     customer_id: str | None = None,
     sql_template: str = period_reads.REQUEST_TOTALS_SQL,
@@ -92,17 +93,26 @@ def request_sums(
     """(customer, its request-meter quantities) for each customer served in [start, end), in customer
     order, each customer once and complete, from `metering.period_reads.request_sums`: a thread reads
     the sums, so PostgreSQL keeps summing the next customers while the caller works on this one;
-    `conn` is the thread's until the iterator ends. `sql_template`, `chunk_rows` and `chunks_ahead`
-    are handed to it (tests pass others than its defaults)."""
+    `conn` is the thread's until the iterator ends. `by_project`: the quantities per project too
+    (`UsageKey.project`), for a book that splits its invoice lines by project. `sql_template`,
+    `chunk_rows` and `chunks_ahead` are handed to it (tests pass others than its defaults)."""
     request_meters = [m for m in REQUEST_METERS if meters is None or m in meters]
     if not request_meters:
         return
     keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
     customers = period_reads.request_sums(
-        conn, start, end, request_meters, by_deployment=by_deployment, customer_id=customer_id,
+        conn, start, end, request_meters, by_deployment=by_deployment, by_project=by_project, customer_id=customer_id,
         sql_template=sql_template, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead,
     )
     try:
+        if by_project:
+            for customer, rows in customers:
+                quantities = {}
+                for _, model, deployment, project, *sums in rows:
+                    for meter, q in zip(request_meters, sums, strict=True):
+                        quantities[UsageKey(meter, model, deployment, "", project)] = q
+                yield customer, quantities
+            return
         for customer, rows in customers:
             quantities: dict[UsageKey, int] = {}
             for row in rows:
@@ -271,7 +281,8 @@ def rate_period(
     with gc_paused():
         _add_other_meters(conn, others, start, end, cost_model, meters - set(REQUEST_METERS), None,
                           task_outcomes=book.task_outcomes)
-        for customer, quantities in request_sums(conn, start, end, by_deployment=needs_deployment(book), meters=meters):
+        for customer, quantities in request_sums(conn, start, end, by_deployment=needs_deployment(book),
+                                                 by_project=book.lines_by_project, meters=meters):
             more = others.pop(customer, None)
             if more:
                 quantities.update(more)  # other meters: keys disjoint from the request meters

@@ -109,7 +109,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 # Points of the history every downgrade passes through, head first (0002 and 0003 are branches
 # merged by 0004).
-STEPS = ("0022", "0020", "0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
+STEPS = ("0022", "0021", "0020", "0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):

@@ -122,6 +122,7 @@ class InvoiceLine:
     period: str
     service_period_start: datetime
     service_period_end: datetime
+    project: str = ""  # the project of a line split by project ('' : no project, or a line not split)
 
     def __post_init__(self) -> None:
         if not self.id or not self.rated_line_id:
@@ -134,6 +135,8 @@ class InvoiceLine:
                 raise InvoiceError(f"line {self.id}: {name} must be a finite Decimal, got {value!r}")
         if self.unit_price is not None and not isinstance(self.unit_price, Decimal):
             raise InvoiceError(f"line {self.id}: unit_price must be a Decimal or None")
+        if not isinstance(self.project, str):
+            raise InvoiceError(f"line {self.id}: project must be a string ('' for none), got {self.project!r}")
         parse_label(self.period)
         start, end = self.service_period_start, self.service_period_end
         if not (isinstance(start, datetime) and start.tzinfo is UTC):  # already aware UTC: nothing to convert

@@ -65,13 +65,15 @@ def adjustment_lines(
         current = now.get(rated_id)
         if current is not None:
             q1, p1, a1 = current.quantity, current.precise_amount, current.amount
-            kind, charge_key, meter, group, unit_price = (
-                current.kind, current.charge_key, current.meter, current.group, current.unit_price
+            kind, charge_key, meter, group, unit_price, project = (
+                current.kind, current.charge_key, current.meter, current.group, current.unit_price, current.project
             )
         else:  # the rated line is gone (usage corrected away): take back everything invoiced for it
             q1 = p1 = a1 = ZERO
             last = previous[-1]
-            kind, charge_key, meter, group, unit_price = last.kind, last.charge_key, last.meter, last.group, last.unit_price
+            kind, charge_key, meter, group, unit_price, project = (
+                last.kind, last.charge_key, last.meter, last.group, last.unit_price, last.project
+            )
         if (q1, p1, a1) == (q0, p0, a0):
             continue
         out.append(
@@ -79,7 +81,7 @@ def adjustment_lines(
                 id=adjustment_line_id(rated_id, target_invoice_id), rated_line_id=rated_id, kind=kind,
                 charge_key=charge_key, meter=meter, group=group, quantity=q1 - q0, unit_price=unit_price,
                 precise_amount=p1 - p0, amount=a1 - a0, period=period.label, service_period_start=period.start,
-                service_period_end=period.end,
+                service_period_end=period.end, project=project,
             )
         )
     return tuple(out)

@@ -55,6 +55,7 @@ def line_from_rated(line: Line, period: Period) -> InvoiceLine:
         id=line.line_id, rated_line_id=line.line_id, kind=line.kind, charge_key=line.charge_key, meter=line.meter,
         group=line.group, quantity=line.quantity, unit_price=line.unit_price, precise_amount=line.precise_amount,
         amount=line.amount, period=period.label, service_period_start=period.start, service_period_end=period.end,
+        project=line.project,
     )
 
 
@@ -62,16 +63,17 @@ def _copied(line: Line, label: str, start: datetime, end: datetime) -> InvoiceLi
     """`line_from_rated` of a rated line of period (label, start, end), built without the frozen
     dataclass's per-field __init__ once the line passes what a rated line could get wrong (id, kind,
     finite Decimals); None when it does not (the checked constructor then says what is wrong)."""
-    (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount) = line
+    (line_id, kind, _, charge_key, meter, group, quantity, unit_price, precise_amount, amount, project) = line
     if (not line_id or kind not in LINE_KINDS or type(quantity) is not Decimal or type(amount) is not Decimal
             or type(precise_amount) is not Decimal or not (quantity.is_finite() and amount.is_finite()
                                                            and precise_amount.is_finite())
-            or (unit_price is not None and type(unit_price) is not Decimal)):
+            or (unit_price is not None and type(unit_price) is not Decimal) or type(project) is not str):
         return None
     copied = object.__new__(InvoiceLine)
     copied.__dict__.update(id=line_id, rated_line_id=line_id, kind=kind, charge_key=charge_key, meter=meter,
                            group=group, quantity=quantity, unit_price=unit_price, precise_amount=precise_amount,
-                           amount=amount, period=label, service_period_start=start, service_period_end=end)
+                           amount=amount, period=label, service_period_start=start, service_period_end=end,
+                           project=project)
     return copied
 
 

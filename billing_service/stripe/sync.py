@@ -149,7 +149,7 @@ def credit_note_amount_minor(note: CreditNote, invoice: Invoice) -> int:
 
 
 def _describe(line: InvoiceLine) -> str:
-    what = line.meter + (f" {line.group}" if line.group else "")
+    what = line.meter + (f" {line.group}" if line.group else "") + (f" project {line.project}" if line.project else "")
     adjustment = " (adjustment)" if line.is_adjustment else ""
     return f"{what}: {line.quantity.normalize():f} ({line.period}){adjustment}"
 

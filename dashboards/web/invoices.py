@@ -26,7 +26,7 @@ router = APIRouter(include_in_schema=False)
 INVOICE_COLUMNS = ("number", "period", "period_start", "period_end", "status", "status_label", "currency", "subtotal",
                    "credits_applied", "total", "issued_at", "id")
 LINE_COLUMNS = ("invoice_number", "invoice_period", "meter", "model", "group", "kind", "quantity", "unit_price",
-                "amount", "period", "adjustment")
+                "amount", "period", "adjustment", "project")
 
 
 def billing_query(view: dict, params: dict[str, str]) -> str:

@@ -45,7 +45,7 @@ def test_a_line_as_json_keeps_decimals_as_strings():
     assert line.to_dict() == {
         "line_id": line.line_id, "kind": "usage", "customer_id": "c1", "charge": "output_tokens;model=big-model",
         "meter": "output_tokens", "group": "big-model", "quantity": "1000000", "unit_price": "0.000002400000",
-        "precise_amount": "2.400000000000", "amount": "2.40",
+        "precise_amount": "2.400000000000", "amount": "2.40", "project": None,
     }
     minimum = next(x for x in rating.lines if x.kind == "minimum")
     assert minimum.to_dict()["unit_price"] is None and minimum.to_dict()["amount"] == "95.80"
