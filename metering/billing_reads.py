@@ -72,7 +72,8 @@ WITH req AS (
     SELECT customer_id, payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
            (payload->'data'->>'input_tokens')::bigint AS input_tokens,
            (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
-           (payload->'data'->>'output_tokens')::bigint AS output_tokens
+           (payload->'data'->>'output_tokens')::bigint AS output_tokens,
+           coalesce(payload->'data'->>'project', '') AS project
     FROM raw_events WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
       AND (%(as_of)s::timestamptz IS NULL OR received_at <= %(as_of)s) {only}
 ), outcome AS (
@@ -93,20 +94,20 @@ WITH req AS (
       AND (%(as_of)s::timestamptz IS NULL OR r.received_at <= %(as_of)s)
     GROUP BY d.customer_id, d.task_id
 )
-SELECT customer_id, m.meter, model, deployment_id, sum(m.value)::numeric FROM req,
+SELECT customer_id, m.meter, model, deployment_id, project, sum(m.value)::numeric FROM req,
 LATERAL (VALUES ('requests', 1::bigint), ('uncached_input_tokens', input_tokens - cached_input_tokens),
                 ('cached_input_tokens', cached_input_tokens), ('output_tokens', output_tokens)) AS m(meter, value)
-GROUP BY 1, 2, 3, 4
+GROUP BY 1, 2, 3, 4, 5
 UNION ALL
-SELECT customer_id, 'usage:' || (payload->'data'->>'meter'), '', '', sum((payload->'data'->>'quantity')::numeric)
+SELECT customer_id, 'usage:' || (payload->'data'->>'meter'), '', '', '', sum((payload->'data'->>'quantity')::numeric)
 FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
   AND (%(as_of)s::timestamptz IS NULL OR received_at <= %(as_of)s) {only}
 GROUP BY 1, 2
 UNION ALL
-SELECT customer_id, CASE outcome WHEN 'succeeded' THEN 'successful_tasks' ELSE 'failed_tasks' END, '', '',
+SELECT customer_id, CASE outcome WHEN 'succeeded' THEN 'successful_tasks' ELSE 'failed_tasks' END, '', '', '',
        count(*)::numeric FROM done GROUP BY 1, 2
 UNION ALL
-SELECT customer_id, 'task_attempts', '', '', sum(n)::numeric FROM attempts GROUP BY 1
+SELECT customer_id, 'task_attempts', '', '', '', sum(n)::numeric FROM attempts GROUP BY 1
 """
 
 
@@ -114,9 +115,10 @@ def usage_as_of(
     conn: psycopg.Connection, window: Window, *, as_of: datetime | None = None, customer_id: str | None = None
 ) -> list[dict]:
     """Usage over [start, end) as metering knew it at `as_of` (events with received_at <= as_of; None: all),
-    from raw events only: [{customer_id, meter, model, deployment_id, quantity (Decimal)}], sorted by
-    customer, meter, model, deployment, zero quantities left out. Meters: requests, uncached_input_tokens,
-    cached_input_tokens, output_tokens (per model and deployment, at event time); usage:<meter> (event
+    from raw events only: [{customer_id, meter, model, deployment_id, project, quantity (Decimal)}], sorted
+    by customer, meter, model, deployment, project, zero quantities left out. Meters: requests,
+    uncached_input_tokens, cached_input_tokens, output_tokens (per model, deployment and project — the
+    event's, '' for none — at event time); usage:<meter> (event
     time); successful_tasks, failed_tasks, task_attempts (the latest outcome of each task known then, at its
     finished_at, with the attempts of its requests known then), as `usage`, `usage_meter_totals` and
     `task_totals` count them. GPU time is not included (its attribution is pricing's)."""
@@ -125,7 +127,7 @@ def usage_as_of(
         USAGE_AS_OF_SQL.format(only=only),
         {"start": window.start, "end": window.end, "as_of": as_of, "customer": customer_id},
     ).fetchall()
-    out = [{"customer_id": c, "meter": m, "model": model or "", "deployment_id": dep or "", "quantity": q}
-           for c, m, model, dep, q in rows if q]
-    out.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"]))
+    out = [{"customer_id": c, "meter": m, "model": model or "", "deployment_id": dep or "", "project": project,
+            "quantity": q} for c, m, model, dep, project, q in rows if q]
+    out.sort(key=lambda r: (r["customer_id"], r["meter"], r["model"], r["deployment_id"], r["project"]))
     return out
