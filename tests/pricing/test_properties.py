@@ -133,14 +133,14 @@ def _reference_lines(book, usage):
     """The usage lines of `rate`, worked out the plain way: match, sum, price (amount x quantity / per),
     round once, hash the id from the whole text. `rate`'s shortcuts (one product by an exact unit price,
     copied id prefixes, cached matches) must give exactly these."""
-    from pricing.money import precise
+    from pricing.money import EXACT, precise
     from pricing.rating import line_id, match_charge, price_quantity
 
     sums: dict[tuple[int, str], Decimal] = {}
     for k, q in usage.quantities.items():
         matched = match_charge(book, k)
-        if q and matched is not None:
-            sums[(matched[0], k.group)] = sums.get((matched[0], k.group), Decimal(0)) + q
+        if q and matched is not None:  # quantities up to 38 integer digits: summed exactly, not to 28 digits
+            sums[(matched[0], k.group)] = EXACT.add(sums.get((matched[0], k.group), Decimal(0)), q)
     out = []
     for (index, group), q in sorted(sums.items()):
         charge = book.charges[index]
