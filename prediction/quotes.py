@@ -26,7 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from prediction.distribution import Distribution
 from prediction.request import RequestPrediction
 from prediction.tasks import TaskCell, TaskSample
-from pricing.book import PriceBook
+from pricing.book import REQUEST_METERS, TASK_METERS, PriceBook
 from pricing.rating import rate
 from pricing.usage import Usage, UsageKey
 
@@ -34,8 +34,7 @@ SIMULATIONS = 400
 MAX_TASKS_PER_SUCCESS = 100  # a simulated run gives up after this many tasks without a success
 QUOTE_PLACES = 6
 _QUANTUM = Decimal(1).scaleb(-QUOTE_PLACES)
-QUOTED_METERS = frozenset({"uncached_input_tokens", "cached_input_tokens", "output_tokens", "requests",
-                           "successful_tasks", "failed_tasks", "task_attempts"})
+QUOTED_METERS = frozenset({*REQUEST_METERS, *TASK_METERS})  # the meter vocabulary: pricing.book
 
 
 class QuoteError(ValueError):

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
 
 from pricing.anatomy import Anatomy, AnatomyInputs, Part, anatomy, parts
-from pricing.book import PriceBook
+from pricing.book import REQUEST_METERS, PriceBook
 from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
 from pricing.money import EXACT, Currency, precise
 from pricing.rating import Rating, line_quantities, rate, rounded_total
@@ -30,7 +30,7 @@ from pricing.records import Dataset
 from pricing.usage import Usage, UsageKey
 
 ZERO = Decimal(0)
-REQUEST_METERS_FROM_RECORD = ("uncached_input_tokens", "cached_input_tokens", "output_tokens", "requests")
+REQUEST_METERS_FROM_RECORD = REQUEST_METERS  # pricing.book's: the fields of a RequestRecord it reads
 
 
 class ExperimentError(ValueError):

@@ -117,6 +117,7 @@ from infermeter.settings import Settings, get_settings
 from infermeter.times import Window
 from metering.budget_reads import customer_token_sums
 from metering.event_lookups import recorded_event_keys
+from pricing.book import TOKEN_METERS
 from serving import ratelimit
 from serving.gateway_contracts import Admitted, Rejected
 from serving.single_flight import SingleFlight, due
@@ -146,7 +147,7 @@ class ListPrice:
         )
 
 
-_TOKEN_METERS = ("uncached_input_tokens", "cached_input_tokens", "output_tokens")
+_TOKEN_METERS = TOKEN_METERS  # the book's token meters (pricing.book, the meter vocabulary)
 
 
 def _setting_prices(settings: Settings) -> dict[str, Decimal]:
