@@ -114,8 +114,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
 from infermeter.settings import Settings, get_settings
-from infermeter.times import Window
-from metering.budget_reads import customer_token_sums
+from infermeter.times import Window, utc_text
+from metering.budget_reads import billing_period_of, period_tokens
 from metering.event_lookups import recorded_event_keys
 from pricing.book import TOKEN_METERS
 from serving import ratelimit
@@ -322,6 +322,7 @@ class Spend:
     metered: Decimal
     settled_unmetered: Decimal
     reserved: Decimal
+    period: Window | None = None  # the customer's billing period this spend is of
 
     @property
     def total(self) -> Decimal:
@@ -335,13 +336,13 @@ def _money(amount: Decimal) -> str:
 # --- the controller ----------------------------------------------------------------------------
 
 # Budgets' own part of spend, one statement (one snapshot of budget_reservations): each settled
-# row of the month (its cost and its event's key, looked up in metering next) and the reserved sum.
+# row of the customer's billing period (its cost and its event's key, looked up in metering next) and the reserved sum.
 _RESERVATIONS_SQL = text(
     """
     SELECT 'settled' AS part, amount, event_source, event_id
       FROM budget_reservations
      WHERE customer_id = :customer_id AND state = 'settled'
-       AND created_at >= :month_start AND created_at < :month_end
+       AND created_at >= :period_start AND created_at < :period_end
     UNION ALL
     SELECT 'reserved', coalesce(sum(amount), 0), NULL, NULL
       FROM budget_reservations
@@ -389,7 +390,7 @@ _HOUSEKEEP_SQL = text(
     DELETE FROM budget_reservations r
      WHERE r.customer_id = :customer_id
        AND ((r.state = 'reserved' AND r.expires_at <= :now)
-            OR (r.state = 'settled' AND (r.created_at < :month_start OR r.request_id = ANY(CAST(:metered AS text[])))))
+            OR (r.state = 'settled' AND (r.created_at < :period_start OR r.request_id = ANY(CAST(:metered AS text[])))))
     """
 )
 
@@ -419,6 +420,7 @@ class AdmissionController:
         self._lock = threading.Lock()
         self._housekeep_every_s = housekeep_every_s
         self._housekept: dict[str, float] = {}
+        self._periods: dict[str, Window] = {}  # customer -> its billing period last read (kept until it ends)
 
     # --- async faces for the gateway -----------------------------------------------------------
 
@@ -456,29 +458,52 @@ class AdmissionController:
             else:
                 self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
 
+    def period_of(self, customer_id: str, now: datetime, conn=None) -> Window:
+        """The customer's billing period containing `now` (metering.budget_reads.billing_period_of: its
+        time zone and anchor day, the UTC calendar month without a calendar). Kept per customer until
+        the period ends; `spend` replaces it when metering, in the same snapshot as the tokens, locates
+        `now` in another period (the customer's calendar changed)."""
+        with self._lock:
+            period = self._periods.get(customer_id)
+        if period is not None and now in period:
+            return period
+        if conn is None:
+            with self.engine.connect() as own:
+                return self.period_of(customer_id, now, own)
+        period = billing_period_of(_driver_connection(conn), customer_id, now)
+        with self._lock:
+            self._periods[customer_id] = period
+        return period
+
     def spend(self, customer_id: str, *, now: datetime | None = None, conn=None) -> Spend:
+        """Spend of the customer's billing period containing `now` (default: the clock's now)."""
         now = now or self._clock()
         if conn is None:
             with self.engine.connect() as own:
                 return self.spend(customer_id, now=now, conn=own)
-        month = Window.month_of(now)
-        # 1. budgets' own rows, one snapshot: the month's settled costs and the reserved worst cases
+        period = self.period_of(customer_id, now, conn)
+        # 1. budgets' own rows, one snapshot: the period's settled costs and the reserved worst cases
         rows = conn.execute(
-            _RESERVATIONS_SQL, dict(customer_id=customer_id, month_start=month.start, month_end=month.end, now=now)
+            _RESERVATIONS_SQL,
+            dict(customer_id=customer_id, period_start=period.start, period_end=period.end, now=now),
         ).all()
         reserved = sum((Decimal(r.amount) for r in rows if r.part == "reserved"), _ZERO)
         settled_rows = [r for r in rows if r.part == "settled"]
-        # 2. metering's rows, one snapshot, in the same transaction: the month's tokens and which of
-        # the settled requests' events are already in them (see the module docstring)
-        sums, recorded = customer_token_sums(
-            _driver_connection(conn), customer_id, month,
+        # 2. metering's rows, one snapshot, in the same transaction: the period, its tokens and which
+        # of the settled requests' events are already in them (see the module docstring)
+        metered = period_tokens(
+            _driver_connection(conn), customer_id, now,
             recorded_of=[(r.event_source, r.event_id) for r in settled_rows
                          if r.event_source is not None and r.event_id is not None],
         )
+        if metered.period != period:  # the calendar changed since the period was read: read again
+            with self._lock:
+                self._periods[customer_id] = metered.period
+            return self.spend(customer_id, now=now, conn=conn)
         settled = sum(
-            (Decimal(r.amount) for r in settled_rows if (r.event_source, r.event_id) not in recorded), _ZERO
+            (Decimal(r.amount) for r in settled_rows if (r.event_source, r.event_id) not in metered.recorded), _ZERO
         )
-        return Spend(metered_cost(customer_id, month, sums, self.settings), settled, reserved)
+        return Spend(metered_cost(customer_id, period, metered.sums, self.settings), settled, reserved, period)
 
     def admit_sync(
         self,
@@ -536,7 +561,8 @@ class AdmissionController:
                     if config.mode != "soft":
                         return Rejected(
                             reason="budget_exceeded",
-                            message=f"Your {text_}. Raise the budget or wait for the next month.",
+                            message=f"Your {text_}. Raise the budget or wait for the next billing period,"
+                                    f" which starts at {utc_text(spend.period.end)}.",
                             status=402,
                             error_type="insufficient_quota",
                             code="budget_exceeded",
@@ -605,12 +631,12 @@ class AdmissionController:
     def housekeep(self, customer_id: str, now: datetime | None = None) -> None:
         """Delete expired reservations, settled costs metering now counts, and old rate windows."""
         now = now or self._clock()
-        month_start = Window.month_of(now).start
         with self.engine.begin() as conn:
+            period_start = self.period_of(customer_id, now, conn).start
             settled = conn.execute(_SETTLED_KEYS_SQL, dict(customer_id=customer_id)).all()
             recorded = recorded_event_keys(_driver_connection(conn), [(r.event_source, r.event_id) for r in settled])
             metered = [r.request_id for r in settled if (r.event_source, r.event_id) in recorded]
-            conn.execute(_HOUSEKEEP_SQL, dict(customer_id=customer_id, now=now, month_start=month_start, metered=metered))
+            conn.execute(_HOUSEKEEP_SQL, dict(customer_id=customer_id, now=now, period_start=period_start, metered=metered))
             ratelimit.forget_old_windows(conn, customer_id, now)
 
     def _maybe_housekeep(self, customer_id: str, now: datetime) -> None:
