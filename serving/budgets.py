@@ -1,4 +1,4 @@
-"""Budgets: per-customer monthly spend caps (hard, soft or predictive) and the admission the gateway asks for.
+"""Budgets: per-customer spend caps per billing period (hard, soft or predictive) and the admission the gateway asks for.
 
 Public API (the gateway codes against this):
 
@@ -15,9 +15,14 @@ Public API (the gateway codes against this):
 
     set_budget(engine, customer_id, monthly_cap=Decimal|None, mode="hard"|"soft"|"predictive", rpm=None, tpm=None)
     get_budget(engine, customer_id) -> BudgetConfig | None
-    controller.spend(customer_id) -> Spend   # metered + settled-unmetered + reserved, this month
+    controller.spend(customer_id) -> Spend   # metered + settled-unmetered + reserved, this billing period
+    controller.period_of(customer_id, now) -> Window   # the customer's billing period containing `now`
     list_price(model, settings) -> ListPrice # the per-token price of one request (reservations, settlement)
     metered_cost(customer_id, window, sums, settings) -> Decimal  # metered usage, priced as the invoice does
+
+Names say "monthly" (`monthly_cap`, `--monthly-cap`, the warning's text) for compatibility; a cap is
+per billing period: the customer's own, one local calendar month from its anchor day in its time zone.
+A refusal (402) names the instant the next period starts.
 
 Types (serving/gateway_contracts.py, shared with the gateway): `Admitted(request_id, customer_id,
 reserved, warning, headers, limited)`; `Rejected(reason, message, status, error_type, code, headers)`
@@ -30,31 +35,40 @@ condition and 429 would make the OpenAI client retry it automatically),
 Soft mode: the request is admitted (and reserved) and the response carries the header
 `X-Infermeter-Budget-Warning: monthly budget exceeded: spent 101.23 of 100.00` (WARNING_HEADER).
 
-Spend, this calendar month in UTC (infermeter.times.Window.month_of: [first of month 00:00Z, next first)):
-  metered  = the customer's metered tokens of the month (metering.budget_reads.customer_token_sums:
-             uncached input, cached input, output per model and deployment; every status, as
-             metering counts them), priced by `metered_cost`
-+ settled  = actual costs of finished requests whose event metering has not recorded yet
-             (budget_reservations.state='settled' and (event_source, event_id) not recorded)
+Spend, this billing period: the customer's period containing the instant, cut as billing cuts it (its
+IANA time zone and anchor day: [anchor day 00:00 local, the next month's anchor day 00:00 local), e.g.
+Asia/Kolkata's December from 2026-11-30T18:30Z; America/New_York's November 30 days and one hour long
+across the DST change), read from the calendar billing hands metering (metering.budget_reads.
+billing_period_of). A customer without a calendar counts by UTC calendar month, as metering keeps it.
+  metered  = the customer's metered tokens of the period (metering.budget_reads.period_tokens, from the
+             period totals metering keeps at ingest: uncached input, cached input, output per model
+             and deployment; every status, as metering counts them; exact to the event when a period
+             starts inside an hour), priced by `metered_cost`
++ settled  = actual costs of finished requests admitted in the period whose event metering has not
+             recorded yet (budget_reservations.state='settled' and (event_source, event_id) not recorded)
 + reserved = worst cases of requests in flight (state='reserved', not expired).
+The controller keeps each customer's period until it ends (an instant at or after its end reads the
+next one: the boundary instant belongs to the new period). Metering's statement locates the instant
+again in the same snapshot as the tokens; when it finds another period (billing changed the customer's
+time zone or anchor day, and metering re-cut its totals), spend is read again under that one.
 Budgets read their own table in one statement and metering's in another (metering owns its tables;
 budgets call metering.budget_reads). No cost is counted twice nor missed, because metering's statement
-answers both "the month's tokens" and "which of these settled requests' events are recorded" from
-ONE snapshot, and metering commits an event's rollup and its key in one transaction: a settled
-row read by the first statement is, in the second, either recorded and inside the tokens (so
-counted as metered only) or neither (so counted as settled only). A request settled between the
+answers both "the period's tokens" and "which of these settled requests' events are recorded" from
+ONE snapshot, and metering commits an event's key and its share of the period totals in one statement
+of one transaction: a settled row read by the first statement is, in the second, either recorded and
+inside the tokens (so counted as metered only) or neither (so counted as settled only). A request settled between the
 two statements was read as reserved: counted at its worst case (never less than its cost), as a
 single snapshot would also have it when metering ingests the event before the gateway settles.
 Settled rows are deleted once metered (housekeeping).
 
 How spend is priced. Metered usage is priced as the invoice prices it: with
-INFERMETER_LIST_PRICE_BOOK set, the month's tokens are one `pricing.usage.Usage` rated by
+INFERMETER_LIST_PRICE_BOOK set, the period's tokens are one `pricing.usage.Usage` rated by
 `pricing.rating.rate` (the invoice path): each charge's `free` allowance per period and line, its
 tiers, and one half-up rounding per line, so budgets and invoices agree to the cent. A meter the
 book has no charge for is priced at INFERMETER_LIST_PRICE_*_PER_MTOK (exact, unrounded), as is
 everything when no book is set. A single request (its reservation and, until metering records it,
 its settled cost) is priced by `list_price`: the book's unit price per token with no free
-allowance left (an upper bound: the allowance belongs to the month's line, and the metered part
+allowance left (an upper bound: the allowance belongs to the period's line, and the metered part
 applies it once metering has the request), else the INFERMETER_LIST_PRICE_* setting.
 
 Worst case of a request = prompt_tokens at the uncached-input list price + max_tokens at the
@@ -128,7 +142,7 @@ MODES = ("hard", "soft", "predictive")
 _MTOK = Decimal(1_000_000)
 _ZERO = Decimal(0)
 
-# --- prices: list_price for one request, metered_cost for the month's metered usage ------------
+# --- prices: list_price for one request, metered_cost for the period's metered usage ------------
 
 
 @dataclass(frozen=True)
@@ -166,7 +180,7 @@ def list_price(model: str, settings: Settings | None = None) -> ListPrice:
     From the price book INFERMETER_LIST_PRICE_BOOK when set: its `unit` price on
     uncached_input_tokens / cached_input_tokens / output_tokens that best matches the model
     (pricing.rating.match_charge), per token (pricing.rating.rate_unit), with no free allowance
-    left: the allowance is the month's, and `metered_cost` applies it. Any meter the book does not
+    left: the allowance is the period's, and `metered_cost` applies it. Any meter the book does not
     price per unit falls back to INFERMETER_LIST_PRICE_*_PER_MTOK."""
     settings = settings or get_settings()
     fallback = _setting_prices(settings)
@@ -211,7 +225,7 @@ def metered_cost(
     """The cost of a customer's metered tokens over `window`, priced as the invoice prices them.
 
     `sums`: {(model, deployment): (uncached input, cached input, output)} (metering.budget_reads.
-    customer_token_sums). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
+    period_tokens: the customer's billing period's). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
     make one Usage of the window, rated by pricing.rating.rate (free allowances, tiers, one rounding
     per line: the invoice's usage total to the cent); tokens of a meter the book does not charge
     for, and all tokens when no book is set, cost INFERMETER_LIST_PRICE_*_PER_MTOK, exactly."""
