@@ -82,14 +82,17 @@ def customer_crossings(conn: psycopg.Connection, customer_ids: Sequence[str], *,
         return []
     rows = {r["customer_id"]: r for r in customer_forecasts(conn, now, cost_model=cost_model,
                                                             customer_ids=list(customer_ids), budgets=budgets)}
-    month = f"{Window.month_of(now).start:%Y-%m}"
+    utc_month = f"{Window.month_of(now).start:%Y-%m}"
     out: list[Crossing] = []
     for customer in customer_ids:
         thresholds, _ = store.thresholds_for(conn, customer, defaults)
         row = rows.get(customer) or {"available": False}
         currency = row.get("currency")
         cap = budgets(customer, now) if budgets is not None else None
-        budget = None if cap is None else Level(month, Decimal(cap[0]), Decimal(cap[1]), currency)
+        # a budget counts the customer's billing period (serving.budgets): its label, the UTC month's
+        # without a billing record (no calendar)
+        period = row.get("period") or utc_month
+        budget = None if cap is None else Level(period, Decimal(cap[0]), Decimal(cap[1]), currency)
         credit = forecast = runs_out_at = None
         if row["available"] and row.get("credit"):
             c = row["credit"]

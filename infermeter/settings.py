@@ -458,9 +458,9 @@ class Settings(BaseSettings):
     alert_budget_percents: str = Field(
         default="50,80,100",
         validation_alias="INFERMETER_ALERT_BUDGET_PERCENTS",
-        description="Default thresholds on a customer's monthly budget: percentages of the cap spent (as admission "
-        "counts it), comma-separated; each fires once a month when reached (50.00% fires, 49.99% does not). Empty: "
-        "none. `infermeter alerts thresholds set` overrides them per customer.",
+        description="Default thresholds on a customer's budget (its cap per billing period): percentages of the cap "
+        "spent (as admission counts it), comma-separated; each fires once per billing period when reached (50.00% "
+        "fires, 49.99% does not). Empty: none. `infermeter alerts thresholds set` overrides them per customer.",
     )
     alert_credit_percents: str = Field(
         default="50,80,100",

@@ -6,9 +6,10 @@ Windows are half-open [start, end) on event time. Whole hours come from the hour
 window edge inside an hour is answered exactly from raw events for that part.
 
 Metering's other reads: `metering.task_reads` (a customer's tasks), `metering.customer_dashboard_reads`
-(the customer dashboard's charts and project filter), `metering.budget_reads` (budgets' metered
-tokens), `metering.billing_reads` (a billing period's usage meters and tasks, usage as known at a
-moment), `metering.ops_reads` (ingestion, consumers, dead letters, the fleet),
+(the customer dashboard's charts and project filter), `metering.budget_reads` (budgets': a
+customer's billing period and its metered tokens), `metering.billing_reads` (a billing period's
+usage meters and tasks, usage as known at a moment), `metering.ops_reads` (ingestion, consumers,
+dead letters, the fleet),
 `metering.event_lookups` (which events are recorded), `metering.customers_with_usage` (whom to
 bill) and `metering.period_reads` (rating a period).
 """

@@ -1,6 +1,6 @@
-"""Customers' monthly budgets as serving's admission counts them, for the forecasts (`budget` run-out)
-and the alerts (budget thresholds, forecast overspend): `ServingBudgets(database_url, settings)` is
-the `budgets(customer_id, at) -> (monthly cap, the month's spend) | None` callable that
+"""Customers' budgets (caps per billing period) as serving's admission counts them, for the forecasts
+(`budget` run-out) and the alerts (budget thresholds, forecast overspend): `ServingBudgets(database_url,
+settings)` is the `budgets(customer_id, at) -> (cap, the billing period's spend) | None` callable that
 `prediction_service.forecast.customer_forecasts` takes, and lists the customers with a cap.
 """
 
@@ -15,7 +15,7 @@ from serving.budgets import AdmissionController, get_budget, list_budgets
 
 
 class ServingBudgets:
-    """serving.budgets read-only: the cap of `serving.budgets.set_budget` and the month's spend of
+    """serving.budgets read-only: the cap of `serving.budgets.set_budget` and the period's spend of
     `AdmissionController.spend` (metered cost, settled but not yet metered, reserved). Close it (or use
     it as a context manager): the controller holds a thread pool."""
 

@@ -168,11 +168,10 @@ def customer_forecasts(conn: psycopg.Connection, as_of: datetime, *, cost_model:
             row["credit"] = runs_out(forecast, balance, forecast.spend_to_date).to_json(forecast.currency)
         budget = budgets(customer.customer_id, as_of) if budgets is not None else None
         if budget is not None:
-            cap, spent = budget
-            month = Window.month_of(as_of)
+            cap, spent = budget  # of the customer's billing period: `period` (serving.budgets counts it)
             result = runs_out(forecast, cap, spent).to_json(forecast.currency)
-            result["month_end"] = utc_text(month.end)
-            result["within_month"] = result["runs_out_at"] is not None and result["runs_out_at"] < utc_text(month.end)
+            result["month_end"] = utc_text(period.end)  # when the cap resets (the name kept for compatibility)
+            result["within_month"] = result["runs_out_at"] is not None and result["runs_out_at"] < utc_text(period.end)
             row["budget"] = result
         out.append(row)
     out.sort(key=lambda r: r["customer_id"])

@@ -1,4 +1,4 @@
-"""Budgets: per-customer monthly spend caps (hard, soft or predictive) and the admission the gateway asks for.
+"""Budgets: per-customer spend caps per billing period (hard, soft or predictive) and the admission the gateway asks for.
 
 Public API (the gateway codes against this):
 
@@ -15,9 +15,14 @@ Public API (the gateway codes against this):
 
     set_budget(engine, customer_id, monthly_cap=Decimal|None, mode="hard"|"soft"|"predictive", rpm=None, tpm=None)
     get_budget(engine, customer_id) -> BudgetConfig | None
-    controller.spend(customer_id) -> Spend   # metered + settled-unmetered + reserved, this month
+    controller.spend(customer_id) -> Spend   # metered + settled-unmetered + reserved, this billing period
+    controller.period_of(customer_id, now) -> Window   # the customer's billing period containing `now`
     list_price(model, settings) -> ListPrice # the per-token price of one request (reservations, settlement)
     metered_cost(customer_id, window, sums, settings) -> Decimal  # metered usage, priced as the invoice does
+
+Names say "monthly" (`monthly_cap`, `--monthly-cap`, the warning's text) for compatibility; a cap is
+per billing period: the customer's own, one local calendar month from its anchor day in its time zone.
+A refusal (402) names the instant the next period starts.
 
 Types (serving/gateway_contracts.py, shared with the gateway): `Admitted(request_id, customer_id,
 reserved, warning, headers, limited)`; `Rejected(reason, message, status, error_type, code, headers)`
@@ -30,31 +35,40 @@ condition and 429 would make the OpenAI client retry it automatically),
 Soft mode: the request is admitted (and reserved) and the response carries the header
 `X-Infermeter-Budget-Warning: monthly budget exceeded: spent 101.23 of 100.00` (WARNING_HEADER).
 
-Spend, this calendar month in UTC (infermeter.times.Window.month_of: [first of month 00:00Z, next first)):
-  metered  = the customer's metered tokens of the month (metering.budget_reads.customer_token_sums:
-             uncached input, cached input, output per model and deployment; every status, as
-             metering counts them), priced by `metered_cost`
-+ settled  = actual costs of finished requests whose event metering has not recorded yet
-             (budget_reservations.state='settled' and (event_source, event_id) not recorded)
+Spend, this billing period: the customer's period containing the instant, cut as billing cuts it (its
+IANA time zone and anchor day: [anchor day 00:00 local, the next month's anchor day 00:00 local), e.g.
+Asia/Kolkata's December from 2026-11-30T18:30Z; America/New_York's November 30 days and one hour long
+across the DST change), read from the calendar billing hands metering (metering.budget_reads.
+billing_period_of). A customer without a calendar counts by UTC calendar month, as metering keeps it.
+  metered  = the customer's metered tokens of the period (metering.budget_reads.period_tokens, from the
+             period totals metering keeps at ingest: uncached input, cached input, output per model
+             and deployment; every status, as metering counts them; exact to the event when a period
+             starts inside an hour), priced by `metered_cost`
++ settled  = actual costs of finished requests admitted in the period whose event metering has not
+             recorded yet (budget_reservations.state='settled' and (event_source, event_id) not recorded)
 + reserved = worst cases of requests in flight (state='reserved', not expired).
+The controller keeps each customer's period until it ends (an instant at or after its end reads the
+next one: the boundary instant belongs to the new period). Metering's statement locates the instant
+again in the same snapshot as the tokens; when it finds another period (billing changed the customer's
+time zone or anchor day, and metering re-cut its totals), spend is read again under that one.
 Budgets read their own table in one statement and metering's in another (metering owns its tables;
 budgets call metering.budget_reads). No cost is counted twice nor missed, because metering's statement
-answers both "the month's tokens" and "which of these settled requests' events are recorded" from
-ONE snapshot, and metering commits an event's rollup and its key in one transaction: a settled
-row read by the first statement is, in the second, either recorded and inside the tokens (so
-counted as metered only) or neither (so counted as settled only). A request settled between the
+answers both "the period's tokens" and "which of these settled requests' events are recorded" from
+ONE snapshot, and metering commits an event's key and its share of the period totals in one statement
+of one transaction: a settled row read by the first statement is, in the second, either recorded and
+inside the tokens (so counted as metered only) or neither (so counted as settled only). A request settled between the
 two statements was read as reserved: counted at its worst case (never less than its cost), as a
 single snapshot would also have it when metering ingests the event before the gateway settles.
 Settled rows are deleted once metered (housekeeping).
 
 How spend is priced. Metered usage is priced as the invoice prices it: with
-INFERMETER_LIST_PRICE_BOOK set, the month's tokens are one `pricing.usage.Usage` rated by
+INFERMETER_LIST_PRICE_BOOK set, the period's tokens are one `pricing.usage.Usage` rated by
 `pricing.rating.rate` (the invoice path): each charge's `free` allowance per period and line, its
 tiers, and one half-up rounding per line, so budgets and invoices agree to the cent. A meter the
 book has no charge for is priced at INFERMETER_LIST_PRICE_*_PER_MTOK (exact, unrounded), as is
 everything when no book is set. A single request (its reservation and, until metering records it,
 its settled cost) is priced by `list_price`: the book's unit price per token with no free
-allowance left (an upper bound: the allowance belongs to the month's line, and the metered part
+allowance left (an upper bound: the allowance belongs to the period's line, and the metered part
 applies it once metering has the request), else the INFERMETER_LIST_PRICE_* setting.
 
 Worst case of a request = prompt_tokens at the uncached-input list price + max_tokens at the
@@ -114,8 +128,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
 from infermeter.settings import Settings, get_settings
-from infermeter.times import Window
-from metering.budget_reads import customer_token_sums
+from infermeter.times import Window, utc_text
+from metering.budget_reads import billing_period_of, period_tokens
 from metering.event_lookups import recorded_event_keys
 from pricing.book import TOKEN_METERS
 from serving import ratelimit
@@ -128,7 +142,7 @@ MODES = ("hard", "soft", "predictive")
 _MTOK = Decimal(1_000_000)
 _ZERO = Decimal(0)
 
-# --- prices: list_price for one request, metered_cost for the month's metered usage ------------
+# --- prices: list_price for one request, metered_cost for the period's metered usage ------------
 
 
 @dataclass(frozen=True)
@@ -166,7 +180,7 @@ def list_price(model: str, settings: Settings | None = None) -> ListPrice:
     From the price book INFERMETER_LIST_PRICE_BOOK when set: its `unit` price on
     uncached_input_tokens / cached_input_tokens / output_tokens that best matches the model
     (pricing.rating.match_charge), per token (pricing.rating.rate_unit), with no free allowance
-    left: the allowance is the month's, and `metered_cost` applies it. Any meter the book does not
+    left: the allowance is the period's, and `metered_cost` applies it. Any meter the book does not
     price per unit falls back to INFERMETER_LIST_PRICE_*_PER_MTOK."""
     settings = settings or get_settings()
     fallback = _setting_prices(settings)
@@ -211,7 +225,7 @@ def metered_cost(
     """The cost of a customer's metered tokens over `window`, priced as the invoice prices them.
 
     `sums`: {(model, deployment): (uncached input, cached input, output)} (metering.budget_reads.
-    customer_token_sums). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
+    period_tokens: the customer's billing period's). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
     make one Usage of the window, rated by pricing.rating.rate (free allowances, tiers, one rounding
     per line: the invoice's usage total to the cent); tokens of a meter the book does not charge
     for, and all tokens when no book is set, cost INFERMETER_LIST_PRICE_*_PER_MTOK, exactly."""
@@ -322,6 +336,7 @@ class Spend:
     metered: Decimal
     settled_unmetered: Decimal
     reserved: Decimal
+    period: Window | None = None  # the customer's billing period this spend is of
 
     @property
     def total(self) -> Decimal:
@@ -335,13 +350,13 @@ def _money(amount: Decimal) -> str:
 # --- the controller ----------------------------------------------------------------------------
 
 # Budgets' own part of spend, one statement (one snapshot of budget_reservations): each settled
-# row of the month (its cost and its event's key, looked up in metering next) and the reserved sum.
+# row of the customer's billing period (its cost and its event's key, looked up in metering next) and the reserved sum.
 _RESERVATIONS_SQL = text(
     """
     SELECT 'settled' AS part, amount, event_source, event_id
       FROM budget_reservations
      WHERE customer_id = :customer_id AND state = 'settled'
-       AND created_at >= :month_start AND created_at < :month_end
+       AND created_at >= :period_start AND created_at < :period_end
     UNION ALL
     SELECT 'reserved', coalesce(sum(amount), 0), NULL, NULL
       FROM budget_reservations
@@ -389,7 +404,7 @@ _HOUSEKEEP_SQL = text(
     DELETE FROM budget_reservations r
      WHERE r.customer_id = :customer_id
        AND ((r.state = 'reserved' AND r.expires_at <= :now)
-            OR (r.state = 'settled' AND (r.created_at < :month_start OR r.request_id = ANY(CAST(:metered AS text[])))))
+            OR (r.state = 'settled' AND (r.created_at < :period_start OR r.request_id = ANY(CAST(:metered AS text[])))))
     """
 )
 
@@ -419,6 +434,7 @@ class AdmissionController:
         self._lock = threading.Lock()
         self._housekeep_every_s = housekeep_every_s
         self._housekept: dict[str, float] = {}
+        self._periods: dict[str, Window] = {}  # customer -> its billing period last read (kept until it ends)
 
     # --- async faces for the gateway -----------------------------------------------------------
 
@@ -456,29 +472,52 @@ class AdmissionController:
             else:
                 self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
 
+    def period_of(self, customer_id: str, now: datetime, conn=None) -> Window:
+        """The customer's billing period containing `now` (metering.budget_reads.billing_period_of: its
+        time zone and anchor day, the UTC calendar month without a calendar). Kept per customer until
+        the period ends; `spend` replaces it when metering, in the same snapshot as the tokens, locates
+        `now` in another period (the customer's calendar changed)."""
+        with self._lock:
+            period = self._periods.get(customer_id)
+        if period is not None and now in period:
+            return period
+        if conn is None:
+            with self.engine.connect() as own:
+                return self.period_of(customer_id, now, own)
+        period = billing_period_of(_driver_connection(conn), customer_id, now)
+        with self._lock:
+            self._periods[customer_id] = period
+        return period
+
     def spend(self, customer_id: str, *, now: datetime | None = None, conn=None) -> Spend:
+        """Spend of the customer's billing period containing `now` (default: the clock's now)."""
         now = now or self._clock()
         if conn is None:
             with self.engine.connect() as own:
                 return self.spend(customer_id, now=now, conn=own)
-        month = Window.month_of(now)
-        # 1. budgets' own rows, one snapshot: the month's settled costs and the reserved worst cases
+        period = self.period_of(customer_id, now, conn)
+        # 1. budgets' own rows, one snapshot: the period's settled costs and the reserved worst cases
         rows = conn.execute(
-            _RESERVATIONS_SQL, dict(customer_id=customer_id, month_start=month.start, month_end=month.end, now=now)
+            _RESERVATIONS_SQL,
+            dict(customer_id=customer_id, period_start=period.start, period_end=period.end, now=now),
         ).all()
         reserved = sum((Decimal(r.amount) for r in rows if r.part == "reserved"), _ZERO)
         settled_rows = [r for r in rows if r.part == "settled"]
-        # 2. metering's rows, one snapshot, in the same transaction: the month's tokens and which of
-        # the settled requests' events are already in them (see the module docstring)
-        sums, recorded = customer_token_sums(
-            _driver_connection(conn), customer_id, month,
+        # 2. metering's rows, one snapshot, in the same transaction: the period, its tokens and which
+        # of the settled requests' events are already in them (see the module docstring)
+        metered = period_tokens(
+            _driver_connection(conn), customer_id, now,
             recorded_of=[(r.event_source, r.event_id) for r in settled_rows
                          if r.event_source is not None and r.event_id is not None],
         )
+        if metered.period != period:  # the calendar changed since the period was read: read again
+            with self._lock:
+                self._periods[customer_id] = metered.period
+            return self.spend(customer_id, now=now, conn=conn)
         settled = sum(
-            (Decimal(r.amount) for r in settled_rows if (r.event_source, r.event_id) not in recorded), _ZERO
+            (Decimal(r.amount) for r in settled_rows if (r.event_source, r.event_id) not in metered.recorded), _ZERO
         )
-        return Spend(metered_cost(customer_id, month, sums, self.settings), settled, reserved)
+        return Spend(metered_cost(customer_id, period, metered.sums, self.settings), settled, reserved, period)
 
     def admit_sync(
         self,
@@ -536,7 +575,8 @@ class AdmissionController:
                     if config.mode != "soft":
                         return Rejected(
                             reason="budget_exceeded",
-                            message=f"Your {text_}. Raise the budget or wait for the next month.",
+                            message=f"Your {text_}. Raise the budget or wait for the next billing period,"
+                                    f" which starts at {utc_text(spend.period.end)}.",
                             status=402,
                             error_type="insufficient_quota",
                             code="budget_exceeded",
@@ -605,12 +645,12 @@ class AdmissionController:
     def housekeep(self, customer_id: str, now: datetime | None = None) -> None:
         """Delete expired reservations, settled costs metering now counts, and old rate windows."""
         now = now or self._clock()
-        month_start = Window.month_of(now).start
         with self.engine.begin() as conn:
+            period_start = self.period_of(customer_id, now, conn).start
             settled = conn.execute(_SETTLED_KEYS_SQL, dict(customer_id=customer_id)).all()
             recorded = recorded_event_keys(_driver_connection(conn), [(r.event_source, r.event_id) for r in settled])
             metered = [r.request_id for r in settled if (r.event_source, r.event_id) in recorded]
-            conn.execute(_HOUSEKEEP_SQL, dict(customer_id=customer_id, now=now, month_start=month_start, metered=metered))
+            conn.execute(_HOUSEKEEP_SQL, dict(customer_id=customer_id, now=now, period_start=period_start, metered=metered))
             ratelimit.forget_old_windows(conn, customer_id, now)
 
     def _maybe_housekeep(self, customer_id: str, now: datetime) -> None:

@@ -199,3 +199,22 @@ def test_the_schedule_evaluates_and_sends(db_url, alert_settings, conn, spender,
     again = schedule.evaluate_once()
     assert again and not [f for f in again if f.new] and len(receiver.requests) == 2
     assert schedule.rounds == 2
+
+
+def test_a_budget_alert_fires_once_per_billing_period_in_the_customers_time_zone(conn, budgets, spender):
+    """Budgets count the customer's billing period (Asia/Kolkata: December's starts 2026-11-30T18:30Z),
+    so the budget alert is once per that period, labelled as billing labels it, not per UTC month."""
+    from billing_service.customers import set_customer
+
+    set_customer(conn, "kol", now=datetime(2026, 10, 1, tzinfo=UTC), timezone="Asia/Kolkata")
+    spender.cap("kol", "100.00")
+
+    def fired(at):
+        return [(f.crossing.threshold, f.crossing.period, f.new)
+                for f in evaluate(conn, now=at, defaults=BUDGET_ONLY, budgets=budgets, customer_ids=["kol"])]
+
+    spender.spend("kol", "50.00", at=datetime(2026, 11, 30, 18, tzinfo=UTC))
+    assert fired(datetime(2026, 11, 30, 18, 10, tzinfo=UTC)) == [("50", "2026-11", True)]
+    spender.spend("kol", "50.00", at=datetime(2026, 11, 30, 18, 40, tzinfo=UTC))  # the new period's
+    assert fired(datetime(2026, 11, 30, 19, tzinfo=UTC)) == [("50", "2026-12", True)]
+    assert fired(datetime(2026, 12, 1, 0, 30, tzinfo=UTC)) == [("50", "2026-12", False)]  # the same period

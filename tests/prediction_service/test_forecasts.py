@@ -24,8 +24,8 @@ def test_the_mid_period_spend_forecast_holds_the_actual_in_its_80_percent_interv
 
 
 def test_customer_forecasts_with_credit_and_budget(demo_conn):
-    budgets = {"cust-001": (Decimal("1.00"), Decimal("0.50"))}
-    rows = customer_forecasts(demo_conn, MID, customer_ids=["cust-001", "cust-003", "no-plan", "ghost"],
+    budgets = {"cust-001": (Decimal("1.00"), Decimal("0.50")), "cust-002": (Decimal("1.00"), Decimal("0.50"))}
+    rows = customer_forecasts(demo_conn, MID, customer_ids=["cust-001", "cust-002", "cust-003", "no-plan", "ghost"],
                               budgets=lambda c, at: budgets.get(c))
     by = {r["customer_id"]: r for r in rows}
     assert by["ghost"] == {"customer_id": "ghost", "available": False, "message": "unknown customer ghost"}
@@ -39,6 +39,8 @@ def test_customer_forecasts_with_credit_and_budget(demo_conn):
     budget = one["budget"]
     assert budget["available"] == "1.00" and budget["used"] == "0.50" and budget["month_end"] == "2026-12-01T00:00:00Z"
     assert MID.isoformat().replace("+00:00", "Z") < budget["runs_out_at"]
+    # a budget resets with the customer's billing period: cust-002's (Asia/Kolkata) ends at 18:30Z
+    assert by["cust-002"]["budget"]["month_end"] == "2026-11-30T18:30:00Z"
     credit = three["credit"]  # 10.00 of prepaid credit
     assert credit["available"] == "10.00" and credit["used"] == three["spend_to_date"]
 

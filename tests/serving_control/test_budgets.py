@@ -286,6 +286,12 @@ def test_budget_spend_and_the_invoice_agree_to_the_cent_with_free_allowances(eng
         conn.cursor().executemany(
             "INSERT INTO request_rollup_hourly (customer_id, model, deployment_id, hour, requests, requests_ok, "
             "input_tokens, cached_input_tokens, output_tokens) VALUES (%s, %s, %s, %s, 1, 1, %s, %s, %s)", rows)
+        # and the period totals metering keeps beside them (these customers have no calendar: UTC months)
+        conn.cursor().executemany(
+            "INSERT INTO request_period_totals (customer_id, model, deployment_id, period_start, requests, "
+            "requests_ok, input_tokens, cached_input_tokens, output_tokens) "
+            "VALUES (%s, %s, %s, date_trunc('month', %s AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 1, 1, %s, %s, %s)",
+            rows)
     spend = controller(engine, s).spend("cust-f", now=NOW)
     with connect(db_url) as conn:
         invoice = rate_period(conn, book, month.start, month.end)["cust-f"]
