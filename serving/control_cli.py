@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infermeter.settings import get_settings
+from infermeter.times import utc_text
 from pricing.money import plain_decimal
 
 console = Console()
@@ -156,7 +157,7 @@ def budgets_set(
 
 
 def _print_budgets(configs, spends=None) -> None:
-    table = Table("customer", "monthly cap", "mode", "rpm", "tpm", *(["spent this month"] if spends else []))
+    table = Table("customer", "monthly cap", "mode", "rpm", "tpm", *(["spent this period"] if spends else []))
     for i, c in enumerate(configs):
         extra = [f"{spends[i].total:.6f}"] if spends else []
         table.add_row(c.customer_id, "none" if c.monthly_cap is None else f"{c.monthly_cap:f}", c.mode,
@@ -166,7 +167,7 @@ def _print_budgets(configs, spends=None) -> None:
 
 @budgets_app.command("show")
 def budgets_show(customer: Annotated[str, typer.Option("--customer", help="Customer id.")]) -> None:
-    """A customer's budget, limits and spend this month (metered + settled + reserved)."""
+    """A customer's budget, limits and spend in its current billing period (metered + settled + reserved)."""
     from serving.budgets import AdmissionController, get_budget
 
     with _engine() as engine:
@@ -181,6 +182,8 @@ def budgets_show(customer: Annotated[str, typer.Option("--customer", help="Custo
     _print_budgets([config], [spend])
     console.print(f"metered {spend.metered:.6f} + settled, not yet metered {spend.settled_unmetered:.6f}"
                   f" + in flight {spend.reserved:.6f}")
+    if spend.period is not None:
+        console.print(f"billing period {utc_text(spend.period.start)} to {utc_text(spend.period.end)}")
 
 
 @budgets_app.command("list")

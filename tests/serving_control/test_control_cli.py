@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from infermeter.settings import get_settings
+from infermeter.times import Window, utc_text
 from serving.control_cli import budgets_app, keys_app, register_serve_commands
 from serving.keys import KeyStore
 
@@ -52,7 +54,9 @@ def test_budgets_set_show_clear(cli):
     result = cli("budgets", "set", "--customer", "cust-b", "--tpm", "1000")  # keeps cap, mode, rpm
     shown = cli("budgets", "show", "--customer", "cust-b")
     assert shown.exit_code == 0, shown.output
-    assert all(s in shown.output for s in ("100.00", "soft", "60", "1000", "0.000000"))
+    assert all(s in shown.output for s in ("100.00", "soft", "60", "1000", "0.000000", "spent this period"))
+    month = Window.month_of(datetime.now(UTC))  # a customer without a billing calendar: the UTC month
+    assert f"billing period {utc_text(month.start)} to {utc_text(month.end)}" in shown.output
     bad = cli("budgets", "set", "--customer", "cust-b", "--monthly-cap", "lots")
     assert bad.exit_code == 2 and "decimal" in bad.output
     bad = cli("budgets", "set", "--customer", "cust-b", "--mode", "maybe")
