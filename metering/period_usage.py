@@ -209,14 +209,17 @@ _PERIOD_OF = """WITH schedules AS (
 _IN_PERIOD = ("t.period_start >= %(low)s AND t.period_start <= %(high)s "
               "AND t.period_start = coalesce(o.period_start, %(utc_start)s) {only}")
 
-REQUEST_TOTALS_SQL = _PERIOD_OF + """
-SELECT t.customer_id, t.model, {deployment}, {project}, sum(t.requests)::bigint,
-       (sum(t.input_tokens) - sum(t.cached_input_tokens))::bigint, sum(t.cached_input_tokens)::bigint,
-       sum(t.output_tokens)::bigint
-FROM request_period_totals t LEFT JOIN own o USING (customer_id)
-WHERE """ + _IN_PERIOD + """
-GROUP BY t.customer_id, t.model{group_deployment}{group_project}
-ORDER BY t.customer_id, t.model{group_deployment}{group_project}
+# The request totals of the label's period starts, read along the primary key (customer first) with
+# no join and no grouping, so rows stream in customer order as the index gives them: which start a row
+# has comes back as its position in %(starts)s (a small integer, not a timestamp to parse), and the
+# caller keeps the rows at the customer's own start and sums them over deployments or projects when
+# asked (`_request_totals`).
+REQUEST_TOTALS_SQL = """
+SELECT t.customer_id, array_position(%(starts)s::timestamptz[], t.period_start), t.model, t.deployment_id, t.project,
+       t.requests, t.input_tokens - t.cached_input_tokens, t.cached_input_tokens, t.output_tokens
+FROM request_period_totals t
+WHERE t.period_start = ANY(%(starts)s::timestamptz[]) {only}
+ORDER BY t.customer_id, t.period_start, t.model, t.deployment_id, t.project
 """
 METER_TOTALS_SQL = _PERIOD_OF + """
 SELECT t.customer_id, t.meter, t.quantity, t.events
@@ -325,7 +328,7 @@ def period_usages(
     waiting = sorted(others)  # the customers with other totals, to merge in customer order
     at = 0
     if requests:
-        for customer, request_rows in _request_totals(conn, params, customer_id, by_deployment, by_project,
+        for customer, request_rows in _request_totals(conn, periods, customer_id, by_deployment, by_project,
                                                       chunk_rows, chunks_ahead):
             while at < len(waiting) and waiting[at] < customer:
                 yield usage(waiting[at], ())
@@ -337,33 +340,55 @@ def period_usages(
         yield usage(customer, ())
 
 
-def _request_totals(conn: psycopg.Connection, params: dict, customer_id: str | None, by_deployment: bool,
+def _request_totals(conn: psycopg.Connection, periods: LabelPeriods, customer_id: str | None, by_deployment: bool,
                     by_project: bool, chunk_rows: int, chunks_ahead: int) -> Iterator[tuple[str, tuple]]:
-    """(customer, its RequestTotals) in customer order."""
-    sql = _sql(REQUEST_TOTALS_SQL, customer_id,
-               deployment="t.deployment_id" if by_deployment else "''",
-               project="t.project" if by_project else "''",
-               group_deployment=", t.deployment_id" if by_deployment else "",
-               group_project=", t.project" if by_project else "")
+    """(customer, its RequestTotals) in customer order: the rows at the customer's own period start,
+    summed over deployments (unless `by_deployment`) and projects (unless `by_project`)."""
+    starts = sorted({start for start, _ in periods.windows()})
+    position = {start: i + 1 for i, start in enumerate(starts)}  # array_position counts from 1
+    utc = position[periods.utc_month[0]]
+    own = {c: position[periods.schedules[s][0]] for c, s in periods.customers.items()}
+    sql = REQUEST_TOTALS_SQL.format(only="" if customer_id is None else "AND t.customer_id = %(customer)s")
+    params = {"starts": starts, "customer": customer_id}
     if customer_id is not None:
         chunks: Iterator[list[tuple]] = iter([conn.execute(sql, params).fetchall()])
     else:
         chunks = period_reads.read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead,
                                          settings=REQUEST_TOTALS_SETTINGS)
+    whole = by_deployment and by_project  # the key's rows as they are, nothing to sum
     make = RequestTotals._make
     current: str | None = None
+    mine = utc
     rows: list[RequestTotals] = []
+    summed: dict[tuple[str, str, str], list[int]] = {}
+
+    def done() -> tuple[RequestTotals, ...]:
+        if whole:
+            return tuple(rows)
+        return tuple(make((*key, *counts)) for key, counts in sorted(summed.items()))
+
     try:
         for chunk in chunks:
             for row in chunk:
-                if row[0] != current:
-                    if current is not None:
-                        yield current, tuple(rows)
-                    current, rows = row[0], []
-                rows.append(make(row[1:]))
-        if current is not None:
-            yield current, tuple(rows)
+                customer = row[0]
+                if customer != current:
+                    if current is not None and (rows or summed):
+                        yield current, done()
+                    current, mine, rows, summed = customer, own.get(customer, utc), [], {}
+                if row[1] != mine:
+                    continue  # another period of the customer's schedule that starts in the label's range
+                if whole:
+                    rows.append(make(row[2:]))
+                    continue
+                key = (row[2], row[3] if by_deployment else "", row[4] if by_project else "")
+                counts = summed.get(key)
+                if counts is None:
+                    summed[key] = list(row[5:])
+                else:
+                    for i, q in enumerate(row[5:]):
+                        counts[i] += q
+        if current is not None and (rows or summed):
+            yield current, done()
     finally:
         if hasattr(chunks, "close"):
             chunks.close()  # the caller stopped early: stop the reading thread now
-
