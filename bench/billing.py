@@ -4,13 +4,15 @@ same month by the invoice path, in one run (target: billing <= 1.5x rating).
     python -m bench.billing [--customers 10000] [--models 5] [--active-hours 72]
 
 Rows as in bench.rating (10k customers x 5 models x 72 active hours of November 2026 = 3.6M
-request_rollup_hourly rows, written hour by hour, then VACUUM ANALYZE). Every customer gets a
+request_rollup_hourly rows, written hour by hour, and the period totals of the same data, then VACUUM
+ANALYZE). Every customer gets a
 billing record (UTC, USD, anchor day 1) and the example per-token book from 2026-11-01. Then, in
 the same run:
 - rating: `pricing_service.rate_period.rate_period` over the month (every customer's lines);
 - billing: billing_service's `billing_run` for 2026-11 with the clock past the grace window, so
   each customer's draft is created and finalized (gapless number, history, credits check): the
-  bulk path (its own `rate_period` pass, then batches of customers written with COPY).
+  bulk path (its own rating pass, `rate_billing_period` from the period totals, then batches of
+  customers written with COPY).
 Prints invoices/s and the ratio billing time / rating time (wall clock; and, with a local server,
 the ratio of CPU seconds of this process and its PostgreSQL backend, which other load moves less).
 

@@ -58,11 +58,11 @@ from billing_service.store import (
     require_customer,
 )
 from billing_service.usage import Unbilled, period_usage, unbilled_usage
-from infermeter.times import floor_hour
+from metering.period_usage import LabelPeriods, PeriodUsageError, label_periods
 from pricing.cost import CostModel
 from pricing.rating import Rating, rate
 from pricing.usage import Usage
-from pricing_service.rate_period import rate_period
+from pricing_service.rate_period import rate_billing_period
 
 DEFAULT_GRACE_H = 24
 # customers per transaction of the bulk billing run: each holds one advisory lock per customer (the
@@ -143,8 +143,8 @@ def billing_run(
 
     With `customer_id` (or `bulk=False`) each customer gets its own transaction, its own reads and
     writes. Without, the bulk path: every customer's periods are rated up front, one
-    `pricing_service.rate_period` pass per period window and book (a customer whose window does not
-    start and end on whole UTC hours, in a +05:30 zone say, is rated on its own as before), then the
+    `pricing_service.rate_period.rate_billing_period` pass per period label and book, from the period
+    totals metering keeps (every customer's own period of the label, +05:30 zones included), then the
     customers are billed `batch_size` at a time, one transaction each: lock them, load their invoices,
     plans and credits in a few queries, run the same per-customer logic on those in memory, and write
     the result with COPY (`billing_service.batch`). Both paths give the same invoices, ids, lines,
@@ -322,10 +322,13 @@ def _bulk_ratings(conn: psycopg.Connection, started: list[tuple[Customer, Period
     """The ratings `_run_customer` will ask for (`DraftContext.rating`: {customer: {(period label, book sha256):
     rating}}), from the invoices and plans as they are now: the period of each draft it will build
     under its plan's book, and the finalized periods before the last of those under the book of their
-    invoice. One `rate_period` pass per period window and book; windows that are not whole UTC hours
-    are left to `DraftContext.rating` (raw events at the edges). A rating asked for and not here (the
-    invoices changed before the locks were taken) is made by `DraftContext.rating` too."""
-    wanted: dict[tuple[datetime, datetime, str], list[tuple[str, str]]] = {}
+    invoice. One `rate_billing_period` pass per period label and book, from the period totals metering
+    keeps per customer x billing period (every customer's own period of the label, +05:30 and +05:45
+    ones included). A customer whose period in metering's calendar is not the one billing cuts (they
+    agree: billing hands metering each customer's calendar), or a label the totals do not answer for,
+    is left to `DraftContext.rating` (the hourly rollups, raw events at the edges). A rating asked for
+    and not here (the invoices changed before the locks were taken) is made by `DraftContext.rating` too."""
+    wanted: dict[tuple[str, str], list[tuple[str, Period]]] = {}
     for customer, target in started:
         cid = customer.customer_id
         plan_list = assigned.get(cid, [])
@@ -345,16 +348,22 @@ def _bulk_ratings(conn: psycopg.Connection, started: list[tuple[Customer, Period
             continue
         last = max(p.start for p, _ in built)
         for period, sha in [*built, *[(p, sha) for p, sha in closed if p.start < last]]:
-            if floor_hour(period.start) == period.start and floor_hour(period.end) == period.end:
-                wanted.setdefault((period.start, period.end, sha), []).append((cid, period.label))
+            wanted.setdefault((period.label, sha), []).append((cid, period))
     out: dict[str, dict[tuple[str, str], Rating]] = {}
-    for (start, end, sha), who in wanted.items():
+    calendars: dict[str, LabelPeriods] = {}
+    for (label, sha), who in wanted.items():
+        try:
+            periods = calendars.get(label) or calendars.setdefault(label, label_periods(conn, label))
+        except PeriodUsageError:
+            continue  # a label the totals do not answer for: each customer's period is read the hourly way
         book = load_book(conn, sha).book
-        rated = rate_period(conn, book, start, end, cost_model)
-        for cid, label in who:
+        rated = rate_billing_period(conn, book, label, cost_model, periods=periods)
+        for cid, period in who:
+            if periods.of(cid) != (period.start, period.end):
+                continue
             rating = rated.get(cid)
-            if rating is None:  # no usage in the window: the book's minimum, if any
-                rating = rate(book, Usage.build(cid, start, end, []))
+            if rating is None:  # no usage in the period: the book's minimum, if any
+                rating = rate(book, Usage.build(cid, period.start, period.end, []))
             out.setdefault(cid, {})[(label, sha)] = rating
     return out
 

@@ -104,7 +104,7 @@ def request_sums(
     if customer_id is not None:
         chunks: Iterator[list[tuple]] = iter([conn.execute(sql, params).fetchall()])
     else:
-        chunks = _read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
+        chunks = read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
     try:
         for chunk in chunks:
             for row in chunk:
@@ -123,11 +123,13 @@ def request_sums(
 _END = object()
 
 
-def _read_ahead(
-    conn: psycopg.Connection, sql: str, params: Mapping[str, object], *, chunk_rows: int, chunks_ahead: int
+def read_ahead(
+    conn: psycopg.Connection, sql: str, params: Mapping[str, object], *, chunk_rows: int, chunks_ahead: int,
+    settings: Sequence[tuple[str, str]] = REQUEST_SUMS_SETTINGS,
 ) -> Iterator[list[tuple]]:
     """The rows of `sql`, in chunks of `chunk_rows` read by a thread (up to `chunks_ahead` chunks ahead
-    of the caller)."""
+    of the caller), under `settings` for that statement only (put back after it). Also the stream of
+    `metering.period_usage`."""
     chunks: queue.Queue = queue.Queue(maxsize=chunks_ahead)
     stop = threading.Event()
 
@@ -136,8 +138,8 @@ def _read_ahead(
             with conn.transaction(), conn.cursor() as cur:
                 # SET LOCAL would outlive a savepoint in the caller's transaction: put them back after
                 before = [(name, cur.execute("SELECT current_setting(%s)", (name,)).fetchone()[0])
-                          for name, _ in REQUEST_SUMS_SETTINGS]
-                for name, value in REQUEST_SUMS_SETTINGS:
+                          for name, _ in settings]
+                for name, value in settings:
                     cur.execute("SELECT set_config(%s, %s, true)", (name, value))
                 chunk: list[tuple] = []
                 rows = cur.stream(sql, params, size=chunk_rows)

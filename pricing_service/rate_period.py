@@ -10,6 +10,11 @@ GPU-ms and the weights of what it served; Python splits it with `pricing.cost.sp
 (largest remainder on 10^-12 s), the function the pure `pricing.cost.attribute` uses, so the two
 give the same GPU-seconds and every hour's shares add up to its GPU time exactly
 (tests/pricing_service/test_rate_period.py).
+
+`rate_billing_period` rates every customer's own billing period of a label ("2026-11": each customer's
+calendar, the UTC month without one) from the period totals metering keeps at ingest
+(`metering.period_usage`) instead of the hourly rollups; GPU time and the task meters of a book with
+trusted outcome sources stay on the hourly reads (see its docstring).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from decimal import Decimal
 
 import psycopg
 
-from metering import period_reads
-from pricing.book import GPU_METER, PriceBook, TaskOutcomeTrust
+from infermeter.times import ceil_hour
+from metering import period_reads, period_usage
+from pricing.book import GPU_METER, TASK_METERS, USAGE_PREFIX, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel, split_gpu_seconds
 from pricing.money import precise
 from pricing.rating import Rating, rate
@@ -288,6 +294,100 @@ def rate_period(
                 quantities.update(more)  # other meters: keys disjoint from the request meters
             ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
         for customer, quantities in others.items():
+            ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
+    return ratings
+
+
+# ---------------------------------------------------------------- a billing period from the period totals
+
+# RequestTotals' field of each request meter
+_REQUEST_FIELD = {m: period_usage.RequestTotals._fields.index(m) for m in REQUEST_METERS}
+
+
+def rate_billing_period(
+    conn: psycopg.Connection,
+    book: PriceBook,
+    label: str,
+    cost_model: CostModel | None = None,
+    *,
+    customer_id: str | None = None,
+    periods: period_usage.LabelPeriods | None = None,
+) -> dict[str, Rating]:
+    """Every customer's rating of its own billing period labelled `label` (its calendar's, or the UTC
+    month for a customer without one; or one customer's) under a book, from the period totals metering
+    keeps at ingest (`metering.period_usage`): one row per customer x model (x deployment x project),
+    meter and the customer's tasks, streamed in customer order, instead of the hours behind them. Each
+    customer is rated as soon as its rows arrive. The same ratings, to the cent and line by line, as
+    rating each customer's period from the hourly rollups and the raw events at its edges
+    (`billing_service.usage.period_usage`; for periods on whole UTC hours, `rate_period`):
+    tests/pricing_service/test_rate_from_totals.py.
+
+    Where the totals cannot answer, the hourly path stays, read once per distinct period window of the
+    customers (the UTC month and each schedule's period): GPU time (`gpu_seconds`: the shared pool is
+    attributed per deployment-hour by every customer's weighted tokens, so the dedicated totals alone
+    would not give a customer's GPU-seconds; the hours that start in the period, billing's edge-hour
+    rule) and the task meters of a book that trusts only some outcome sources (`task_totals` with the
+    book's `task_outcomes`: each task's reports decide). Pricing experiments' prefix caching off is not
+    served here (`load_period_usages(caching_off_for=...)`). `periods`: the customers' periods of
+    `label` when the caller has read them (`metering.period_usage.label_periods`)."""
+    meters = priced_meters(book)
+    trust = book.task_outcomes
+    tasks_wanted = bool(meters & set(TASK_METERS))
+    if periods is None:
+        periods = period_usage.label_periods(conn, label, customer_id)
+    windows = [periods.of(customer_id)] if customer_id is not None else sorted(periods.windows())
+    hourly: dict[str, dict[UsageKey, object]] = {}  # what the totals do not hold, per customer
+
+    def add(customer: str, key: UsageKey, q) -> None:
+        quantities = hourly.get(customer)
+        if quantities is None:
+            quantities = hourly[customer] = {}
+        quantities[key] = quantities.get(key, 0) + q
+
+    for start, end in windows:
+        hours = (ceil_hour(start), ceil_hour(end))
+        if GPU_METER in meters and hours[0] < hours[1]:
+            for customer, deployment, gpu_type, seconds in gpu_seconds(conn, *hours, cost_model, customer_id):
+                if periods.of(customer) == (start, end):
+                    add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
+        if tasks_wanted and trust is not None:
+            for customer, *counted in task_totals(conn, start, end, customer_id, trust):
+                if periods.of(customer) == (start, end):
+                    for key, q in zip(TASK_KEYS, counted, strict=True):
+                        add(customer, key, q)
+
+    request_meters = [(m, _REQUEST_FIELD[m]) for m in REQUEST_METERS if m in meters]
+    usage_meters = {m.removeprefix(USAGE_PREFIX) for m in meters if m.startswith(USAGE_PREFIX)}
+    keys: dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]] = {}
+    ratings: dict[str, Rating] = {}
+    with gc_paused():
+        rows = period_usage.period_usages(
+            conn, label, customer_id=customer_id, periods=periods, requests=bool(request_meters),
+            by_deployment=needs_deployment(book), by_project=book.lines_by_project, usage_meters=usage_meters,
+            tasks=tasks_wanted and trust is None, gpu=False,
+        )
+        for usage in rows:
+            quantities: dict[UsageKey, object] = {}
+            for row in usage.requests:
+                k = keys.get(row[:3])
+                if k is None:
+                    model, deployment, project = row[:3]
+                    k = keys[row[:3]] = tuple((UsageKey(m, model, deployment, "", project), i) for m, i in request_meters)
+                for key, i in k:
+                    quantities[key] = row[i]
+            for meter in usage.meters:
+                quantities[UsageKey(USAGE_PREFIX + meter.meter)] = meter.quantity
+            if usage.tasks is not None:
+                for key, q in zip(TASK_KEYS, (usage.tasks.succeeded, usage.tasks.failed, usage.tasks.attempts),
+                                  strict=True):
+                    quantities[key] = q
+            more = hourly.pop(usage.customer_id, None)
+            if more:
+                quantities.update(more)  # GPU time, trusted tasks: keys disjoint from the totals'
+            ratings[usage.customer_id] = rate(
+                book, Usage.trusted(usage.customer_id, usage.period_start, usage.period_end, quantities))
+        for customer, quantities in hourly.items():
+            start, end = periods.of(customer)
             ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
     return ratings
 

@@ -59,9 +59,9 @@ def boundary(customer: str, label: str) -> datetime:
     return billing_period(label, timezone, anchor_day).start
 
 
-def scenario(ev: Events, customer: str) -> tuple[list[bytes], list[bytes]]:
-    """Events around the customer's 2026-03 period start B: (first batch, late batch)."""
-    b = boundary(customer, "2026-03")
+def scenario(ev: Events, customer: str, b: datetime | None = None) -> tuple[list[bytes], list[bytes]]:
+    """Events around the customer's 2026-03 period start B (`b` when given): (first batch, late batch)."""
+    b = boundary(customer, "2026-03") if b is None else b
     c = customer
     first = [
         ev.request(c, b - 40 * MIN, input_tokens=1000, cached=400, output=50, project="web"),
