@@ -121,7 +121,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from functools import lru_cache, partial
+from functools import partial
 
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
@@ -131,123 +131,15 @@ from infermeter.settings import Settings, get_settings
 from infermeter.times import Window, utc_text
 from metering.budget_reads import billing_period_of, period_tokens
 from metering.event_lookups import recorded_event_keys
-from pricing.book import TOKEN_METERS
 from serving import ratelimit
+from serving.budget_prices import list_price, metered_cost
 from serving.gateway_contracts import Admitted, Rejected
 from serving.single_flight import SingleFlight, due
 from serving.tables import budget_reservations, customer_budgets
 
 WARNING_HEADER = "X-Infermeter-Budget-Warning"
 MODES = ("hard", "soft", "predictive")
-_MTOK = Decimal(1_000_000)
 _ZERO = Decimal(0)
-
-# --- prices: list_price for one request, metered_cost for the period's metered usage ------------
-
-
-@dataclass(frozen=True)
-class ListPrice:
-    """Per-token list prices (currency units per token)."""
-
-    uncached_input: Decimal
-    cached_input: Decimal
-    output: Decimal
-
-    def cost(self, *, uncached_input_tokens: int, cached_input_tokens: int, output_tokens: int) -> Decimal:
-        return (
-            self.uncached_input * uncached_input_tokens
-            + self.cached_input * cached_input_tokens
-            + self.output * output_tokens
-        )
-
-
-_TOKEN_METERS = TOKEN_METERS  # the book's token meters (pricing.book, the meter vocabulary)
-
-
-def _setting_prices(settings: Settings) -> dict[str, Decimal]:
-    """INFERMETER_LIST_PRICE_*_PER_MTOK per token (decimal strings per 1M tokens, every model)."""
-    return {
-        "uncached_input_tokens": Decimal(settings.list_price_input_per_mtok) / _MTOK,
-        "cached_input_tokens": Decimal(settings.list_price_cached_input_per_mtok) / _MTOK,
-        "output_tokens": Decimal(settings.list_price_output_per_mtok) / _MTOK,
-    }
-
-
-def list_price(model: str, settings: Settings | None = None) -> ListPrice:
-    """The per-token price of one request of `model`: its reservation (worst case) and its settled
-    cost until metering has it.
-
-    From the price book INFERMETER_LIST_PRICE_BOOK when set: its `unit` price on
-    uncached_input_tokens / cached_input_tokens / output_tokens that best matches the model
-    (pricing.rating.match_charge), per token (pricing.rating.rate_unit), with no free allowance
-    left: the allowance is the period's, and `metered_cost` applies it. Any meter the book does not
-    price per unit falls back to INFERMETER_LIST_PRICE_*_PER_MTOK."""
-    settings = settings or get_settings()
-    fallback = _setting_prices(settings)
-    if settings.list_price_book:
-        fallback.update(_book_unit_prices(str(settings.list_price_book), model))
-    return ListPrice(
-        uncached_input=fallback["uncached_input_tokens"],
-        cached_input=fallback["cached_input_tokens"],
-        output=fallback["output_tokens"],
-    )
-
-
-@lru_cache(maxsize=64)
-def _price_book(path: str):
-    from pricing.book import parse_price_book
-
-    with open(path, encoding="utf-8") as handle:
-        return parse_price_book(handle.read(), source=path)
-
-
-@lru_cache(maxsize=1024)
-def _book_unit_prices(path: str, model: str) -> dict[str, Decimal]:
-    from pricing.book import UnitPrice
-    from pricing.rating import match_charge, rate_unit
-    from pricing.usage import UsageKey
-
-    book = _price_book(path)
-    prices = {}
-    for meter in _TOKEN_METERS:
-        matched = match_charge(book, UsageKey(meter=meter, model=model))
-        if matched is not None and isinstance(matched[1].price, UnitPrice):
-            prices[meter] = rate_unit(matched[1].price, Decimal(1))  # amount / per, exact
-    return prices
-
-
-def metered_cost(
-    customer_id: str,
-    window: Window,
-    sums: dict[tuple[str, str], tuple[int, int, int]],
-    settings: Settings | None = None,
-) -> Decimal:
-    """The cost of a customer's metered tokens over `window`, priced as the invoice prices them.
-
-    `sums`: {(model, deployment): (uncached input, cached input, output)} (metering.budget_reads.
-    period_tokens: the customer's billing period's). With INFERMETER_LIST_PRICE_BOOK set, the tokens the book has a charge for
-    make one Usage of the window, rated by pricing.rating.rate (free allowances, tiers, one rounding
-    per line: the invoice's usage total to the cent); tokens of a meter the book does not charge
-    for, and all tokens when no book is set, cost INFERMETER_LIST_PRICE_*_PER_MTOK, exactly."""
-    from pricing.rating import match_charge, rate
-    from pricing.usage import Usage, UsageKey
-
-    settings = settings or get_settings()
-    per_token = _setting_prices(settings)
-    book = _price_book(str(settings.list_price_book)) if settings.list_price_book else None
-    priced: list[tuple[UsageKey, int]] = []
-    unpriced = _ZERO
-    for (model, deployment), quantities in sums.items():
-        for meter, quantity in zip(_TOKEN_METERS, quantities, strict=True):
-            key = UsageKey(meter, model, deployment)
-            if book is not None and match_charge(book, key) is not None:
-                priced.append((key, quantity))
-            else:
-                unpriced += per_token[meter] * quantity
-    if book is None or not priced:
-        return unpriced
-    return rate(book, Usage.build(customer_id, window.start, window.end, priced)).usage_total + unpriced
-
 
 def reservation_output_tokens(mode: str, max_tokens: int, predicted_output_tokens: int | None) -> int:
     """The output tokens a request's reservation counts: `max_tokens` (its worst case), except in

@@ -20,7 +20,8 @@ from infermeter.stack.postgres import to_libpq_url
 from metering.contract import AdmissionPrediction
 from prediction.request import RequestFeatures, RequestModel, RequestPrediction
 from prediction_service import store
-from serving.budgets import AdmissionController, list_price, set_budget
+from serving.budget_prices import list_price
+from serving.budgets import AdmissionController, set_budget
 from serving.openai_api import prompt_token_bound
 from serving.predictions import SHARED_MAX, AdmissionPredictor, Prediction, newest_request_model
 
