@@ -54,26 +54,22 @@ def newest_request_model(conn, newer_than: int = 0) -> tuple[int, RequestModel] 
     return int(row.version), RequestModel.from_state(row.requests)
 
 
-def _event_of(model_version: int, p: RequestPrediction, cap: int | None) -> dict[str, Any]:
-    """The `prediction` object of a request's event (metering.contract's `AdmissionPrediction`): the
-    output figures capped at `cap` (None: uncapped), the rates kept inside [0, 1] whatever history the
+def _event_of(model_version: int, p: RequestPrediction) -> dict[str, Any]:
+    """The `prediction` object of a request's event (metering.contract's `AdmissionPrediction`), its
+    output figures as given (capped by the caller), the rates kept inside [0, 1] whatever history the
     fit saw, so that the event is never refused for its prediction."""
-    return {"model_version": model_version, "output_tokens_p50": _capped(p.output_tokens_p50, cap),
-            "output_tokens_p90": _capped(p.output_tokens_p90, cap), "output_tokens_p99": _capped(p.output_tokens_p99, cap),
+    return {"model_version": model_version, "output_tokens_p50": p.output_tokens_p50,
+            "output_tokens_p90": p.output_tokens_p90, "output_tokens_p99": p.output_tokens_p99,
             "cached_fraction": min(max(p.cached_fraction, 0.0), 1.0),
             "failure_probability": min(max(p.failure_probability, 0.0), 1.0)}
-
-
-def _capped(tokens: int, cap: int | None) -> int:
-    return tokens if cap is None or tokens <= cap else max(cap, 0)
 
 
 class Prediction:
     """A request's prediction at admission: the table's prediction for its features, the version of
     the fit it came from, and the request's `max_tokens` (None: none given), which caps every output
-    figure (the engine stops there). Immutable, made once and shared: `AdmissionPredictor` keeps one
-    per table row and `max_tokens`, so a request's prediction is two dict lookups and no allocation
-    (`RequestPrediction.capped` would copy the row a request)."""
+    figure (the engine stops there, `RequestPrediction.capped`). Immutable, made once and shared:
+    `AdmissionPredictor` keeps one per table row and `max_tokens`, so a request's prediction is two
+    dict lookups and no allocation."""
 
     __slots__ = ("_event", "max_tokens", "model_version", "output_tokens_p50", "output_tokens_p99", "request")
 
@@ -81,9 +77,10 @@ class Prediction:
         self.model_version = model_version
         self.request = request
         self.max_tokens = max_tokens
-        self.output_tokens_p50 = _capped(request.output_tokens_p50, max_tokens)
-        self.output_tokens_p99 = _capped(request.output_tokens_p99, max_tokens)
-        self._event = _event_of(model_version, request, max_tokens)
+        shown = request if max_tokens is None else request.capped(max_tokens)
+        self.output_tokens_p50 = shown.output_tokens_p50
+        self.output_tokens_p99 = shown.output_tokens_p99
+        self._event = _event_of(model_version, shown)
 
     def __repr__(self) -> str:
         return f"Prediction({self.model_version!r}, {self.request!r}, max_tokens={self.max_tokens!r})"
