@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from infermeter.settings import render_settings_doc
+from infermeter.settings_doc import render_settings_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_settings_doc_lists_every_setting():
     assert (ROOT / "docs" / "settings.md").read_text() == render_settings_doc(), (
-        "docs/settings.md is stale: run `python -m infermeter.settings`"
+        "docs/settings.md is stale: run `python -m infermeter.settings_doc`"
     )
 
 

@@ -8,7 +8,8 @@ import typer
 from rich.table import Table
 
 from app.cli.common import console, err_console
-from infermeter.settings import get_settings, settings_table
+from infermeter.settings import get_settings
+from infermeter.settings_doc import settings_table
 from infermeter.stack.local import open_stack
 
 db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
