@@ -28,6 +28,8 @@ the late batch; the bulk run that refreshes and finalizes them, the invoices (st
 subtotal, credits, total, history); the four finance exports of both periods as CSV text, now and as
 of before the late batch; the customer dashboard's data (usage summary over the customer's period,
 current-period spend, invoices) and GET /v1/usage over each customer's period, from the HTTP app.
+The final invoices' quantities are also checked against a reference worked out from the events
+written (`reference_quantities`), so the file pins figures known to be right, not only today's.
 """
 
 from __future__ import annotations
@@ -244,6 +246,7 @@ class Month:
     ungrouped_after: dict  # the same after the late batch
     drafts: list[dict]
     finalized: list[dict]
+    events: list[dict]  # every event written, decoded (the independent reference)
 
 
 def _ingest(url: str, ev: Events, lines: list[bytes], at: datetime) -> None:
@@ -350,7 +353,8 @@ def month(pg_server_url, tmp_path_factory) -> Month:
 
     # the grant's id is random: named by what it is
     captured = json.loads(json.dumps(captured, default=str).replace(grant.id, "<grant utc-tokens>"))
-    return Month(captured, previews, ungrouped_before, ungrouped_after, drafts, finalized)
+    return Month(captured, previews, ungrouped_before, ungrouped_after, drafts, finalized,
+                 [json.loads(line) for line in ev.lines])
 
 
 def _text(captured: dict) -> str:
@@ -418,3 +422,59 @@ def test_every_invoice_total_is_its_lines_minus_its_credits(month):
     assert {i["status"] for i in month.finalized} == {"open"}
     assert final[("utc-tokens", LABEL)]["credits_applied"] == GRANT[1]
     assert {i["credits_applied"] for k, i in final.items() if k != ("utc-tokens", LABEL)} == {"0.00"}
+
+
+def reference_quantities(events: list[dict], customer: str, period: Period) -> dict[tuple[str, str], Decimal]:
+    """Worked out from the events written, not by the code under test: per (meter, model), the request
+    meters of the requests in [start, end) (every status), usage meters summed, and tasks by their
+    outcome's time (the latest report of a task counts; abandoned ones bill nothing, the attempts of the
+    others are their distinct attempt numbers)."""
+    q: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    attempts: dict[str, set[int]] = defaultdict(set)
+    outcomes: dict[str, tuple[datetime, str]] = {}
+    for e in events:
+        data, at = e["data"], datetime.fromisoformat(e["time"])
+        if data["customer_id"] != customer:
+            continue
+        if e["type"] == "infermeter.request.v1":
+            if data["task_id"]:
+                attempts[data["task_id"]].add(data["attempt"])
+            if period.start <= at < period.end:
+                model = data["model"]
+                q[("uncached_input_tokens", model)] += data["input_tokens"] - data["cached_input_tokens"]
+                q[("cached_input_tokens", model)] += data["cached_input_tokens"]
+                q[("output_tokens", model)] += data["output_tokens"]
+                q[("requests", model)] += 1
+        elif e["type"] == "infermeter.usage.v1" and period.start <= at < period.end:
+            q[("usage:" + data["meter"], "")] += Decimal(data["quantity"])
+        elif e["type"] == "infermeter.task.v1":
+            outcomes[data["task_id"]] = max(outcomes.get(data["task_id"], (at, "")), (at, data["outcome"]))
+    for task, (at, outcome) in outcomes.items():
+        if period.start <= at < period.end and outcome != "abandoned":
+            q[({"succeeded": "successful_tasks", "failed": "failed_tasks"}[outcome], "")] += 1
+            q[("task_attempts", "")] += len(attempts[task])
+    return {k: v for k, v in q.items() if v}
+
+
+def test_the_invoiced_quantities_are_the_events_of_each_customers_period(month):
+    """The golden figures are checked once against a reference that does not use the code under test:
+    every invoiced quantity, GPU time worked out by hand."""
+    checked = 0
+    for invoice in month.finalized:
+        customer, label = invoice["customer_id"], invoice["period"]
+        invoiced: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+        for x in invoice["lines"]:
+            invoiced[(x["meter"], x["model"])] += Decimal(x["quantity"])
+        reference = reference_quantities(month.events, customer, period_of(customer, label))
+        billed_meters = {meter for meter, _ in invoiced} - {"gpu_seconds"}
+        assert {k: v for k, v in invoiced.items() if k[0] in billed_meters} == \
+            {k: v for k, v in reference.items() if k[0] in billed_meters}, (customer, label)
+        checked += len(billed_meters)
+    assert checked >= 20
+    # GPU time by the hours that start in the period (the anchor-31 customer's periods meet at Nov 30
+    # 00:00): October has 23:15-24:00 of the interval across the edge at 2 GPUs and Nov 9 08:20-11:05;
+    # November the edge interval's 00:00-00:30 at 2 GPUs and Dec 14 23:50 - Dec 15 01:10 at 4
+    gpu = {i["period"]: [(x["quantity"], x["amount"]) for x in i["lines"] if x["meter"] == "gpu_seconds"]
+           for i in month.finalized if i["customer_id"] == "a31-gpu"}
+    assert gpu == {"2026-10": [(str(45 * 60 * 2 + 165 * 60), "17.00")],
+                   "2026-11": [(str(30 * 60 * 2 + 80 * 60 * 4), "25.33")]}
