@@ -4,10 +4,10 @@
   edges of a period in a +05:30 / +05:45 zone from raw events (`metering.queries.usage`).
 - Usage meters (infermeter.usage.v1) likewise (`metering.billing_reads.usage_meter_totals`).
 - Tasks count at outcome time (`finished_at` of the task's outcome, exact to the microsecond), with
-  all their attempts (`metering.billing_reads.task_totals`). Under a book that names its trusted outcome
-  sources (`task_outcomes`), only their outcomes count and a task without one within its timeout
-  is billed by the book's rule at its deadline (`pricing_service.rate_period.task_totals`;
-  docs/billing.md, "Trusted task outcomes").
+  all their attempts, as rating counts them (`pricing_service.rate_period.billed_task_totals`: every
+  outcome, metering's `metering.period_reads.task_totals`; under a book that names its trusted outcome
+  sources (`task_outcomes`), only their outcomes count and a task without one within its timeout is
+  billed by the book's rule at its deadline; docs/billing.md, "Trusted task outcomes").
 - Unbilled usage (a customer without a record or without a plan: no book, so no trusted sources):
   `unbilled_usage` finds it for a period (billing runs and reconcile report it), `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
   outcome) and labels what rests on the customer's own word (`label_tasks`); see docs/billing.md,
@@ -34,7 +34,7 @@ import psycopg
 from billing.periods import UTC_SCHEDULE, Period, billing_period
 from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
 from infermeter.times import Window, ceil_hour, utc_text
-from metering.billing_reads import task_totals, usage_meter_totals
+from metering.billing_reads import usage_meter_totals
 from metering.contract import CUSTOMER_SOURCE_PREFIX
 from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
@@ -43,8 +43,7 @@ from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, Task
 from pricing.cost import CostModel
 from pricing.task_outcomes import TaskReports, tasks_from_rows
 from pricing.usage import Usage, UsageKey
-from pricing_service.rate_period import gpu_seconds
-from pricing_service.rate_period import task_totals as trusted_task_totals
+from pricing_service.rate_period import billed_task_totals, gpu_seconds
 
 
 def gpu_window(period: Period | Window) -> Window | None:
@@ -101,12 +100,8 @@ def period_usage(
         for row in usage_meter_totals(conn, window, customer_id=customer_id):
             add(UsageKey("usage:" + row["meter"]), row["quantity"])
     if with_tasks and (wanted is None or wanted & set(TASK_METERS)):
-        if task_outcomes is None:
-            totals = [(r["customer_id"], r["succeeded"], r["failed"], r["attempts"])
-                      for r in task_totals(conn, window, customer_id=customer_id)]
-        else:
-            totals = trusted_task_totals(conn, window.start, window.end, customer_id, task_outcomes)
-        for _, succeeded, failed, attempts in totals:
+        for _, succeeded, failed, attempts in billed_task_totals(conn, window.start, window.end, customer_id,
+                                                                 task_outcomes):
             add(UsageKey("successful_tasks"), succeeded)
             add(UsageKey("failed_tasks"), failed)
             add(UsageKey("task_attempts"), attempts)

@@ -8,7 +8,8 @@ Windows are [start, end) on whole UTC hours (the rollups are hourly): callers ch
 
 - `request_sums`: per customer x model (x deployment), the request-meter sums of the period, streamed
   in customer order by a reading thread (what an invoice run rates; `python -m bench.rating`).
-- `task_totals`, `meter_totals`: tasks finished in the window, usage-meter quantities.
+- `task_totals`, `meter_totals`: tasks finished in the window (any window: finished_at is exact),
+  usage-meter quantities.
 - `task_reports`: the outcome reports (with their sources) from the given source prefixes of the
   tasks that may count in a window under a book that trusts only those (`pricing.task_outcomes`
   decides).
@@ -194,7 +195,8 @@ def task_totals(
 ) -> list[tuple[str, int, int, int]]:
     """(customer, tasks succeeded, tasks failed, their attempts) of the tasks that finished in
     [start, end), per customer with any. Abandoned tasks count in neither meter and their attempts are
-    not counted (as `metering.billing_reads.task_totals` and `pricing.task_outcomes` count them)."""
+    not counted (as `pricing.task_outcomes` counts them). finished_at is exact, so the window need not
+    be whole hours."""
     only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
     params = {"start": start, "end": end, "customer": customer_id}
     return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()

@@ -61,7 +61,7 @@ def load_period_usages(
     prefix caching were off for these models (pricing experiments): their cached input tokens count
     as uncached, and GPU time is grown and attributed as `pricing.cost.attribute` does it.
     `task_outcomes`: the book's trusted outcome sources (`PriceBook.task_outcomes`; None: every
-    outcome counts), see `task_totals`."""
+    outcome counts), see `billed_task_totals`."""
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
     off = sorted(set(caching_off_for))
@@ -153,7 +153,7 @@ def _add_other_meters(
         quantities[key] = quantities.get(key, 0) + q
 
     if wanted is None or wanted & {"successful_tasks", "failed_tasks", "task_attempts"}:
-        for customer, ok, failed, attempts in task_totals(conn, start, end, customer_id, task_outcomes):
+        for customer, ok, failed, attempts in billed_task_totals(conn, start, end, customer_id, task_outcomes):
             add(customer, UsageKey("successful_tasks"), ok)
             add(customer, UsageKey("failed_tasks"), failed)
             add(customer, UsageKey("task_attempts"), attempts)
@@ -166,7 +166,7 @@ def _add_other_meters(
             add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
 
 
-def task_totals(
+def billed_task_totals(
     conn: psycopg.Connection,
     start: datetime,
     end: datetime,
@@ -200,12 +200,12 @@ def usages_for_book(
 ) -> dict[str, Usage]:
     """`usages` (loaded for every outcome, as `load_period_usages` does without `task_outcomes`) with
     the task meters counted as `book` counts them: the same dict when the book trusts every outcome
-    source or prices no task meter, else a copy whose task quantities are `task_totals` under the
+    source or prices no task meter, else a copy whose task quantities are `billed_task_totals` under the
     book's `task_outcomes` (shadow rating and experiments load usage once for several books)."""
     trust = book.task_outcomes
     if trust is None or not priced_meters(book) & {k.meter for k in TASK_KEYS}:
         return usages
-    counted = {row[0]: row[1:] for row in task_totals(conn, start, end, customer_id, trust)}
+    counted = {row[0]: row[1:] for row in billed_task_totals(conn, start, end, customer_id, trust)}
     out: dict[str, Usage] = {}
     for customer in sorted(set(usages) | set(counted)):
         before = usages.get(customer)
@@ -326,7 +326,7 @@ def rate_billing_period(
     customers (the UTC month and each schedule's period): GPU time (`gpu_seconds`: the shared pool is
     attributed per deployment-hour by every customer's weighted tokens, so the dedicated totals alone
     would not give a customer's GPU-seconds; the hours that start in the period, billing's edge-hour
-    rule) and the task meters of a book that trusts only some outcome sources (`task_totals` with the
+    rule) and the task meters of a book that trusts only some outcome sources (`billed_task_totals` with the
     book's `task_outcomes`: each task's reports decide). Pricing experiments' prefix caching off is not
     served here (`load_period_usages(caching_off_for=...)`). `periods`: the customers' periods of
     `label` when the caller has read them (`metering.period_usage.label_periods`)."""
@@ -351,7 +351,7 @@ def rate_billing_period(
                 if periods.of(customer) == (start, end):
                     add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
         if tasks_wanted and trust is not None:
-            for customer, *counted in task_totals(conn, start, end, customer_id, trust):
+            for customer, *counted in billed_task_totals(conn, start, end, customer_id, trust):
                 if periods.of(customer) == (start, end):
                     for key, q in zip(TASK_KEYS, counted, strict=True):
                         add(customer, key, q)
