@@ -302,6 +302,36 @@ def rate_period(
 
 # RequestTotals' field of each request meter
 _REQUEST_FIELD = {m: period_usage.RequestTotals._fields.index(m) for m in REQUEST_METERS}
+TotalsKeys = dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]]
+
+
+def totals_quantities(
+    usage: period_usage.PeriodUsage, request_meters: Iterable[str] = REQUEST_METERS, keys: TotalsKeys | None = None,
+) -> dict[UsageKey, object]:
+    """A customer's period totals as rating's quantities: each request row's `request_meters` by
+    (model, deployment, project) as read, each usage meter as `usage:<meter>`, and the task meters
+    when the tasks were read (`successful_tasks`, `failed_tasks`, `task_attempts`: the attempts of the
+    succeeded and failed tasks). Zero quantities are kept (`Usage.build` drops them; rating treats
+    both alike). The dedicated GPU totals are not among them: GPU time is attributed per
+    deployment-hour (`gpu_seconds`). `keys`: a cache of the request rows' keys for these
+    `request_meters`, for a caller that turns many customers' totals (one cache per `request_meters`)."""
+    if keys is None:
+        keys = {}
+    quantities: dict[UsageKey, object] = {}
+    for row in usage.requests:
+        k = keys.get(row[:3])
+        if k is None:
+            model, deployment, project = row[:3]
+            k = keys[row[:3]] = tuple((UsageKey(m, model, deployment, "", project), _REQUEST_FIELD[m])
+                                      for m in request_meters)
+        for key, i in k:
+            quantities[key] = row[i]
+    for meter in usage.meters:
+        quantities[UsageKey(USAGE_PREFIX + meter.meter)] = meter.quantity
+    if usage.tasks is not None:
+        for key, q in zip(TASK_KEYS, (usage.tasks.succeeded, usage.tasks.failed, usage.tasks.attempts), strict=True):
+            quantities[key] = q
+    return quantities
 
 
 def rate_billing_period(
@@ -356,9 +386,9 @@ def rate_billing_period(
                     for key, q in zip(TASK_KEYS, counted, strict=True):
                         add(customer, key, q)
 
-    request_meters = [(m, _REQUEST_FIELD[m]) for m in REQUEST_METERS if m in meters]
+    request_meters = [m for m in REQUEST_METERS if m in meters]
     usage_meters = {m.removeprefix(USAGE_PREFIX) for m in meters if m.startswith(USAGE_PREFIX)}
-    keys: dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]] = {}
+    keys: TotalsKeys = {}
     ratings: dict[str, Rating] = {}
     with gc_paused():
         rows = period_usage.period_usages(
@@ -367,20 +397,7 @@ def rate_billing_period(
             tasks=tasks_wanted and trust is None, gpu=False,
         )
         for usage in rows:
-            quantities: dict[UsageKey, object] = {}
-            for row in usage.requests:
-                k = keys.get(row[:3])
-                if k is None:
-                    model, deployment, project = row[:3]
-                    k = keys[row[:3]] = tuple((UsageKey(m, model, deployment, "", project), i) for m, i in request_meters)
-                for key, i in k:
-                    quantities[key] = row[i]
-            for meter in usage.meters:
-                quantities[UsageKey(USAGE_PREFIX + meter.meter)] = meter.quantity
-            if usage.tasks is not None:
-                for key, q in zip(TASK_KEYS, (usage.tasks.succeeded, usage.tasks.failed, usage.tasks.attempts),
-                                  strict=True):
-                    quantities[key] = q
+            quantities = totals_quantities(usage, request_meters, keys)
             more = hourly.pop(usage.customer_id, None)
             if more:
                 quantities.update(more)  # GPU time, trusted tasks: keys disjoint from the totals'
