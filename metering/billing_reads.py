@@ -1,6 +1,7 @@
 """Billing's reads of usage: a window's usage meters (`usage_meter_totals`: whole hours from the
-rollups, the edges from raw events) for billing_service's period usage, and usage as metering knew it
-at a moment (`usage_as_of`) for the finance exports. Tasks by outcome time are
+rollups, the edges from raw events) for billing_service's usage of a window that is not a billing
+period (a billing period is read from the period totals, `metering.period_usage`), and usage as
+metering knew it at a moment (`usage_as_of`) for the finance exports. Tasks by outcome time are
 `metering.period_reads.task_totals` (any window: finished_at is exact)."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Reads for rating a period: metering's SQL over its tables for pricing (invoices, shadow rating,
-experiments). Metering owns its tables, so the statements that read them live here; callers get
+"""Reads for rating a window from the hourly rollups: metering's SQL over its tables for pricing
+(shadow rating, experiments, and for invoices what the period totals of `metering.period_usage` cannot
+hold: the shared pool's GPU time, each task's reports under a book's trusted sources). Metering owns its tables, so the statements that read them live here; callers get
 plain rows and do the pricing.
 
 Windows are [start, end) on whole UTC hours (the rollups are hourly): callers check them

@@ -14,7 +14,10 @@ give the same GPU-seconds and every hour's shares add up to its GPU time exactly
 `rate_billing_period` rates every customer's own billing period of a label ("2026-11": each customer's
 calendar, the UTC month without one) from the period totals metering keeps at ingest
 (`metering.period_usage`) instead of the hourly rollups; GPU time and the task meters of a book with
-trusted outcome sources stay on the hourly reads (see its docstring).
+trusted outcome sources stay on the hourly reads (see its docstring). `totals_quantities` turns a
+customer's totals into rating's quantities, for it and for billing's read of one customer's period
+(`billing_service.usage.period_usage`). `billed_task_totals` counts the task meters as a book bills
+them (every outcome, or its trusted sources' only), for every reader.
 """
 
 from __future__ import annotations
