@@ -1,13 +1,26 @@
-"""A customer's usage over one billing period, read through metering's queries.
+"""A customer's usage over one billing period (or any window), read through metering's reads.
 
-- Requests count at event time: whole UTC hours from the hourly rollups, the partial hours at the
-  edges of a period in a +05:30 / +05:45 zone from raw events (`metering.queries.usage`).
-- Usage meters (infermeter.usage.v1) likewise (`metering.billing_reads.usage_meter_totals`).
-- Tasks count at outcome time (`finished_at` of the task's outcome, exact to the microsecond), with
-  all their attempts (`metering.billing_reads.task_totals`). Under a book that names its trusted outcome
-  sources (`task_outcomes`), only their outcomes count and a task without one within its timeout
-  is billed by the book's rule at its deadline (`pricing_service.rate_period.task_totals`;
-  docs/billing.md, "Trusted task outcomes").
+Two readers, one answer (to the cent: tests/pricing_service/test_period_usage_paths.py):
+
+- A billing period (`billing.periods.Period`) that metering's calendar gives the customer
+  (`kept_in_totals`: `metering.period_usage.customer_period` has the same window) is read from the
+  period totals metering keeps at ingest (`metering.period_usage.period_usages`, turned into rating's
+  quantities by `pricing_service.rate_period.totals_quantities`, as the bulk run's
+  `rate_billing_period` does): requests per model and deployment (and project when asked), usage
+  meters, and tasks when every outcome counts. So previews, per-customer drafts, reconcile and the
+  forecast's calibration read what the bulk run reads.
+- Any other window (a `Window`: the forecast's period to date; a period metering's calendar cuts
+  otherwise) is read from the hourly rollups: requests at event time, whole UTC hours from the
+  rollups, the partial hours at the edges of a period in a +05:30 / +05:45 zone from raw events
+  (`metering.queries.usage`); usage meters (infermeter.usage.v1) likewise
+  (`metering.billing_reads.usage_meter_totals`).
+- On both: GPU time (the edge-hour rule below) and the tasks of a book that names its trusted
+  outcome sources come from the hourly reads, as in `rate_billing_period`. Tasks count at outcome time
+  (`finished_at` of the task's outcome, exact to the microsecond), with all their attempts, as rating
+  counts them (`pricing_service.rate_period.billed_task_totals`: every outcome, metering's
+  `metering.period_reads.task_totals`; under a book that names its trusted outcome sources
+  (`task_outcomes`), only their outcomes count and a task without one within its timeout is billed by
+  the book's rule at its deadline; docs/billing.md, "Trusted task outcomes").
 - Unbilled usage (a customer without a record or without a plan: no book, so no trusted sources):
   `unbilled_usage` finds it for a period (billing runs and reconcile report it), `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
   outcome) and labels what rests on the customer's own word (`label_tasks`); see docs/billing.md,
@@ -34,17 +47,17 @@ import psycopg
 from billing.periods import UTC_SCHEDULE, Period, billing_period
 from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
 from infermeter.times import Window, ceil_hour, utc_text
-from metering.billing_reads import task_totals, usage_meter_totals
+from metering.billing_reads import usage_meter_totals
 from metering.contract import CUSTOMER_SOURCE_PREFIX
 from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
+from metering.period_usage import PeriodUsageError, customer_period, period_usages
 from metering.queries import usage
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
 from pricing.task_outcomes import TaskReports, tasks_from_rows
 from pricing.usage import Usage, UsageKey
-from pricing_service.rate_period import gpu_seconds
-from pricing_service.rate_period import task_totals as trusted_task_totals
+from pricing_service.rate_period import billed_task_totals, gpu_seconds, totals_quantities
 
 
 def gpu_window(period: Period | Window) -> Window | None:
@@ -63,6 +76,20 @@ def by_project_of(book: PriceBook) -> dict[str, bool]:
     return {"by_project": True} if book.lines_by_project else {}
 
 
+def kept_in_totals(conn: psycopg.Connection, customer_id: str, period: Period | Window) -> Period | None:
+    """`period` when metering keeps the customer's totals for it: a billing period whose window is the
+    one metering's calendar gives the customer's period starting there
+    (`metering.period_usage.customer_period`); None for any other window (a `Window`, a period metering
+    does not know, or one its calendar cuts otherwise), which the hourly reads serve."""
+    if not isinstance(period, Period):
+        return None
+    try:
+        periods = customer_period(conn, customer_id, period.start)
+    except PeriodUsageError:
+        return None
+    return period if periods.of(customer_id) == (period.start, period.end) else None
+
+
 def period_usage(
     conn: psycopg.Connection,
     customer_id: str,
@@ -74,8 +101,9 @@ def period_usage(
     with_tasks: bool = True,
     by_project: bool = False,
 ) -> Usage:
-    """The customer's usage of [period.start, period.end). `meters` limits what is read (the meters a
-    book prices); GPU time is read only with a cost model (it attributes the shared pool);
+    """The customer's usage of [period.start, period.end): from the period totals when `period` is a
+    billing period metering keeps them for (`kept_in_totals`), else from the hourly rollups (see the
+    module's docstring). `meters` limits what is read (the meters a book prices); GPU time is read only with a cost model (it attributes the shared pool);
     `task_outcomes` is the book's trust in task outcomes (None: every outcome counts); `with_tasks=False`
     leaves the task meters out (`unbilled_summary` counts tasks its own way); `by_project=True` keeps the
     request meters per project (`UsageKey.project`, '' for requests without one), for a book that
@@ -88,7 +116,19 @@ def period_usage(
         if quantity:
             quantities[key] = quantities.get(key, 0) + quantity
 
-    if wanted is None or wanted & set(REQUEST_METERS):
+    requests = wanted is None or bool(wanted & set(REQUEST_METERS))
+    usage_meters = wanted is None or any(m.startswith("usage:") for m in wanted)
+    tasks = with_tasks and (wanted is None or bool(wanted & set(TASK_METERS)))
+    totals = kept_in_totals(conn, customer_id, period)
+    if totals is not None and (requests or usage_meters or tasks and task_outcomes is None):
+        for row in period_usages(conn, customer_id=customer_id, period_start=totals.start, requests=requests,
+                                 by_project=by_project, usage_meters=None if usage_meters else (),
+                                 tasks=tasks and task_outcomes is None, gpu=False):
+            for key, quantity in totals_quantities(row).items():
+                add(key, quantity)
+        requests = usage_meters = False
+        tasks = tasks and task_outcomes is not None  # a book's trusted sources: each task's reports decide
+    if requests:
         if by_project:
             for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment", "project"]):
                 for meter in REQUEST_METERS:
@@ -97,16 +137,12 @@ def period_usage(
             for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment"]):
                 for meter in REQUEST_METERS:
                     add(UsageKey(meter, row["model"], row["deployment_id"]), row[meter])
-    if wanted is None or any(m.startswith("usage:") for m in wanted):
+    if usage_meters:
         for row in usage_meter_totals(conn, window, customer_id=customer_id):
             add(UsageKey("usage:" + row["meter"]), row["quantity"])
-    if with_tasks and (wanted is None or wanted & set(TASK_METERS)):
-        if task_outcomes is None:
-            totals = [(r["customer_id"], r["succeeded"], r["failed"], r["attempts"])
-                      for r in task_totals(conn, window, customer_id=customer_id)]
-        else:
-            totals = trusted_task_totals(conn, window.start, window.end, customer_id, task_outcomes)
-        for _, succeeded, failed, attempts in totals:
+    if tasks:
+        for _, succeeded, failed, attempts in billed_task_totals(conn, window.start, window.end, customer_id,
+                                                                 task_outcomes):
             add(UsageKey("successful_tasks"), succeeded)
             add(UsageKey("failed_tasks"), failed)
             add(UsageKey("task_attempts"), attempts)
@@ -173,7 +209,7 @@ def unbilled_summary(conn: psycopg.Connection, customer_id: str, period: Period 
     """{"meter[/model or GPU type]": quantity} of a customer's usage that no invoice carries: requests,
     usage meters and GPU time as `period_usage` reads them, tasks labelled by `label_tasks`."""
     window = period.window if isinstance(period, Period) else period
-    summary = usage_summary(period_usage(conn, customer_id, window, cost_model=cost_model, with_tasks=False))
+    summary = usage_summary(period_usage(conn, customer_id, period, cost_model=cost_model, with_tasks=False))
     rows = task_reports(conn, window.start, window.end, timedelta(0), EVERY_SOURCE, customer_id)
     summary.update({k: str(v) for k, v in label_tasks(tasks_from_rows(rows), window.start, window.end).items()})
     return dict(sorted(summary.items()))

@@ -1,6 +1,8 @@
-"""Billing's reads of usage: a billing period's usage meters (`usage_meter_totals`) and tasks by
-outcome time (`task_totals`) for billing_service's period usage, and usage as metering knew it at a
-moment (`usage_as_of`) for the finance exports."""
+"""Billing's reads of usage: a window's usage meters (`usage_meter_totals`: whole hours from the
+rollups, the edges from raw events) for billing_service's usage of a window that is not a billing
+period (a billing period is read from the period totals, `metering.period_usage`), and usage as
+metering knew it at a moment (`usage_as_of`) for the finance exports. Tasks by outcome time are
+`metering.period_reads.task_totals` (any window: finished_at is exact)."""
 
 from __future__ import annotations
 
@@ -45,22 +47,6 @@ def usage_meter_totals(conn: psycopg.Connection, window: Window, *, customer_id:
            "GROUP BY customer_id, meter HAVING sum(quantity) <> 0 ORDER BY customer_id, meter")
     rows = conn.execute(sql, params).fetchall()
     return [{"customer_id": c, "meter": m, "quantity": q} for c, m, q in rows]
-
-
-def task_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | None = None) -> list[dict]:
-    """Tasks by outcome time: per customer, the tasks whose outcome's finished_at is in [start, end)
-    that succeeded, that failed, and the attempts of those tasks (succeeded or failed):
-    [{customer_id, succeeded, failed, attempts}], sorted. finished_at is exact, so no hour split."""
-    rows = conn.execute(
-        "SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), "
-        "count(*) FILTER (WHERE o.outcome = 'failed'), "
-        "coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id "
-        "AND a.task_id = o.task_id)) FILTER (WHERE o.outcome IN ('succeeded', 'failed')), 0) "
-        "FROM task_outcomes o WHERE o.finished_at >= %s AND o.finished_at < %s "
-        "AND (%s::text IS NULL OR o.customer_id = %s) GROUP BY o.customer_id ORDER BY o.customer_id",
-        (window.start, window.end, customer_id, customer_id),
-    ).fetchall()
-    return [{"customer_id": c, "succeeded": int(s), "failed": int(f), "attempts": int(a)} for c, s, f, a in rows]
 
 
 # ---------------------------------------------------------------- usage as known at a moment (finance exports)
@@ -121,7 +107,7 @@ def usage_as_of(
     event's, '' for none — at event time); usage:<meter> (event
     time); successful_tasks, failed_tasks, task_attempts (the latest outcome of each task known then, at its
     finished_at, with the attempts of its requests known then), as `usage`, `usage_meter_totals` and
-    `task_totals` count them. GPU time is not included (its attribution is pricing's)."""
+    `metering.period_reads.task_totals` count them. GPU time is not included (its attribution is pricing's)."""
     only = "AND customer_id = %(customer)s" if customer_id is not None else ""
     rows = conn.execute(
         USAGE_AS_OF_SQL.format(only=only),

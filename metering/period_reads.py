@@ -1,5 +1,6 @@
-"""Reads for rating a period: metering's SQL over its tables for pricing (invoices, shadow rating,
-experiments). Metering owns its tables, so the statements that read them live here; callers get
+"""Reads for rating a window from the hourly rollups: metering's SQL over its tables for pricing
+(shadow rating, experiments, and for invoices what the period totals of `metering.period_usage` cannot
+hold: the shared pool's GPU time, each task's reports under a book's trusted sources). Metering owns its tables, so the statements that read them live here; callers get
 plain rows and do the pricing.
 
 Windows are [start, end) on whole UTC hours (the rollups are hourly): callers check them
@@ -8,7 +9,8 @@ Windows are [start, end) on whole UTC hours (the rollups are hourly): callers ch
 
 - `request_sums`: per customer x model (x deployment), the request-meter sums of the period, streamed
   in customer order by a reading thread (what an invoice run rates; `python -m bench.rating`).
-- `task_totals`, `meter_totals`: tasks finished in the window, usage-meter quantities.
+- `task_totals`, `meter_totals`: tasks finished in the window (any window: finished_at is exact),
+  usage-meter quantities.
 - `task_reports`: the outcome reports (with their sources) from the given source prefixes of the
   tasks that may count in a window under a book that trusts only those (`pricing.task_outcomes`
   decides).
@@ -194,7 +196,8 @@ def task_totals(
 ) -> list[tuple[str, int, int, int]]:
     """(customer, tasks succeeded, tasks failed, their attempts) of the tasks that finished in
     [start, end), per customer with any. Abandoned tasks count in neither meter and their attempts are
-    not counted (as `metering.billing_reads.task_totals` and `pricing.task_outcomes` count them)."""
+    not counted (as `pricing.task_outcomes` counts them). finished_at is exact, so the window need not
+    be whole hours."""
     only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
     params = {"start": start, "end": end, "customer": customer_id}
     return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()

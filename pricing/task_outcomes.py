@@ -109,7 +109,7 @@ def task_quantities(
 ) -> dict[str, tuple[int, int, int]]:
     """Per customer, (successful tasks, failed tasks, attempts of those tasks) billed in [start, end):
     the tasks whose billed outcome counts inside the window. Abandoned tasks count in neither meter
-    and their attempts are not billed (as `metering.billing_reads.task_totals` counts them)."""
+    and their attempts are not billed (as `metering.period_reads.task_totals` counts them)."""
     out: dict[str, tuple[int, int, int]] = {}
     prefixes, timeout = tuple(trust.trusted_sources), timedelta(seconds=trust.task_timeout)
     rule = RULE_OUTCOMES[trust.untrusted_outcome]

@@ -14,7 +14,10 @@ give the same GPU-seconds and every hour's shares add up to its GPU time exactly
 `rate_billing_period` rates every customer's own billing period of a label ("2026-11": each customer's
 calendar, the UTC month without one) from the period totals metering keeps at ingest
 (`metering.period_usage`) instead of the hourly rollups; GPU time and the task meters of a book with
-trusted outcome sources stay on the hourly reads (see its docstring).
+trusted outcome sources stay on the hourly reads (see its docstring). `totals_quantities` turns a
+customer's totals into rating's quantities, for it and for billing's read of one customer's period
+(`billing_service.usage.period_usage`). `billed_task_totals` counts the task meters as a book bills
+them (every outcome, or its trusted sources' only), for every reader.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def load_period_usages(
     prefix caching were off for these models (pricing experiments): their cached input tokens count
     as uncached, and GPU time is grown and attributed as `pricing.cost.attribute` does it.
     `task_outcomes`: the book's trusted outcome sources (`PriceBook.task_outcomes`; None: every
-    outcome counts), see `task_totals`."""
+    outcome counts), see `billed_task_totals`."""
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
     off = sorted(set(caching_off_for))
@@ -153,7 +156,7 @@ def _add_other_meters(
         quantities[key] = quantities.get(key, 0) + q
 
     if wanted is None or wanted & {"successful_tasks", "failed_tasks", "task_attempts"}:
-        for customer, ok, failed, attempts in task_totals(conn, start, end, customer_id, task_outcomes):
+        for customer, ok, failed, attempts in billed_task_totals(conn, start, end, customer_id, task_outcomes):
             add(customer, UsageKey("successful_tasks"), ok)
             add(customer, UsageKey("failed_tasks"), failed)
             add(customer, UsageKey("task_attempts"), attempts)
@@ -166,7 +169,7 @@ def _add_other_meters(
             add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
 
 
-def task_totals(
+def billed_task_totals(
     conn: psycopg.Connection,
     start: datetime,
     end: datetime,
@@ -200,12 +203,12 @@ def usages_for_book(
 ) -> dict[str, Usage]:
     """`usages` (loaded for every outcome, as `load_period_usages` does without `task_outcomes`) with
     the task meters counted as `book` counts them: the same dict when the book trusts every outcome
-    source or prices no task meter, else a copy whose task quantities are `task_totals` under the
+    source or prices no task meter, else a copy whose task quantities are `billed_task_totals` under the
     book's `task_outcomes` (shadow rating and experiments load usage once for several books)."""
     trust = book.task_outcomes
     if trust is None or not priced_meters(book) & {k.meter for k in TASK_KEYS}:
         return usages
-    counted = {row[0]: row[1:] for row in task_totals(conn, start, end, customer_id, trust)}
+    counted = {row[0]: row[1:] for row in billed_task_totals(conn, start, end, customer_id, trust)}
     out: dict[str, Usage] = {}
     for customer in sorted(set(usages) | set(counted)):
         before = usages.get(customer)
@@ -302,6 +305,36 @@ def rate_period(
 
 # RequestTotals' field of each request meter
 _REQUEST_FIELD = {m: period_usage.RequestTotals._fields.index(m) for m in REQUEST_METERS}
+TotalsKeys = dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]]
+
+
+def totals_quantities(
+    usage: period_usage.PeriodUsage, request_meters: Iterable[str] = REQUEST_METERS, keys: TotalsKeys | None = None,
+) -> dict[UsageKey, object]:
+    """A customer's period totals as rating's quantities: each request row's `request_meters` by
+    (model, deployment, project) as read, each usage meter as `usage:<meter>`, and the task meters
+    when the tasks were read (`successful_tasks`, `failed_tasks`, `task_attempts`: the attempts of the
+    succeeded and failed tasks). Zero quantities are kept (`Usage.build` drops them; rating treats
+    both alike). The dedicated GPU totals are not among them: GPU time is attributed per
+    deployment-hour (`gpu_seconds`). `keys`: a cache of the request rows' keys for these
+    `request_meters`, for a caller that turns many customers' totals (one cache per `request_meters`)."""
+    if keys is None:
+        keys = {}
+    quantities: dict[UsageKey, object] = {}
+    for row in usage.requests:
+        k = keys.get(row[:3])
+        if k is None:
+            model, deployment, project = row[:3]
+            k = keys[row[:3]] = tuple((UsageKey(m, model, deployment, "", project), _REQUEST_FIELD[m])
+                                      for m in request_meters)
+        for key, i in k:
+            quantities[key] = row[i]
+    for meter in usage.meters:
+        quantities[UsageKey(USAGE_PREFIX + meter.meter)] = meter.quantity
+    if usage.tasks is not None:
+        for key, q in zip(TASK_KEYS, (usage.tasks.succeeded, usage.tasks.failed, usage.tasks.attempts), strict=True):
+            quantities[key] = q
+    return quantities
 
 
 def rate_billing_period(
@@ -326,7 +359,7 @@ def rate_billing_period(
     customers (the UTC month and each schedule's period): GPU time (`gpu_seconds`: the shared pool is
     attributed per deployment-hour by every customer's weighted tokens, so the dedicated totals alone
     would not give a customer's GPU-seconds; the hours that start in the period, billing's edge-hour
-    rule) and the task meters of a book that trusts only some outcome sources (`task_totals` with the
+    rule) and the task meters of a book that trusts only some outcome sources (`billed_task_totals` with the
     book's `task_outcomes`: each task's reports decide). Pricing experiments' prefix caching off is not
     served here (`load_period_usages(caching_off_for=...)`). `periods`: the customers' periods of
     `label` when the caller has read them (`metering.period_usage.label_periods`)."""
@@ -351,14 +384,14 @@ def rate_billing_period(
                 if periods.of(customer) == (start, end):
                     add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
         if tasks_wanted and trust is not None:
-            for customer, *counted in task_totals(conn, start, end, customer_id, trust):
+            for customer, *counted in billed_task_totals(conn, start, end, customer_id, trust):
                 if periods.of(customer) == (start, end):
                     for key, q in zip(TASK_KEYS, counted, strict=True):
                         add(customer, key, q)
 
-    request_meters = [(m, _REQUEST_FIELD[m]) for m in REQUEST_METERS if m in meters]
+    request_meters = [m for m in REQUEST_METERS if m in meters]
     usage_meters = {m.removeprefix(USAGE_PREFIX) for m in meters if m.startswith(USAGE_PREFIX)}
-    keys: dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]] = {}
+    keys: TotalsKeys = {}
     ratings: dict[str, Rating] = {}
     with gc_paused():
         rows = period_usage.period_usages(
@@ -367,20 +400,7 @@ def rate_billing_period(
             tasks=tasks_wanted and trust is None, gpu=False,
         )
         for usage in rows:
-            quantities: dict[UsageKey, object] = {}
-            for row in usage.requests:
-                k = keys.get(row[:3])
-                if k is None:
-                    model, deployment, project = row[:3]
-                    k = keys[row[:3]] = tuple((UsageKey(m, model, deployment, "", project), i) for m, i in request_meters)
-                for key, i in k:
-                    quantities[key] = row[i]
-            for meter in usage.meters:
-                quantities[UsageKey(USAGE_PREFIX + meter.meter)] = meter.quantity
-            if usage.tasks is not None:
-                for key, q in zip(TASK_KEYS, (usage.tasks.succeeded, usage.tasks.failed, usage.tasks.attempts),
-                                  strict=True):
-                    quantities[key] = q
+            quantities = totals_quantities(usage, request_meters, keys)
             more = hourly.pop(usage.customer_id, None)
             if more:
                 quantities.update(more)  # GPU time, trusted tasks: keys disjoint from the totals'
