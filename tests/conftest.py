@@ -111,10 +111,35 @@ def settings(db_url: str, kafka_bootstrap: str, unique_name: str, tmp_path: Path
     )
 
 
+# The fixtures through which a test runs a vLLM engine (tests/serving/conftest.py): the session's
+# replicas, or the tiny model and the vLLM interpreter from which a test starts engines of its own.
+ENGINE_FIXTURES = frozenset({"vllm_servers", "tiny_model", "vllm_python"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks to group by
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under `--dist loadgroup` every test of tests/serving/ runs on one worker, which alone starts the
-    session's vLLM replicas (a CPU engine each: two workers starting their own would starve each other)."""
-    serving = Path(__file__).parent / "serving"
+    """Under `--dist loadgroup` every test that runs a vLLM engine (ENGINE_FIXTURES among the fixtures
+    it needs, directly or through others) runs on one worker, which alone starts the session's vLLM
+    replicas (a CPU engine each: two workers starting their own would starve each other). Every other
+    test, in tests/serving/ too, is spread over the workers like the rest of the suite."""
     for item in items:
-        if serving in item.path.parents:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
+def pytest_collection_finish(session) -> None:
+    """A worker of `--dist loadgroup` whose grouped tests did not get their group in their node id
+    (what pytest-xdist schedules by) would run them anywhere, each worker starting its own engines:
+    refuse to run rather than go on slowly and unnoticed."""
+    if not (hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup")):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup: {len(lost)} tests marked xdist_group were not grouped (e.g. {lost[0]}); "
+            "this pytest and pytest-xdist do not work together (see pyproject.toml)"
+        )

@@ -355,6 +355,8 @@ def test_a_replica_that_keeps_dying_is_restarted_with_backoff_and_leaves_nothing
         sessions |= _serving_sessions(home)
         _kill_the_stand_in_and_see_it_back(home, out_path, restart=2, delay="0.75")  # not up a minute: 2 x 0.5, capped
         sessions |= _serving_sessions(home)
+        # `up` prints the key before its API listens (it builds the app after the serving tier is up)
+        _until(lambda: _answers_200(f"http://127.0.0.1:{api_port}/metrics/serving"), 120, "no API", out_path)
         with urllib.request.urlopen(f"http://127.0.0.1:{api_port}/metrics/serving", timeout=10) as response:
             assert 'infermeter_replica_restarts_total{replica="tiny-cpu-1"} 2.0' in response.read().decode()
     finally:
