@@ -286,12 +286,15 @@ class BatchInvoiceStore:
                 for f, _, now in self._first:
                     if f.status is not InvoiceStatus.DRAFT:
                         opened.setdefault((str(f.status), f.issued_at, f.finalized_at, now), []).append(f)
+                # (`i.id = ANY(...)` repeats the join's ids so that the rows are found by the key, a batch's
+                # worth, where a hash join would scan the whole table once a batch)
                 for (status, issued_at, finalized_at, now), group in opened.items():
+                    ids = [f.id for f in group]
                     cur.execute(
                         "UPDATE billing_invoices i SET status = %s, number = u.number, issued_at = %s, finalized_at = %s, "
                         "revision = 2, updated_at = %s FROM unnest(%s::text[], %s::text[]) AS u(id, number) "
-                        "WHERE i.id = u.id",
-                        (status, issued_at, finalized_at, now, [f.id for f in group], [f.number for f in group]),
+                        "WHERE i.id = u.id AND i.id = ANY(%s)",
+                        (status, issued_at, finalized_at, now, ids, [f.number for f in group], ids), prepare=MANY,
                     )
                 with cur.copy("COPY billing_invoice_history (invoice_id, revision, recorded_at, change, status, document) "
                               "FROM STDIN") as copy:
