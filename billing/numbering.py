@@ -18,6 +18,7 @@ SEQUENCE_DIGITS = 6
 _PREFIX = re.compile(r"[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)*")
 _NUMBER = re.compile(r"(?P<prefix>.+)-(?P<year>\d{4})-(?P<seq>\d{6,})")
 MAX_PREFIX_LENGTH = 20
+_VALID_PREFIXES: set[str] = set()  # prefixes already checked (a billing run numbers 10^4 invoices with one)
 
 
 @dataclass(frozen=True, order=True)
@@ -38,12 +39,16 @@ class InvoiceNumber:
 
 
 def check_prefix(prefix: object) -> str:
+    if type(prefix) is str and prefix in _VALID_PREFIXES:
+        return prefix
     if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix) or len(prefix) > MAX_PREFIX_LENGTH:
         raise NumberingError(
             f"issuer prefix {prefix!r} is not valid: use upper-case letters and digits, starting with a "
             f"letter, optionally in hyphen-separated parts (e.g. 'INV' or 'ACME-EU'), at most "
             f"{MAX_PREFIX_LENGTH} characters"
         )
+    if type(prefix) is str and len(_VALID_PREFIXES) < 256:
+        _VALID_PREFIXES.add(prefix)
     return prefix
 
 

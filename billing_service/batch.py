@@ -38,6 +38,7 @@ from billing.numbering import format_number
 from billing_service.store import (
     _INVOICE_COLS,
     _LINE_COLS,
+    MANY,
     BillingServiceError,
     PgInvoiceStore,
     StoredInvoice,
@@ -152,7 +153,7 @@ def lock_customers(conn: psycopg.Connection, customer_ids: Sequence[str]) -> Non
 def load_stored(conn: psycopg.Connection, customer_ids: Sequence[str]) -> dict[str, list[StoredInvoice]]:
     """Each customer's stored invoices (ordered as `PgInvoiceStore.stored`), in three queries."""
     out: dict[str, list[StoredInvoice]] = {c: [] for c in customer_ids}
-    for s in PgInvoiceStore(conn)._load("customer_id = ANY(%s)", (list(customer_ids),)):
+    for s in PgInvoiceStore(conn)._load("customer_id = ANY(%s)", (list(customer_ids),), prepare=MANY):
         out[s.invoice.customer_id].append(s)
     return out
 
@@ -253,7 +254,7 @@ class BatchInvoiceStore:
                 changed = [i for i in self._written if i in self._in_db
                            and self._in_db[i].invoice.lines != self._written[i][0].lines]
                 if changed:
-                    cur.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)", (changed,))
+                    cur.execute("DELETE FROM billing_invoice_lines WHERE invoice_id = ANY(%s)", (changed,), prepare=MANY)
                 rows = _LineRows()
                 for first, _, _ in self._first:
                     rows.add_rated(first.id, first.period, first.period_start, first.period_end, map(_AS_RATED, first.lines))
@@ -285,12 +286,15 @@ class BatchInvoiceStore:
                 for f, _, now in self._first:
                     if f.status is not InvoiceStatus.DRAFT:
                         opened.setdefault((str(f.status), f.issued_at, f.finalized_at, now), []).append(f)
+                # (`i.id = ANY(...)` repeats the join's ids so that the rows are found by the key, a batch's
+                # worth, where a hash join would scan the whole table once a batch)
                 for (status, issued_at, finalized_at, now), group in opened.items():
+                    ids = [f.id for f in group]
                     cur.execute(
                         "UPDATE billing_invoices i SET status = %s, number = u.number, issued_at = %s, finalized_at = %s, "
                         "revision = 2, updated_at = %s FROM unnest(%s::text[], %s::text[]) AS u(id, number) "
-                        "WHERE i.id = u.id",
-                        (status, issued_at, finalized_at, now, [f.id for f in group], [f.number for f in group]),
+                        "WHERE i.id = u.id AND i.id = ANY(%s)",
+                        (status, issued_at, finalized_at, now, ids, [f.number for f in group], ids), prepare=MANY,
                     )
                 with cur.copy("COPY billing_invoice_history (invoice_id, revision, recorded_at, change, status, document) "
                               "FROM STDIN") as copy:
@@ -319,14 +323,14 @@ class BatchCreditLedger:
         self._grants: dict[str, list[CreditGrant]] = {}
         for r in conn.execute(
             "SELECT id, customer_id, currency, amount, granted_at, expires_at, reason FROM billing_credit_grants "
-            "WHERE customer_id = ANY(%s) ORDER BY granted_at, id", (ids,)
+            "WHERE customer_id = ANY(%s) ORDER BY granted_at, id", (ids,), prepare=MANY
         ):
             self._grants.setdefault(r[1], []).append(CreditGrant(*r))
         # (at, recorded_at, id, entry): PgCreditLedger.entries' order
         self._entries: dict[str, list[tuple[datetime, datetime, str, LedgerEntry]]] = {}
         for r in conn.execute(
             "SELECT id, kind, grant_id, customer_id, currency, amount, at, invoice_id, expires_at, recorded_at "
-            "FROM billing_credit_ledger WHERE customer_id = ANY(%s)", (ids,)
+            "FROM billing_credit_ledger WHERE customer_id = ANY(%s)", (ids,), prepare=MANY
         ):
             self._entries.setdefault(r[3], []).append((r[6], r[9], r[0], LedgerEntry(*r[:9])))
         self._ids = {e[2] for entries in self._entries.values() for e in entries}

@@ -202,14 +202,24 @@ def plans(conn: psycopg.Connection, customer_id: str) -> list[Plan]:
     return [Plan(*r) for r in rows]
 
 
+# How a query of many keys at once (`= ANY(%s)` of an array) is sent: never as a prepared statement.
+# psycopg prepares a query run 5 times; PostgreSQL then plans it once for any array (a generic plan).
+# A billing run of 100k customers queries 100 batches of 1,000 this way while billing_invoices grows
+# under it: planned for the table as it was, with the array's length unknown and its values not hashed
+# (a sequential scan compares each row with each key), the batches would cost more and more. Planned
+# each time with the array itself, a query costs what its batch holds.
+MANY = False
+
+
 def plans_of(conn: psycopg.Connection, customer_ids: Sequence[str]) -> dict[str, list[Plan]]:
-    """`plans` of many customers in one query (a customer without plans maps to [])."""
+    """`plans` of many customers in one query (a customer without plans maps to []). Never a prepared
+    statement (see `MANY`)."""
     out: dict[str, list[Plan]] = {c: [] for c in customer_ids}
     for r in conn.execute(
         "SELECT p.id, p.customer_id, p.from_date, p.effective_at, p.effective_period, p.book_sha256, b.book_id, "
         "p.assigned_at FROM billing_plans p JOIN billing_price_books b ON b.sha256 = p.book_sha256 "
         "WHERE p.customer_id = ANY(%s) ORDER BY p.customer_id, p.id",
-        (list(customer_ids),),
+        (list(customer_ids),), prepare=MANY,
     ):
         out[r[1]].append(Plan(*r))
     return out
@@ -355,10 +365,12 @@ class PgInvoiceStore:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
 
-    def _load(self, where: str, params: tuple) -> list[StoredInvoice]:
+    def _load(self, where: str, params: tuple, *, prepare: bool | None = None) -> list[StoredInvoice]:
+        """The invoices `where` says, with their lines and status history; `prepare`: psycopg's (`MANY`
+        for a batch of customers)."""
         rows = self.conn.execute(
             f"SELECT {_INVOICE_COLS}, revision FROM billing_invoices WHERE {where} ORDER BY period_start, sequence",
-            params,
+            params, prepare=prepare,
         ).fetchall()
         if not rows:
             return []
@@ -366,14 +378,14 @@ class PgInvoiceStore:
         lines: dict[str, list[InvoiceLine]] = {i: [] for i in ids}
         for r in self.conn.execute(
             f"SELECT invoice_id, {_LINE_COLS} FROM billing_invoice_lines WHERE invoice_id = ANY(%s) "
-            "ORDER BY invoice_id, position", (ids,)
+            "ORDER BY invoice_id, position", (ids,), prepare=prepare,
         ):
             lines[r[0]].append(InvoiceLine(*r[1:]))
         changes: dict[str, list[StatusChange]] = {i: [] for i in ids}
         last: dict[str, str] = {}
         for invoice_id, status, at in self.conn.execute(
             "SELECT invoice_id, status, recorded_at FROM billing_invoice_history WHERE invoice_id = ANY(%s) "
-            "ORDER BY invoice_id, revision", (ids,)
+            "ORDER BY invoice_id, revision", (ids,), prepare=prepare,
         ):
             before = last.get(invoice_id)
             if before is not None and before != status:
