@@ -6,13 +6,14 @@ weigh nothing), and the rows and failure rows to the cent with their exact keys 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import Decimal, localcontext
 
 import pytest
 
 from pricing.anatomy import AnatomyInputs, EngineRecord, FailureRow, Part, anatomy, failures, parts
 from pricing.anatomy import RequestClassRecord as C
 from pricing.cost import CostModel, attribute
+from pricing.money import EXACT
 from pricing.records import Dataset, GpuRecord
 from pricing.records import RequestRecord as R
 
@@ -143,3 +144,27 @@ def test_failures_by_cause_in_the_causes_order_then_kind_model_customer():
         FailureRow("client", "failure", "m", "a", D("0.00"), 4),
     )
     assert failures([part("a", "failure", "model", "0", 0)], "USD").rows == ()
+
+
+# ---------------------------------------------------------------- exact to 80 digits, not 28
+
+
+def test_parts_are_exact_beyond_the_default_28_digits():
+    # $1.00 of token work (1,000,000 GPU-ms, no engine records) over 300k weighted tokens, 100k of them an
+    # error: a third and two thirds, to EXACT's 80 digits
+    ds = Dataset(H, END, requests=(R("a", "m", "d1", H, 3, 300_000, 0, 0),),
+                 gpu=(GpuRecord("", "d1", "h100", H, 1_000_000),))
+    got = parts(ds, MODEL, AnatomyInputs(classes=(C("a", "m", "d1", H, "error", 1, 100_000, 0),)))
+    with localcontext(EXACT):
+        third = D(1) / 3
+        assert [(p.term, p.amount) for p in got[2:]] == [("failure", third), ("new_compute", D(2) / 3)]
+        assert len(str(third)) == 82  # "0." and 80 threes: 28 would not do
+
+
+def test_anatomy_and_failures_sum_exactly_beyond_28_digits():
+    tiny = "0.004999999999999999999999999999999"  # 31 significant digits: half a cent, less 10^-33
+    a = anatomy([part("a", "failure", "runtime", "1"), part("a", "failure", "runtime", tiny)], "USD")
+    assert a.exact["failure"] == D("1.004999999999999999999999999999999")
+    assert a.total == D("1.00")  # rounded once, exactly: not up to 1.01
+    assert failures([part("a", "failure", "runtime", tiny, 1)], "USD").rows == (
+        FailureRow("runtime", "failure", "m", "a", D("0.00"), 1),)
