@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from pricing.book import parse_price_book
-from pricing.recommend import PriceChange, RecommendError, recommend
+from pricing.recommend import PriceChange, RecommendError, check_risk, check_target, recommend
 from tests.pricing.test_recommend import OUT, REQ, UNIT, history, steady
 
 D = Decimal
@@ -79,3 +79,16 @@ def test_the_default_seed_is_one():
                                                       seed=1).before.period_margins
     assert default.before.period_margins != recommend(UNIT, h, target="0.25", risk="0.3", draws=20, period_days=7,
                                                       seed=2).before.period_margins
+
+
+@pytest.mark.parametrize(("check", "value", "message"), [
+    (check_target, "abc", "--target-margin must be a decimal number such as 0.25, got 'abc'"),
+    (check_target, "1", "--target-margin must be greater than -1 and less than 1 (a share of revenue, 0.25 for 25%), "
+                        "got 1"),
+    (check_risk, "x", "--risk must be a decimal number such as 0.25, got 'x'"),
+    (check_risk, "0", "--risk must be greater than 0 and less than 1 (a probability, 0.05 for 5%), got 0"),
+])
+def test_the_target_and_risk_refusals_name_their_option(check, value, message):
+    with pytest.raises(RecommendError) as raised:
+        check(value)
+    assert str(raised.value) == message
