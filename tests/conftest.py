@@ -31,7 +31,10 @@ TEMPLATE_DB = "infermeter_template"
 # bench/), and beside other workers one example of a microsecond test took 322 ms (the default
 # deadline is 200 ms). Tests keep their own max_examples.
 hypothesis_settings.register_profile("infermeter", deadline=None)
-hypothesis_settings.load_profile("infermeter")
+# Under mutmut (it sets MUTANT_UNDER_TEST for each mutant) a property without its own count tries 10
+# examples, and those with one a tenth of it (tests/examples.py): the score is a lower bound.
+hypothesis_settings.register_profile("mutation", deadline=None, max_examples=10)
+hypothesis_settings.load_profile("mutation" if os.environ.get("MUTANT_UNDER_TEST") else "infermeter")
 
 
 def _with_database(url: str, name: str) -> str:

@@ -22,6 +22,7 @@ from pricing.book import price_book_from_data
 from pricing.rating import rate
 from pricing.usage import Usage, UsageKey
 from tests.billing.helpers import BOOK, NEXT, PERIOD, ROWS, T_FINAL, rating
+from tests.examples import examples
 
 D = Decimal
 
@@ -186,7 +187,7 @@ def charged(invoice, seq):
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(book=books(), events=quantities)
 def test_invoices_plus_adjustments_equal_the_rating_of_all_usage(book, events):
     batches = [[(m, D(q)) for m, q, b in events if b <= k] for k in range(4)]  # cumulative: known, +late, ...

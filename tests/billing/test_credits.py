@@ -19,6 +19,7 @@ from billing.credits import (
 from billing.errors import BillingError, CreditError
 from billing.invoice.drafts import draft_from_rating
 from tests.billing.helpers import PERIOD, ROWS, rating
+from tests.examples import examples
 
 D = Decimal
 JAN = datetime(2026, 1, 1, tzinfo=UTC)
@@ -168,7 +169,7 @@ cents = st.integers(1, 20_000).map(lambda c: D(c).scaleb(-2))
 offsets = st.integers(-60, 120).map(lambda d: timedelta(days=d))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     grants=st.lists(st.tuples(cents, st.integers(0, 60), st.one_of(st.none(), offsets)), max_size=6),
     totals=st.lists(cents, min_size=1, max_size=4),

@@ -19,6 +19,7 @@ from billing.periods import (
     split_hours,
     whole_hours,
 )
+from tests.examples import examples
 
 
 def local(tz: str, *args: int) -> datetime:
@@ -136,7 +137,7 @@ ZONES = ["UTC", "Europe/Berlin", "America/New_York", "America/Santiago", "Asia/K
          "Australia/Lord_Howe", "Pacific/Chatham", "America/St_Johns"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     instant=st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2060, 1, 1), timezones=st.just(UTC)),
     tz=st.sampled_from(ZONES),
@@ -151,7 +152,7 @@ def test_every_instant_belongs_to_exactly_one_period(instant, tz, anchor):
     assert timedelta(days=27) < period.duration < timedelta(days=32)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(year=st.integers(1971, 2100), month=st.integers(1, 12), tz=st.sampled_from(ZONES), anchor=st.integers(1, 31))
 def test_consecutive_periods_tile_time(year, month, tz, anchor):
     period = billing_period(f"{year:04d}-{month:02d}", tz, anchor)

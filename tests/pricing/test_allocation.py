@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pricing.cost import CostModel, attribute, largest_remainder, split_amount, split_gpu_seconds
 from pricing.records import Dataset, GpuRecord, RequestRecord
+from tests.examples import examples
 
 D = Decimal
 H0 = datetime(2026, 11, 2, tzinfo=UTC)
@@ -19,7 +20,7 @@ weights = st.lists(st.decimals(min_value=0, max_value=10**9, places=3, allow_nan
 
 
 @given(st.integers(min_value=0, max_value=10**20), weights)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_largest_remainder_parts_always_sum_to_the_whole(whole, ws):
     parts = largest_remainder(whole, ws)
     assert sum(parts) == whole
@@ -48,7 +49,7 @@ def test_split_amount_on_cents():
 
 
 @given(st.integers(min_value=1, max_value=10**10), weights.filter(lambda ws: sum(ws) > 0))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_gpu_seconds_shares_add_up_to_the_hour(gpu_ms, ws):
     parts = split_gpu_seconds(gpu_ms, sum(ws), ws)
     assert sum(parts) == D(gpu_ms) / 1000

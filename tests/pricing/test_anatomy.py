@@ -23,6 +23,7 @@ from pricing.anatomy import (
 from pricing.cost import CostModel, attribute
 from pricing.money import Currency
 from pricing.records import Dataset, GpuRecord, RequestRecord
+from tests.examples import examples
 from tests.pricing.worked_example import ANATOMY_INPUTS, COST_MODEL, DATASET
 
 D = Decimal
@@ -121,7 +122,7 @@ def ledgers(draw):
 
 
 @given(ledgers(), st.sampled_from(["deployment", "model", "customer"]))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 def test_five_terms_are_non_negative_and_add_up_to_the_cost_model_total(case, group_by):
     dataset, model, inputs = case
     ps = parts(dataset, model, inputs)

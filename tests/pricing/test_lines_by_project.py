@@ -16,6 +16,7 @@ from pricing.money import QUANT
 from pricing.rating import Rating, line_id, rate
 from pricing.split import split_by_quantity
 from pricing.usage import Usage, UsageKey
+from tests.examples import examples
 from tests.pricing.test_properties import METERS, MODELS, books
 from tests.pricing.test_properties import key as prop_key
 
@@ -232,7 +233,7 @@ def _key(meter: str, model: str, project: str) -> UsageKey:
     return found._replace(project=project) if meter in ("uncached_input_tokens", "output_tokens") else found
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(books(), project_rows)
 def test_grouping_by_project_never_changes_a_lines_amount_only_shares_it(book, rows):
     """Any book and usage: the grouped rating's lines, summed per (charge, model), are the ungrouped

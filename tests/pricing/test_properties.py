@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pricing.book import price_book_from_data
 from pricing.rating import rate, rate_progressive
 from pricing.usage import Usage, UsageKey
+from tests.examples import examples
 from tests.pricing.helpers import T0, T1, T2
 
 decimals = st.decimals(min_value=0, max_value=1000, places=4).map(str)
@@ -77,7 +78,7 @@ def per_line(ratings):
     return {k: v for k, v in out.items() if v != (0, 0)}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(books(), usage_rows, usage_rows)
 def test_progressive_rating_adds_up_to_the_whole_period(book, first, second):
     a, b = make(first, T0, T1), make(second, T1, T2)
@@ -88,7 +89,7 @@ def test_progressive_rating_adds_up_to_the_whole_period(book, first, second):
     assert per_line([part1, part2]) == per_line([whole])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(books(monotone=True), usage_rows, usage_rows)
 def test_totals_never_decrease_as_usage_grows(book, base, extra):
     smaller = make(base, T0, T2)
@@ -96,7 +97,7 @@ def test_totals_never_decrease_as_usage_grows(book, base, extra):
     assert rate(book, larger).total >= rate(book, smaller).total
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(books(), usage_rows)
 def test_rounding_error_per_line_is_at_most_half_a_minor_unit(book, rows):
     half = book.money.minor_unit / 2
@@ -105,7 +106,7 @@ def test_rounding_error_per_line_is_at_most_half_a_minor_unit(book, rows):
         assert line.amount == line.amount.quantize(book.money.minor_unit)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(books(), usage_rows)
 def test_re_rating_gives_the_same_ids_and_amounts(book, rows):
     u = make(rows, T0, T2)
@@ -116,7 +117,7 @@ def test_re_rating_gives_the_same_ids_and_amounts(book, rows):
     ]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(books(), usage_rows, usage_rows)
 def test_rounded_total_of_cumulative_line_quantities_matches_rate(book, first, second):
     from pricing.rating import line_quantities, rounded_total
@@ -153,7 +154,7 @@ def _reference_lines(book, usage):
 huge = st.integers(0, 10**38 - 1)  # up to NUMERIC(38, 12)'s integer digits: products past 80 digits
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(books(), st.lists(st.tuples(st.sampled_from(METERS), st.sampled_from(MODELS), st.one_of(st.integers(0, 5 * 10**7), huge)), max_size=8))
 def test_rate_matches_the_plain_reference(book, rows):
     u = make(rows, T0, T2)
