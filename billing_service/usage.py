@@ -51,7 +51,7 @@ from metering.billing_reads import usage_meter_totals
 from metering.contract import CUSTOMER_SOURCE_PREFIX
 from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
-from metering.period_usage import PeriodUsageError, customer_period, period_usages
+from metering.period_usage import LabelPeriods, PeriodUsageError, customer_period, period_usages
 from metering.queries import usage
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
@@ -76,18 +76,24 @@ def by_project_of(book: PriceBook) -> dict[str, bool]:
     return {"by_project": True} if book.lines_by_project else {}
 
 
-def kept_in_totals(conn: psycopg.Connection, customer_id: str, period: Period | Window) -> Period | None:
-    """`period` when metering keeps the customer's totals for it: a billing period whose window is the
-    one metering's calendar gives the customer's period starting there
-    (`metering.period_usage.customer_period`); None for any other window (a `Window`, a period metering
-    does not know, or one its calendar cuts otherwise), which the hourly reads serve."""
+def _totals_periods(conn: psycopg.Connection, customer_id: str, period: Period | Window) -> LabelPeriods | None:
+    """Metering's calendar of the customer's period starting at `period.start`
+    (`metering.period_usage.customer_period`) when it is `period`'s window; None for any other window
+    (a `Window`, a period metering does not know, or one its calendar cuts otherwise)."""
     if not isinstance(period, Period):
         return None
     try:
         periods = customer_period(conn, customer_id, period.start)
     except PeriodUsageError:
         return None
-    return period if periods.of(customer_id) == (period.start, period.end) else None
+    return periods if periods.of(customer_id) == (period.start, period.end) else None
+
+
+def kept_in_totals(conn: psycopg.Connection, customer_id: str, period: Period | Window) -> Period | None:
+    """`period` when metering keeps the customer's totals for it: a billing period whose window is the
+    one metering's calendar gives the customer's period starting there; None for any other window,
+    which the hourly reads serve."""
+    return period if _totals_periods(conn, customer_id, period) is not None else None
 
 
 def period_usage(
@@ -119,11 +125,12 @@ def period_usage(
     requests = wanted is None or bool(wanted & set(REQUEST_METERS))
     usage_meters = wanted is None or any(m.startswith("usage:") for m in wanted)
     tasks = with_tasks and (wanted is None or bool(wanted & set(TASK_METERS)))
-    totals = kept_in_totals(conn, customer_id, period)
+    totals = _totals_periods(conn, customer_id, period)
     if totals is not None and (requests or usage_meters or tasks and task_outcomes is None):
-        for row in period_usages(conn, customer_id=customer_id, period_start=totals.start, requests=requests,
-                                 by_project=by_project, usage_meters=None if usage_meters else (),
-                                 tasks=tasks and task_outcomes is None, gpu=False):
+        for row in period_usages(conn, customer_id=customer_id, period_start=window.start, periods=totals,
+                                 requests=requests, by_project=by_project,
+                                 usage_meters=None if usage_meters else (), tasks=tasks and task_outcomes is None,
+                                 gpu=False):
             for key, quantity in totals_quantities(row).items():
                 add(key, quantity)
         requests = usage_meters = False

@@ -283,7 +283,8 @@ def period_usages(
     deployments and leaves deployment_id ''; per project with `by_project`, else summed over projects,
     project ''), `usage_meters` (None: every meter; else only those named, none for an empty
     collection), `tasks`, `gpu` (dedicated deployments' GPU-ms). `periods`: the customers' periods of
-    `label` when the caller has them already (`label_periods`). The request totals of every customer
+    `label` when the caller has them already (`label_periods`; with `period_start`, that customer's period
+    as `customer_period` gives it). The request totals of every customer
     are read by a thread (as `metering.period_reads.request_sums` reads the hourly sums), so
     PostgreSQL keeps reading the next customers while the caller works on this one; `conn` is the
     thread's until the iterator ends. `chunk_rows` and `chunks_ahead` are handed to it."""
@@ -292,7 +293,8 @@ def period_usages(
     if period_start is not None:
         if customer_id is None:
             raise PeriodUsageError("a period start names one customer's period: give its customer_id")
-        periods = customer_period(conn, customer_id, period_start)
+        if periods is None:
+            periods = customer_period(conn, customer_id, period_start)
     elif periods is None:
         periods = label_periods(conn, label, customer_id)
     params = _params(periods, customer_id)
