@@ -1,0 +1,104 @@
+"""The recommendation at its edges, worked by hand: the two conditions exactly on their bounds, the
+weekday pattern of a bootstrapped period, a book's precision and a scale's places, windows that cost
+nothing or bill less than one currency unit, and the count of periods that bill nothing (a risk whose
+allowance is not a whole number of periods: `test_recommend.py`)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from pricing.book import PriceBookError, parse_price_book
+from pricing.recommend import (
+    GRID,
+    Outcome,
+    RecommendError,
+    book_precision,
+    period_template,
+    recommend,
+    scale_book,
+)
+from tests.pricing.test_recommend import OUT, REQ, START, UNIT, history
+
+D = Decimal
+
+
+def outcome(revenue: str, cost: str, margins: list[int]) -> Outcome:
+    return Outcome(D(1), D(revenue), D(cost), tuple(D(100 + m) for m in margins), tuple(D(100) for _ in margins))
+
+
+@pytest.mark.parametrize(
+    ("revenue", "cost", "target", "reached"),
+    [("100", "80", "0.2", True),  # (1 - 0.2) x 100 = 80: exactly the target
+     ("100", "80.01", "0.2", False),
+     ("100", "90", "0.2", False),
+     ("100", "120", "-0.2", True), ("100", "120.01", "-0.2", False)],
+)
+def test_the_target_is_met_exactly_at_its_bound(revenue, cost, target, reached):
+    assert outcome(revenue, cost, [0]).meets(D(target), D("0.5"))[0] is reached
+
+
+@pytest.mark.parametrize(("losing", "within"), [(1, True), (2, True), (3, False)])
+def test_the_risk_is_met_exactly_at_its_bound(losing, within):
+    # 10 periods at a risk of 0.2: at most 2 may lose
+    o = outcome("100", "0", [-1] * losing + [0] * (10 - losing))
+    assert o.losses == losing
+    assert o.meets(D("0.2"), D("0.2"))[1] is within
+
+
+def test_a_bootstrapped_period_follows_the_weekdays_from_its_start():
+    # 2026-11-02 is a Monday: five weekdays, Saturday, Sunday, then Monday and Tuesday again
+    assert [weekend for weekend, _ in period_template(START, 9)] == [False] * 5 + [True, True] + [False] * 2
+    assert all(weight == 1 for _, weight in period_template(START, 9))
+
+
+def test_a_books_precision_is_its_most_decimal_places_and_none_for_whole_yen():
+    yen = parse_price_book("id: y\ncurrency: JPY\ncharges: [{meter: output_tokens, price: {type: unit, amount: '12', "
+                           "per: 1000}}]")
+    assert book_precision(yen) == 0
+    assert scale_book(yen, D("1.01")).charges[0].price.amount == D(13)  # 12.12 rounded up to whole yen
+    half = parse_price_book("id: y\ncurrency: JPY\ncharges: [{meter: output_tokens, price: {type: unit, amount: "
+                            "'12.5', per: 1000}}]")
+    assert book_precision(half) == 1
+
+
+def test_a_scale_rounds_prices_up_to_the_places_asked_for():
+    assert str(scale_book(UNIT, D("1.00005"), 4).charges[0].price.amount) == "10.0005"
+    assert str(scale_book(UNIT, D("1.00005")).charges[0].price.amount) == "10.01"  # the book's 2 places
+
+
+def test_a_scaled_book_that_is_no_book_is_named_after_the_book_and_the_scale():
+    with pytest.raises(PriceBookError) as raised:
+        scale_book(UNIT, D(-1))
+    assert str(raised.value).startswith("unit x -1: charges[0].price.amount: ")
+
+
+def test_a_window_that_costs_nothing_and_bills_nothing_gets_the_smallest_step():
+    # the book prices none of the usage and nothing costs: every scale above 0 meets both conditions
+    r = recommend(UNIT, history([{"a": {REQ: 3}}] * 3, [D(0)] * 3), target="0.25", risk="0.05", draws=5)
+    assert (r.scale, r.binding, r.before.revenue, r.before.cost, r.before.losses) == (GRID, "both", 0, 0, 0)
+
+
+def test_a_window_that_costs_less_than_one_unit_and_bills_nothing_is_infeasible():
+    with pytest.raises(RecommendError, match=r"^unit bills nothing in this window while serving it cost 0\.50: no "
+                                             r"scale of its prices can reach a margin$"):
+        recommend(UNIT, history([{"a": {REQ: 3}}, {}, {}], [D("0.50"), D(0), D(0)]), target="0.25", risk="0.05",
+                  draws=5)
+
+
+def test_a_window_that_bills_less_than_one_unit_can_be_priced():
+    # 50,000 tokens at 10.00 a million: 0.50 over the window, against 0.10 of cost
+    r = recommend(UNIT, history([{"a": {OUT: 25_000}}] * 2, [D("0.05")] * 2), target="0.25", risk="0.05", draws=5)
+    assert (r.before.revenue, r.scale, r.binding) == (D("0.50"), D("0.2691"), "target")
+    assert r.after.meets(D("0.25"), D("0.05")) == (True, True)
+
+
+def test_only_periods_that_bill_nothing_and_cost_something_are_counted_as_infeasible():
+    # one-day periods drawn from ten days: day 0 bills 0.50 and costs 5 (a loss, but a price can fix it),
+    # day 1 bills nothing and costs 5 (no price can), days 2..9 bill and cost nothing (no loss)
+    h = history([{"a": {OUT: 50_000}}] + [{}] * 9, [D(5), D(5)] + [D(0)] * 8)
+    with pytest.raises(RecommendError, match=r"^unit bills nothing in 12 of 50 bootstrapped periods that cost money: "
+                                             r"no scale of its prices keeps the loss risk at or below 0\.05$"):
+        recommend(UNIT, h, target="0.25", risk="0.05", draws=50, period_days=1)
+
