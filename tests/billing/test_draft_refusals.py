@@ -161,3 +161,8 @@ def test_the_fast_first_invoice_leaves_what_is_not_a_period_or_has_no_version_or
     assert first_invoice(r, PERIOD, currency="USD", price_book_version="") is None
     anonymous = rating(ROWS, customer="")
     assert first_invoice(anonymous, PERIOD, currency="USD", price_book_version="v1") is None
+
+
+def test_a_draft_checks_its_sequence_before_its_book_version():
+    with pytest.raises(InvoiceError, match=exactly("invoice sequence 0 must be a whole number from 1")):
+        draft_from_rating(rating(ROWS), PERIOD, price_book_version="", sequence=0)

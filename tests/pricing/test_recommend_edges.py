@@ -102,3 +102,12 @@ def test_only_periods_that_bill_nothing_and_cost_something_are_counted_as_infeas
                                              r"no scale of its prices keeps the loss risk at or below 0\.05$"):
         recommend(UNIT, h, target="0.25", risk="0.05", draws=50, period_days=1)
 
+
+
+def test_a_risk_that_allows_one_period_of_two_to_lose_allows_one_that_bills_nothing():
+    # one-day periods of two days: day 0 bills 10.00 and costs 5, day 1 bills nothing and costs 5; seed 1
+    # draws day 1 then day 0, and a risk of 0.5 lets the first lose: the second sets the scale
+    h = history([{"a": {OUT: 1_000_000}}, {}], [D(5), D(5)])
+    r = recommend(UNIT, h, target="0.25", risk="0.5", draws=2, period_days=1, seed=1)
+    assert r.before.period_margins == (D("-5.00"), D("5.00"))
+    assert (r.scale, r.binding, r.after.period_margins) == (D("1.3331"), "target", (D("-5.00"), D("8.34")))
