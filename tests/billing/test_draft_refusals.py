@@ -61,6 +61,12 @@ def test_a_draft_needs_the_book_version():
         draft_from_rating(rating(ROWS), PERIOD, price_book_version="")
 
 
+def test_an_empty_draft_totals_a_decimal_zero():
+    empty = empty_draft("c1", "USD", PERIOD, price_book_version="v1")
+    assert (empty.lines, empty.subtotal, empty.total) == ((), D(0), D(0))
+    assert isinstance(empty.subtotal, Decimal) and isinstance(empty.total, Decimal)
+
+
 def test_an_empty_draft_is_built_from_a_period():
     with pytest.raises(InvoiceError, match=exactly("period must be a billing.periods.Period, got str")):
         empty_draft("c1", "USD", "2026-02", price_book_version="v1")

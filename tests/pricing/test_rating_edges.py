@@ -41,7 +41,10 @@ def test_a_charge_of_another_meter_before_the_match_is_passed_over():
     assert match_charge(b, UsageKey("output_tokens", model="m"))[0] == 1
 
 
-def test_charges_of_other_deployments_and_gpu_types_before_the_match_are_passed_over():
+def test_charges_of_other_models_deployments_and_gpu_types_before_the_match_are_passed_over():
+    m = book({"meter": "output_tokens", "model": "a", "price": FLAT},
+             {"meter": "output_tokens", "model": "b", "price": FLAT})
+    assert match_charge(m, UsageKey("output_tokens", model="b"))[0] == 1
     b = book({"meter": "output_tokens", "deployment": "d1", "price": FLAT},
              {"meter": "output_tokens", "deployment": "d2", "price": FLAT})
     assert match_charge(b, UsageKey("output_tokens", model="m", deployment="d2"))[0] == 1
