@@ -111,3 +111,16 @@ def test_a_risk_that_allows_one_period_of_two_to_lose_allows_one_that_bills_noth
     r = recommend(UNIT, h, target="0.25", risk="0.5", draws=2, period_days=1, seed=1)
     assert r.before.period_margins == (D("-5.00"), D("5.00"))
     assert (r.scale, r.binding, r.after.period_margins) == (D("1.3331"), "target", (D("-5.00"), D("8.34")))
+
+
+def test_a_scale_above_the_proportional_estimate_is_found_by_widening_the_search():
+    # 500 tokens a day at 10.00 a million: 0.005, billed 0.01 (half-up), against 0.015 of cost (0.02).
+    # Were revenue proportional, scale 2 would do; but at 20.00 the line is 0.01 again. The line reaches
+    # 0.02 once 500 x price >= 15000 (0.015 rounds half-up): a price of 30.00, the ceiling of 10 x 2.9991
+    # (10 x 2.9990 = 29.99 gives 0.014995, billed 0.01: neither condition holds)
+    h = history([{"a": {OUT: 500}}], [D("0.015")])
+    r = recommend(UNIT, h, target="0", risk="0.05", draws=5, period_days=1)
+    assert (r.before.revenue, r.before.cost) == (D("0.01"), D("0.02"))
+    assert (r.scale, r.binding, r.scaled.charges[0].price.amount, r.after.revenue) == (
+        D("2.9991"), "both", D("30.00"), D("0.02"))
+    assert scale_book(UNIT, r.scale - GRID).charges[0].price.amount == D("29.99")
