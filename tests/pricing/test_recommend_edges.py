@@ -83,8 +83,9 @@ def test_a_window_that_costs_nothing_and_bills_nothing_gets_the_smallest_step():
 def test_a_window_that_costs_less_than_one_unit_and_bills_nothing_is_infeasible():
     with pytest.raises(RecommendError, match=r"^unit bills nothing in this window while serving it cost 0\.50: no "
                                              r"scale of its prices can reach a margin$"):
+        # one-day periods: none costs more than 0.50 either
         recommend(UNIT, history([{"a": {REQ: 3}}, {}, {}], [D("0.50"), D(0), D(0)]), target="0.25", risk="0.05",
-                  draws=5)
+                  draws=5, period_days=1)
 
 
 def test_a_window_that_bills_less_than_one_unit_can_be_priced():
@@ -124,3 +125,13 @@ def test_a_scale_above_the_proportional_estimate_is_found_by_widening_the_search
     assert (r.scale, r.binding, r.scaled.charges[0].price.amount, r.after.revenue) == (
         D("2.9991"), "both", D("30.00"), D("0.02"))
     assert scale_book(UNIT, r.scale - GRID).charges[0].price.amount == D("29.99")
+
+
+def test_below_scale_one_periods_that_profit_at_one_can_still_lose():
+    # 5M tokens and 40.00 of cost a day: at 10.00 a million every period profits (a margin of 20%); a loose
+    # target (-50%) lets the price fall until the periods break even: 8.00, the ceiling of 10 x 0.7991
+    h = history([{"a": {OUT: 5_000_000}}] * 7, [D("40.00")] * 7)
+    r = recommend(UNIT, h, target="-0.5", risk="0.05", draws=20)
+    assert (r.before.margin_share, r.before.losses) == (D("0.2"), 0)
+    assert (r.scale, r.binding, r.scaled.charges[0].price.amount, r.after.losses) == (D("0.7991"), "risk", D("8.00"), 0)
+    assert set(r.after.period_margins) == {D(0)}
