@@ -5,6 +5,7 @@ allowance is not a whole number of periods: `test_recommend.py`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -135,3 +136,26 @@ def test_below_scale_one_periods_that_profit_at_one_can_still_lose():
     assert (r.before.margin_share, r.before.losses) == (D("0.2"), 0)
     assert (r.scale, r.binding, r.scaled.charges[0].price.amount, r.after.losses) == (D("0.7991"), "risk", D("8.00"), 0)
     assert set(r.after.period_margins) == {D(0)}
+
+
+def test_a_scale_far_below_the_proportional_estimate_is_found_by_narrowing_the_search():
+    # 100 tokens a day at 12 yen each, 550 yen of cost a day: proportional revenue would need 550 / 1200 =
+    # 0.4583 of the price (5.5 yen), but prices are whole yen, rounded up: 6 yen, which every scale above
+    # 5/12 gives (12 x 0.4167 = 5.0004); 12 x 0.4166 = 4.9992 is 5 yen, 500 a day: neither condition holds
+    yen = parse_price_book("id: y\ncurrency: JPY\ncharges: [{meter: output_tokens, price: {type: unit, amount: '12', "
+                           "per: 1}}]")
+    h = replace(history([{"a": {OUT: 100}}] * 7, [D(550)] * 7), currency="JPY")
+    r = recommend(yen, h, target="0", risk="0.05", draws=20)
+    assert (r.before.revenue, r.before.cost) == (D(8400), D(3850))
+    assert (r.scale, r.binding, r.scaled.charges[0].price.amount, r.after.revenue) == (D("0.4167"), "both", D(6),
+                                                                                      D(4200))
+    assert scale_book(yen, r.scale - GRID).charges[0].price.amount == D(5)
+
+
+def test_no_scale_up_to_the_limit_is_refused_when_widening_reaches_it():
+    # 500 tokens billed 0.01 at 10.00 a million (0.005, half-up) against 6.00 of cost: proportional
+    # revenue would need 600x, but the line is worth 0.005 a scale step: 1200x, past the 1000x limit
+    h = history([{"a": {OUT: 500}}], [D("6.00")])
+    with pytest.raises(RecommendError, match=r"^no scale up to 1000x makes unit meet the target margin 0 with a loss "
+                                             r"risk of at most 0\.05$"):
+        recommend(UNIT, h, target="0", risk="0.05", draws=5, period_days=1)
