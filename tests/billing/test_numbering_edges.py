@@ -55,3 +55,9 @@ def test_a_prefix_of_exactly_twenty_characters_is_allowed_and_twenty_one_is_not(
 def test_parse_number_refusals_word_for_word(text, message):
     with pytest.raises(NumberingError, match=f"^{re.escape(message)}$"):
         parse_number(text)
+
+
+@pytest.mark.parametrize("prefix", [["INV"], None, 7])
+def test_a_prefix_that_is_not_a_string_is_refused_as_a_numbering_error(prefix):
+    with pytest.raises(NumberingError, match=re.escape(f"issuer prefix {prefix!r} is not valid")):
+        format_number(2026, 1, prefix)
