@@ -159,3 +159,15 @@ def test_no_scale_up_to_the_limit_is_refused_when_widening_reaches_it():
     with pytest.raises(RecommendError, match=r"^no scale up to 1000x makes unit meet the target margin 0 with a loss "
                                              r"risk of at most 0\.05$"):
         recommend(UNIT, h, target="0", risk="0.05", draws=5, period_days=1)
+
+
+def test_a_scale_of_exactly_two_is_found():
+    # 100M tokens a day at 12.3456789 a million, 2469.135 of cost a day: at scale 2 (24.6913578) the window
+    # bills 17283.95 against 17283.95 of cost (17283.945, half-up); at 1.9999 (24.6901233, rounded up) 17283.09
+    fine = parse_price_book("id: fine\ncurrency: USD\ncharges: [{meter: output_tokens, price: {type: unit, "
+                            "amount: '12.3456789', per: 1000000}}]")
+    r = recommend(fine, history([{"a": {OUT: 100_000_000}}] * 7, [D("2469.135")] * 7), target="0", risk="0.05",
+                  draws=20)
+    assert (r.scale, r.binding, r.scaled.charges[0].price.amount) == (D(2), "both", D("24.6913578"))
+    assert (r.after.revenue, r.after.cost) == (D("17283.95"), D("17283.95"))
+    assert scale_book(fine, r.scale - GRID).charges[0].price.amount == D("24.6901233")
