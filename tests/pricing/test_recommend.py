@@ -199,6 +199,13 @@ def test_the_risk_binds_when_the_target_is_loose_and_the_scale_is_the_smallest_t
     assert sum(1 for m in below if m < 0) > 6  # one grid step less breaks the risk
 
 
+def test_a_risk_allowing_one_and_a_half_periods_allows_one(volatile):
+    # 0.05 x 30 draws = 1.5 periods: at most one may lose
+    r = recommend(MIXED, volatile, target="-0.5", risk="0.05", draws=30, period_days=7, seed=4)
+    assert (r.scale, r.binding, r.after.losses) == (Decimal("2.0306"), "risk", 1)
+    assert r.after.meets(Decimal("-0.5"), Decimal("0.05")) == (True, True)
+
+
 def test_the_target_binds_when_the_risk_is_loose(volatile):
     r = recommend(MIXED, volatile, target="0.4", risk="0.5", draws=120, period_days=7, seed=4)
     assert r.binding == "target" and r.after.margin_share >= Decimal("0.4")
