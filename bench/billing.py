@@ -1,29 +1,32 @@
-"""Benchmark: a billing run (drafts + finalization) for a month of hourly rollups, next to rating the
-same month by the invoice path, in one run (target: billing <= 1.5x rating).
+"""Benchmark: a billing run (drafts + finalization) for a month of usage, next to rating the same month
+from the same source, in one run (target: billing CPU <= 1.5x rating + the lines' COPY text + the write
+floor; 100k customers <= 11x the 10k run).
 
-    python -m bench.billing [--customers 10000] [--models 5] [--active-hours 72]
+    python -m bench.billing [--customers 10000[,100000]] [--models 5] [--active-hours 72]
 
 Rows as in bench.rating (10k customers x 5 models x 72 active hours of November 2026 = 3.6M
 request_rollup_hourly rows, written hour by hour, and the period totals of the same data, then VACUUM
-ANALYZE). Every customer gets a
-billing record (UTC, USD, anchor day 1) and the example per-token book from 2026-11-01. Then, in
-the same run:
-- rating: `pricing_service.rate_period.rate_period` over the month (every customer's lines);
+ANALYZE). Every customer gets a billing record (UTC, USD, anchor day 1) and the example per-token book
+from 2026-11-01. Then, in the same run:
+- rating: `pricing_service.rate_period.rate_billing_period` for 2026-11 (every customer's billing
+  period from the period totals, after one warm-up): what the billing run rates, read from the same
+  source (the hourly rollups stay: the run's unbilled-usage check walks their key);
 - billing: billing_service's `billing_run` for 2026-11 with the clock past the grace window, so
   each customer's draft is created and finalized (gapless number, history, credits check): the
-  bulk path (its own rating pass, `rate_billing_period` from the period totals, then batches of
-  customers written with COPY).
-Prints invoices/s and the ratio billing time / rating time (wall clock; and, with a local server,
-the ratio of CPU seconds of this process and its PostgreSQL backend, which other load moves less).
+  bulk path (its own rating pass from the period totals, then batches of customers written with COPY).
+Prints invoices/s, wall clock and the CPU seconds of this process and its PostgreSQL backend (with a
+local server; other load moves them less than the wall clock).
 
 Then, for scale, the write floor: the run's invoices and lines, already as COPY text (read back
 untimed), copied into two bare tables of the same columns (no key, index, trigger or history) in
-one transaction, timed the same way. rating + that floor is what any billing run that rates the
-month and stores one row per line must spend; the bench prints billing / (rating + floor) next to
-the target's ratio. And the Python side of that floor: this process's CPU to make the lines' COPY
-text from the rating's values with the run's own writer (`_LineRows.add_rated`); rating + text +
-floor is printed as a multiple of rating, with what it leaves of the 1.5x target for the rest of
-the run.
+one transaction, timed the same way; and the Python side of it: this process's CPU to make the lines'
+COPY text from the rating's values with the run's own writer (`_LineRows.add_rated`). rating + text +
+floor is what any billing run that rates the month and stores one row per line must spend; the bench
+prints billing / (rating + text + floor) against the 1.5x target.
+
+Several sizes (`--customers 10000,100000`) are measured in turn, each on its own fresh embedded server
+(removed before the next size is generated), and each later size's billing CPU is compared with the
+first's (linearity: at most 1.1x the ratio of the sizes), with the CPU per customer of both.
 """
 
 from __future__ import annotations
@@ -38,14 +41,14 @@ from pathlib import Path
 import psycopg
 from rich.console import Console
 
-from bench.rating import END, START, generate
+from bench.rating import END, LABEL, START, generate
 from billing_service.batch import _LineRows
 from billing_service.customers import assign_plan, set_customer
 from billing_service.run import billing_run
 from infermeter.stack.postgres import remove_scratch, start_embedded_postgres, to_libpq_url
 from infermeter.stack.processes import process_cpu_s
 from pricing_service.books import EXAMPLE_BOOKS_DIR, read_price_book
-from pricing_service.rate_period import rate_period
+from pricing_service.rate_period import rate_billing_period
 
 SETUP_AT = datetime(2026, 10, 20, tzinfo=UTC)
 
@@ -127,68 +130,96 @@ def setup_customers(url: str, customers: int, console: Console) -> None:
             )
 
 
+def measure(url: str, customers: int, models: int, active_hours: int, console: Console) -> dict[str, float]:
+    """Generate one size's month on the (empty) database at `url`, then rate it and bill it in one run:
+    what `main` prints, as numbers (wall s, CPU s of this process and of its PostgreSQL backend)."""
+    t0 = time.perf_counter()
+    rows = generate(url, customers, models, active_hours, console)
+    setup_customers(url, customers, console)
+    console.print(f"generated {rows:,} hourly rollup rows and {customers:,} customers with a plan "
+                  f"in {time.perf_counter() - t0:.1f} s")
+    book = read_price_book(EXAMPLE_BOOKS_DIR / "per-token.yaml")
+    with psycopg.connect(to_libpq_url(url)) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")
+        rate_billing_period(conn, book, LABEL)  # warm the cache for both sides
+        t, cpu, server = time.perf_counter(), time.process_time(), backend_cpu(conn)
+        rated = rate_billing_period(conn, book, LABEL)  # what the billing run rates, from the same totals
+        rating, rating_cpu = time.perf_counter() - t, time.process_time() - cpu
+        rating_server = None if server is None else backend_cpu(conn) - server
+        revenue = sum(r.total for r in rated.values())
+        conn.commit()
+        conn.autocommit = True  # as the CLI and the API call it: the run commits batch by batch
+        t, cpu, server = time.perf_counter(), time.process_time(), backend_cpu(conn)
+        result = billing_run(conn, LABEL, now=RUN_AT)
+        billing, billing_cpu = time.perf_counter() - t, time.process_time() - cpu
+        billing_server = None if server is None else backend_cpu(conn) - server
+        floor, floor_cpu, floor_server = write_floor(conn, LABEL)
+        text_cpu = line_text_floor(rated, LABEL)
+    finalized = [o for o in result.invoices if o.action == "finalized"]
+    invoiced = sum(o.total for o in finalized)
+    console.print(f"rating the month from the period totals: {rating:.2f} s ({len(rated):,} customers, revenue "
+                  f"{revenue} USD)")
+    console.print(f"billing run: {billing:.2f} s, {len(finalized):,} invoices finalized "
+                  f"({len(finalized) / billing:,.0f} invoices/s), invoiced {invoiced} USD; CPU time of this "
+                  f"process meanwhile {billing_cpu:.2f} s (the rest: PostgreSQL, and waiting for a core)")
+    console.print(f"write floor (the run's invoices and lines into bare tables, one COPY each): {floor:.2f} s"
+                  + ("" if floor_server is None else f", CPU {floor_cpu:.2f} + {floor_server:.2f} s"))
+    out = {"customers": customers, "rating_s": rating, "billing_s": billing, "rating_cpu": rating_cpu,
+           "billing_cpu": billing_cpu, "text_cpu": text_cpu}
+    if rating_server is not None and billing_server is not None and floor_server is not None:
+        rated_cpu = rating_cpu + rating_server
+        billed_cpu = billing_cpu + billing_server
+        least = rated_cpu + floor_cpu + floor_server + text_cpu
+        console.print(f"CPU seconds, this process + its PostgreSQL backend: rating {rating_cpu:.2f} + "
+                      f"{rating_server:.2f}, billing {billing_cpu:.2f} + {billing_server:.2f}: ratio "
+                      f"{billed_cpu / rated_cpu:.2f}x (less sensitive to other load on the machine than the "
+                      "wall-clock ratio below)")
+        console.print(f"the lines' COPY text made in Python (_LineRows.add_rated): {text_cpu:.2f} CPU-s; rating + "
+                      f"text + write floor = {least:.2f} CPU-s = {least / rated_cpu:.2f}x rating")
+        verdict = "[green]within[/]" if billed_cpu <= 1.5 * least else "[red]over[/]"
+        console.print(f"CPU ratio billing / (rating + text + write floor): [bold]{billed_cpu / least:.2f}x[/] "
+                      f"({verdict} the 1.5x target); {billed_cpu / customers * 1e6:.0f} CPU-µs a customer")
+        out.update(rating_server=rating_server, billing_server=billing_server, floor_cpu=floor_cpu + floor_server,
+                   billing_total=billed_cpu, least=least)
+    console.print(f"ratio billing / rating, wall clock: {billing / rating:.2f}x")
+    if invoiced != revenue:
+        console.print(f"[red]invoiced {invoiced} != rated {revenue}[/]")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--customers", type=int, default=10_000)
+    parser.add_argument("--customers", default="10000",
+                        help="customers, or several sizes comma-separated (e.g. 10000,100000), each measured in "
+                             "turn on its own fresh server, then compared (linearity)")
     parser.add_argument("--models", type=int, default=5)
     parser.add_argument("--active-hours", type=int, default=72, help="active hours per customer x model (of 720)")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.customers.split(",")]
     console = Console()
-    folder = None if os.environ.get("DATABASE_URL") else Path(tempfile.mkdtemp(prefix="bench-billing-"))
-    url = os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg")
-    try:
-        t0 = time.perf_counter()
-        rows = generate(url, args.customers, args.models, args.active_hours, console)
-        setup_customers(url, args.customers, console)
-        console.print(f"generated {rows:,} hourly rollup rows and {args.customers:,} customers with a plan "
-                      f"in {time.perf_counter() - t0:.1f} s")
-        book = read_price_book(EXAMPLE_BOOKS_DIR / "per-token.yaml")
-        with psycopg.connect(to_libpq_url(url)) as conn:
-            conn.execute("SET TIME ZONE 'UTC'")
-            rate_period(conn, book, START, END)  # warm the cache for both sides
-            t, cpu, server = time.perf_counter(), time.process_time(), backend_cpu(conn)
-            rated = rate_period(conn, book, START, END)
-            rating, rating_cpu = time.perf_counter() - t, time.process_time() - cpu
-            rating_server = None if server is None else backend_cpu(conn) - server
-            revenue = sum(r.total for r in rated.values())
-            conn.commit()
-            conn.autocommit = True  # as the CLI and the API call it: the run commits batch by batch
-            t, cpu, server = time.perf_counter(), time.process_time(), backend_cpu(conn)
-            result = billing_run(conn, "2026-11", now=RUN_AT)
-            billing, billing_cpu = time.perf_counter() - t, time.process_time() - cpu
-            billing_server = None if server is None else backend_cpu(conn) - server
-            floor, floor_cpu, floor_server = write_floor(conn, "2026-11")
-            text_cpu = line_text_floor(rated, "2026-11")
-        finalized = [o for o in result.invoices if o.action == "finalized"]
-        invoiced = sum(o.total for o in finalized)
-        console.print(f"rating the month: {rating:.2f} s ({len(rated):,} customers, revenue {revenue} USD)")
-        console.print(f"billing run: {billing:.2f} s, {len(finalized):,} invoices finalized "
-                      f"({len(finalized) / billing:,.0f} invoices/s), invoiced {invoiced} USD; CPU time of this "
-                      f"process meanwhile {billing_cpu:.2f} s (the rest: PostgreSQL, and waiting for a core)")
-        if rating_server is not None and billing_server is not None:
-            console.print(f"CPU seconds, this process + its PostgreSQL backend: rating {rating_cpu:.2f} + "
-                          f"{rating_server:.2f}, billing {billing_cpu:.2f} + {billing_server:.2f}: ratio "
-                          f"{(billing_cpu + billing_server) / (rating_cpu + rating_server):.2f}x (less sensitive "
-                          "to other load on the machine than the wall-clock ratio below)")
-        console.print(f"write floor (the run's invoices and lines into bare tables, one COPY each): {floor:.2f} s"
-                      + ("" if floor_server is None else f", CPU {floor_cpu:.2f} + {floor_server:.2f} s"))
-        if rating_server is not None and billing_server is not None and floor_server is not None:
-            rated_cpu = rating_cpu + rating_server
-            least = rated_cpu + floor_cpu + floor_server
-            console.print(f"CPU ratio billing / (rating + write floor): {(billing_cpu + billing_server) / least:.2f}x "
-                          f"(rating + floor = {least / rated_cpu:.2f}x rating)")
-            console.print(f"the lines' COPY text made in Python (_LineRows.add_rated): {text_cpu:.2f} CPU-s; rating + "
-                          f"text + write floor = [bold]{(least + text_cpu) / rated_cpu:.2f}x[/] rating, leaving "
-                          f"{max(0.0, 1.5 * rated_cpu - least - text_cpu):.2f} CPU-s of the 1.5x target for everything "
-                          "else a billing run does (periods, plans, credits, numbers, history, unbilled usage)")
-        ratio = billing / rating
-        verdict = "[green]within[/]" if ratio <= 1.5 else "[red]over[/]"
-        console.print(f"ratio billing / rating: [bold]{ratio:.2f}x[/] ({verdict} the 1.5x target)")
-        if invoiced != revenue:
-            console.print(f"[red]invoiced {invoiced} != rated {revenue}[/]")
-    finally:
-        if folder is not None:
-            remove_scratch(folder)
+    if os.environ.get("DATABASE_URL") and len(sizes) > 1:
+        raise SystemExit("several sizes need a fresh server each: leave DATABASE_URL unset")
+    runs = []
+    for customers in sizes:
+        console.rule(f"{customers:,} customers")
+        folder = None if os.environ.get("DATABASE_URL") else Path(tempfile.mkdtemp(prefix="bench-billing-"))
+        url = os.environ.get("DATABASE_URL") or start_embedded_postgres(folder / "pg")
+        try:
+            runs.append(measure(url, customers, args.models, args.active_hours, console))
+        finally:
+            if folder is not None:
+                remove_scratch(folder)
+    if len(runs) > 1 and all("billing_total" in r for r in runs):
+        first = runs[0]
+        for run in runs[1:]:
+            size, cpu = run["customers"] / first["customers"], run["billing_total"] / first["billing_total"]
+            limit = 1.1 * size
+            verdict = "[green]within[/]" if cpu <= limit else "[red]over[/]"
+            console.print(
+                f"linearity: {run['customers']:,} customers cost [bold]{cpu:.2f}x[/] the billing CPU of "
+                f"{first['customers']:,} ({size:g}x the customers; {verdict} {limit:g}x): "
+                f"{first['billing_total'] / first['customers'] * 1e6:.0f} vs "
+                f"{run['billing_total'] / run['customers'] * 1e6:.0f} CPU-µs a customer")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ from metering.period_usage import LabelPeriods, PeriodUsageError, label_periods
 from pricing.cost import CostModel
 from pricing.rating import Rating, rate
 from pricing.usage import Usage
-from pricing_service.rate_period import rate_billing_period
+from pricing_service.rate_period import gc_paused, rate_billing_period
 
 DEFAULT_GRACE_H = 24
 # customers per transaction of the bulk billing run: each holds one advisory lock per customer (the
@@ -172,8 +172,11 @@ def billing_run(
         else:
             started.append((customer, target))
     if bulk and customer_id is None:
-        result.invoices.extend(_bulk_run(conn, started, now, grace, cost_model, issuer_prefix, batch_size, read_usage,
-                                         quick_path or first_invoice_outcome, result.nothing_to_bill))
+        # the bulk run holds every customer's rating and builds ~10^5 invoice lines, all acyclic: the cyclic
+        # collector's passes over that heap find nothing (a fifth of the run's process CPU at 10k customers)
+        with gc_paused():
+            result.invoices.extend(_bulk_run(conn, started, now, grace, cost_model, issuer_prefix, batch_size,
+                                             read_usage, quick_path or first_invoice_outcome, result.nothing_to_bill))
     else:
         for customer, target in started:
             with conn.transaction():
@@ -184,15 +187,15 @@ def billing_run(
     return result
 
 
-def _periods_to_bill(ctx: DraftContext, target: Period) -> list[Period]:
+def _periods_to_bill(ctx: DraftContext, target: Period) -> tuple[Period, ...]:
     return _periods_from_first_plan(ctx.customer, ctx.plans, target)
 
 
-def _periods_from_first_plan(customer: Customer, assigned: list[Plan], target: Period) -> list[Period]:
+def _periods_from_first_plan(customer: Customer, assigned: list[Plan], target: Period) -> tuple[Period, ...]:
     if not assigned:
         return []
-    first = min(assigned, key=lambda p: p.effective_at).effective_period
-    return list(_periods_between(first, customer.timezone, customer.anchor_day, target))
+    first = (assigned[0] if len(assigned) == 1 else min(assigned, key=lambda p: p.effective_at)).effective_period
+    return _periods_between(first, customer.timezone, customer.anchor_day, target)
 
 
 @lru_cache(maxsize=1024)

@@ -228,6 +228,9 @@ def plans_of(conn: psycopg.Connection, customer_ids: Sequence[str]) -> dict[str,
 def plan_at(all_plans: Sequence[Plan], period_start: datetime) -> Plan | None:
     """The plan of the period starting at `period_start`: of the assignments effective at or before it,
     the one effective latest (the last assigned among those effective at the same boundary)."""
+    if len(all_plans) == 1:  # most customers of a billing run: no list, no key function
+        lone = all_plans[0]
+        return lone if lone.effective_at <= period_start else None
     found = [p for p in all_plans if p.effective_at <= period_start]
     return max(found, key=lambda p: (p.effective_at, p.id)) if found else None
 
