@@ -58,7 +58,7 @@ from billing_service.store import (
     require_customer,
 )
 from billing_service.usage import Unbilled, period_usage, unbilled_usage
-from metering.period_usage import LabelPeriods, PeriodUsageError, label_periods
+from metering.period_usage import Periods, PeriodUsageError, label_periods
 from pricing.cost import CostModel
 from pricing.rating import Rating, rate
 from pricing.usage import Usage
@@ -353,7 +353,7 @@ def _bulk_ratings(conn: psycopg.Connection, started: list[tuple[Customer, Period
         for period, sha in [*built, *[(p, sha) for p, sha in closed if p.start < last]]:
             wanted.setdefault((period.label, sha), []).append((cid, period))
     out: dict[str, dict[tuple[str, str], Rating]] = {}
-    calendars: dict[str, LabelPeriods] = {}
+    calendars: dict[str, Periods] = {}
     for (label, sha), who in wanted.items():
         try:
             periods = calendars.get(label) or calendars.setdefault(label, label_periods(conn, label))

@@ -1,25 +1,25 @@
-"""A customer's usage over one billing period (or any window), read through metering's reads.
+"""A customer's usage over one billing period (or any window), read through metering's one period-usage
+read (`metering.period_usage.period_usages`), turned into rating's quantities by
+`pricing_service.rate_period.totals_quantities` as every reader turns it.
 
-Two readers, one answer (to the cent: tests/pricing_service/test_period_usage_paths.py):
+Metering decides where the rows come from (to the cent the same either way:
+tests/pricing_service/test_period_usage_paths.py):
 
-- A billing period (`billing.periods.Period`) that metering's calendar gives the customer
-  (`kept_in_totals`: `metering.period_usage.customer_period` has the same window) is read from the
-  period totals metering keeps at ingest (`metering.period_usage.period_usages`, turned into rating's
-  quantities by `pricing_service.rate_period.totals_quantities`, as the bulk run's
-  `rate_billing_period` does): requests per model and deployment (and project when asked), usage
-  meters, and tasks when every outcome counts. So previews, per-customer drafts, reconcile and the
-  forecast's calibration read what the bulk run reads.
-- Any other window (a `Window`: the forecast's period to date; a period metering's calendar cuts
-  otherwise) is read from the hourly rollups: requests at event time, whole UTC hours from the
-  rollups, the partial hours at the edges of a period in a +05:30 / +05:45 zone from raw events
-  (`metering.queries.usage`); usage meters (infermeter.usage.v1) likewise
-  (`metering.billing_reads.usage_meter_totals`).
+- A billing period (`billing.periods.Period`) that is the customer's period as metering's calendar
+  knows it (`kept_in_totals`: `metering.period_usage.totals_answer`) is read from the period totals
+  metering keeps at ingest: requests per model and deployment (and project when asked), usage meters,
+  and tasks when every outcome counts. So previews, per-customer drafts, reconcile and the forecast's
+  calibration read what the bulk run (`rate_billing_period`) reads.
+- Any other period, and a `Window` (the forecast's period to date; billing asks metering for a
+  `Window` as the rollups hold it, `from_totals=False`), is summed from the hourly rollups: requests at event time, whole UTC
+  hours from the rollups, the partial hours at the edges of a period in a +05:30 / +05:45 zone from
+  raw events; usage meters (infermeter.usage.v1) likewise; tasks at outcome time.
 - On both: GPU time (the edge-hour rule below) and the tasks of a book that names its trusted
   outcome sources come from the hourly reads, as in `rate_billing_period`. Tasks count at outcome time
   (`finished_at` of the task's outcome, exact to the microsecond), with all their attempts, as rating
-  counts them (`pricing_service.rate_period.billed_task_totals`: every outcome, metering's
-  `metering.period_reads.task_totals`; under a book that names its trusted outcome sources
-  (`task_outcomes`), only their outcomes count and a task without one within its timeout is billed by
+  counts them (every outcome: the period totals or metering's `metering.period_reads.task_totals`;
+  under a book that names its trusted outcome sources (`task_outcomes`,
+  `pricing_service.rate_period.billed_task_totals`), only their outcomes count and a task without one within its timeout is billed by
   the book's rule at its deadline; docs/billing.md, "Trusted task outcomes").
 - Unbilled usage (a customer without a record or without a plan: no book, so no trusted sources):
   `unbilled_usage` finds it for a period (billing runs and reconcile report it), `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
@@ -47,12 +47,10 @@ import psycopg
 from billing.periods import UTC_SCHEDULE, Period, billing_period
 from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
 from infermeter.times import Window, ceil_hour, utc_text
-from metering.billing_reads import usage_meter_totals
 from metering.contract import CUSTOMER_SOURCE_PREFIX
 from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
-from metering.period_usage import LabelPeriods, PeriodUsageError, customer_period, period_usages
-from metering.queries import usage
+from metering.period_usage import period_usages, totals_answer
 from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
 from pricing.task_outcomes import TaskReports, tasks_from_rows
@@ -76,24 +74,13 @@ def by_project_of(book: PriceBook) -> dict[str, bool]:
     return {"by_project": True} if book.lines_by_project else {}
 
 
-def _totals_periods(conn: psycopg.Connection, customer_id: str, period: Period | Window) -> LabelPeriods | None:
-    """Metering's calendar of the customer's period starting at `period.start`
-    (`metering.period_usage.customer_period`) when it is `period`'s window; None for any other window
-    (a `Window`, a period metering does not know, or one its calendar cuts otherwise)."""
-    if not isinstance(period, Period):
-        return None
-    try:
-        periods = customer_period(conn, customer_id, period.start)
-    except PeriodUsageError:
-        return None
-    return periods if periods.of(customer_id) == (period.start, period.end) else None
-
-
 def kept_in_totals(conn: psycopg.Connection, customer_id: str, period: Period | Window) -> Period | None:
-    """`period` when metering keeps the customer's totals for it: a billing period whose window is the
-    one metering's calendar gives the customer's period starting there; None for any other window,
-    which the hourly reads serve."""
-    return period if _totals_periods(conn, customer_id, period) is not None else None
+    """`period` when metering reads the customer's usage of it from the period totals: a billing period
+    whose window is the customer's period as metering's calendar knows it
+    (`metering.period_usage.totals_answer`); None for a `Window` and any other period (the hourly reads)."""
+    if isinstance(period, Period) and totals_answer(conn, customer_id, period.start, period.end):
+        return period
+    return None
 
 
 def period_usage(
@@ -107,9 +94,11 @@ def period_usage(
     with_tasks: bool = True,
     by_project: bool = False,
 ) -> Usage:
-    """The customer's usage of [period.start, period.end): from the period totals when `period` is a
-    billing period metering keeps them for (`kept_in_totals`), else from the hourly rollups (see the
-    module's docstring). `meters` limits what is read (the meters a book prices); GPU time is read only with a cost model (it attributes the shared pool);
+    """The customer's usage of [period.start, period.end), read by metering's period-usage read
+    (`metering.period_usage.period_usages` of the window): a `Period` from the period totals when it is
+    the customer's billing period as metering's calendar knows it (metering decides: `kept_in_totals`),
+    else, and for a `Window`, from the hourly rollups (see the module's docstring). `meters` limits what
+    is read (the meters a book prices); GPU time is read only with a cost model (it attributes the shared pool);
     `task_outcomes` is the book's trust in task outcomes (None: every outcome counts); `with_tasks=False`
     leaves the task meters out (`unbilled_summary` counts tasks its own way); `by_project=True` keeps the
     request meters per project (`UsageKey.project`, '' for requests without one), for a book that
@@ -125,29 +114,14 @@ def period_usage(
     requests = wanted is None or bool(wanted & set(REQUEST_METERS))
     usage_meters = wanted is None or any(m.startswith("usage:") for m in wanted)
     tasks = with_tasks and (wanted is None or bool(wanted & set(TASK_METERS)))
-    totals = _totals_periods(conn, customer_id, period)
-    if totals is not None and (requests or usage_meters or tasks and task_outcomes is None):
-        for row in period_usages(conn, customer_id=customer_id, period_start=window.start, periods=totals,
-                                 requests=requests, by_project=by_project,
-                                 usage_meters=None if usage_meters else (), tasks=tasks and task_outcomes is None,
-                                 gpu=False):
+    every_outcome = tasks and task_outcomes is None  # else a book's trusted sources: each task's reports decide
+    if requests or usage_meters or every_outcome:
+        for row in period_usages(conn, window=(window.start, window.end), customer_id=customer_id,
+                                 from_totals=isinstance(period, Period), requests=requests, by_project=by_project,
+                                 usage_meters=None if usage_meters else (), tasks=every_outcome, gpu=False):
             for key, quantity in totals_quantities(row).items():
                 add(key, quantity)
-        requests = usage_meters = False
-        tasks = tasks and task_outcomes is not None  # a book's trusted sources: each task's reports decide
-    if requests:
-        if by_project:
-            for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment", "project"]):
-                for meter in REQUEST_METERS:
-                    add(UsageKey(meter, row["model"], row["deployment_id"], "", row["project"] or ""), row[meter])
-        else:
-            for row in usage(conn, window, customer_id=customer_id, group_by=["model", "deployment"]):
-                for meter in REQUEST_METERS:
-                    add(UsageKey(meter, row["model"], row["deployment_id"]), row[meter])
-    if usage_meters:
-        for row in usage_meter_totals(conn, window, customer_id=customer_id):
-            add(UsageKey("usage:" + row["meter"]), row["quantity"])
-    if tasks:
+    if tasks and not every_outcome:
         for _, succeeded, failed, attempts in billed_task_totals(conn, window.start, window.end, customer_id,
                                                                  task_outcomes):
             add(UsageKey("successful_tasks"), succeeded)

@@ -1,8 +1,5 @@
-"""Billing's reads of usage: a window's usage meters (`usage_meter_totals`: whole hours from the
-rollups, the edges from raw events) for billing_service's usage of a window that is not a billing
-period (a billing period is read from the period totals, `metering.period_usage`), and usage as
-metering knew it at a moment (`usage_as_of`) for the finance exports. Tasks by outcome time are
-`metering.period_reads.task_totals` (any window: finished_at is exact)."""
+"""Billing's read of usage as metering knew it at a moment (`usage_as_of`), for the finance exports.
+A period's or a window's usage as known now is `metering.period_usage.period_usages`."""
 
 from __future__ import annotations
 
@@ -11,43 +8,6 @@ from datetime import datetime
 import psycopg
 
 from infermeter.times import Window
-
-# ---------------------------------------------------------------- reads for billing periods
-# A billing period is a window in a customer's time zone; its edges may fall inside a UTC hour
-# (Asia/Kolkata +05:30). Whole hours are read from the hourly rollups, the partial edge hours from
-# raw events (the same split `usage` makes), so every event counts in exactly one period.
-
-
-def _edge_parts(window: Window) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
-    """(the whole UTC hours inside the window or None, the partial edge windows read from raw events)."""
-    hours = window.whole_hours
-    if hours is None:
-        return None, [(window.start, window.end)]
-    return hours, [(a, b) for a, b in ((window.start, hours[0]), (hours[1], window.end)) if a < b]
-
-
-def usage_meter_totals(conn: psycopg.Connection, window: Window, *, customer_id: str | None = None) -> list[dict]:
-    """infermeter.usage.v1 quantities per customer and meter over [start, end) of event time:
-    [{customer_id, meter, quantity (Decimal)}], sorted. Edge parts of hours come from raw events."""
-    hours, edges = _edge_parts(window)
-    only = " AND customer_id = %s" if customer_id is not None else ""
-    extra = [customer_id] if customer_id is not None else []
-    parts: list[str] = []
-    params: list = []
-    if hours is not None:
-        parts.append(f"SELECT customer_id, meter, quantity FROM usage_rollup_hourly WHERE hour >= %s AND hour < %s{only}")
-        params += [hours[0], hours[1], *extra]
-    for a, b in edges:
-        parts.append(
-            "SELECT customer_id, payload->'data'->>'meter' AS meter, (payload->'data'->>'quantity')::numeric AS quantity "
-            f"FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %s AND occurred_at < %s{only}"
-        )
-        params += [a, b, *extra]
-    sql = (f"SELECT customer_id, meter, sum(quantity) FROM ({' UNION ALL '.join(parts)}) AS u "
-           "GROUP BY customer_id, meter HAVING sum(quantity) <> 0 ORDER BY customer_id, meter")
-    rows = conn.execute(sql, params).fetchall()
-    return [{"customer_id": c, "meter": m, "quantity": q} for c, m, q in rows]
-
 
 # ---------------------------------------------------------------- usage as known at a moment (finance exports)
 # Rollups add late events in place, so what was known at a past moment is read from raw events, each
@@ -106,8 +66,8 @@ def usage_as_of(
     uncached_input_tokens, cached_input_tokens, output_tokens (per model, deployment and project — the
     event's, '' for none — at event time); usage:<meter> (event
     time); successful_tasks, failed_tasks, task_attempts (the latest outcome of each task known then, at its
-    finished_at, with the attempts of its requests known then), as `usage`, `usage_meter_totals` and
-    `metering.period_reads.task_totals` count them. GPU time is not included (its attribution is pricing's)."""
+    finished_at, with the attempts of its requests known then), as `metering.period_usage.period_usages`
+    counts them. GPU time is not included (its attribution is pricing's)."""
     only = "AND customer_id = %(customer)s" if customer_id is not None else ""
     rows = conn.execute(
         USAGE_AS_OF_SQL.format(only=only),

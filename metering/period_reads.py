@@ -1,16 +1,21 @@
-"""Reads for rating a window from the hourly rollups: metering's SQL over its tables for pricing
-(shadow rating, experiments, and for invoices what the period totals of `metering.period_usage` cannot
-hold: the shared pool's GPU time, each task's reports under a book's trusted sources). Metering owns its tables, so the statements that read them live here; callers get
-plain rows and do the pricing.
+"""Reads of a window from the hourly rollups: metering's SQL over its tables. `metering.period_usage`
+sums a window this way for every customer whose billing period the window is not (its hourly path),
+and pricing reads here what the period totals cannot hold (the shared pool's GPU time, each task's
+reports under a book's trusted sources, the hourly records of experiments). Metering owns its tables,
+so the statements that read them live here; callers get plain rows and do the pricing.
 
-Windows are [start, end) on whole UTC hours (the rollups are hourly): callers check them
-(`pricing_service.source.check_window`). With `customer_id`, a read is limited to that customer
-(and, for GPU time, to the deployment-hours it was served in or owns).
+Windows are [start, end) of event time. The request, usage-meter and GPU reads sum whole UTC hours
+(the rollups are hourly): pricing checks its windows (`pricing_service.source.check_window`);
+`request_sums` and `meter_totals` read the parts of a window inside an hour from raw events.
+With `customer_id`, a read is limited to that customer (and, for GPU time, to the deployment-hours it
+was served in or owns); `among` / `excluding` limit the sums to those customers / to all but those.
 
-- `request_sums`: per customer x model (x deployment), the request-meter sums of the period, streamed
-  in customer order by a reading thread (what an invoice run rates; `python -m bench.rating`).
-- `task_totals`, `meter_totals`: tasks finished in the window (any window: finished_at is exact),
-  usage-meter quantities.
+- `request_sums`: per customer x model (x deployment), the request-meter sums of the window (its
+  partial hours from raw events), streamed in customer order by a reading thread (what `rate_period`
+  rates; `python -m bench.rating`).
+- `task_totals`, `meter_totals`, `dedicated_gpu_ms`: tasks finished in the window by outcome (any
+  window: finished_at is exact), usage-meter quantities (edges from raw events), the dedicated
+  deployments' GPU-ms of the hours that start in the window.
 - `task_reports`: the outcome reports (with their sources) from the given source prefixes of the
   tasks that may count in a window under a book that trusts only those (`pricing.task_outcomes`
   decides).
@@ -22,13 +27,17 @@ Windows are [start, end) on whole UTC hours (the rollups are hourly): callers ch
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 import psycopg
+
+from infermeter.times import Window, ceil_hour
 
 # The request meters and the rollup sums they come from; only the meters asked for are summed.
 REQUEST_METER_SUMS = {
@@ -60,6 +69,31 @@ STREAM_CHUNK_ROWS = 1000
 STREAM_CHUNKS_AHEAD = 64
 
 
+def customer_filter(column: str = "customer_id", *, customer_id: str | None = None,
+                    among: Collection[str] | None = None, excluding: Collection[str] = ()) -> tuple[str, dict]:
+    """The condition (" AND ..." or "") and its parameters that limit a read to one customer, to the
+    customers `among` and to all but the customers `excluding`."""
+    sql, params = "", {}
+    if customer_id is not None:
+        sql += f" AND {column} = %(customer)s"
+        params["customer"] = customer_id
+    if among is not None:
+        sql += f" AND {column} = ANY(%(among)s::text[])"
+        params["among"] = sorted(among)
+    if excluding:
+        sql += f" AND {column} <> ALL(%(excluding)s::text[])"
+        params["excluding"] = sorted(excluding)
+    return sql, params
+
+
+def edges(start: datetime, end: datetime) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
+    """[start, end) as (its whole UTC hours, None without one; the parts inside an hour, read from raw events)."""
+    hours = Window(start, end).whole_hours
+    if hours is None:
+        return None, [(start, end)]
+    return hours, [(a, b) for a, b in ((start, hours[0]), (hours[1], end)) if a < b]
+
+
 def request_sums(
     conn: psycopg.Connection,
     start: datetime,
@@ -69,16 +103,20 @@ def request_sums(
     by_deployment: bool = True,
     by_project: bool = False,
     customer_id: str | None = None,
+    among: Collection[str] | None = None,
+    excluding: Collection[str] = (),
     sql_template: str = REQUEST_TOTALS_SQL,
     chunk_rows: int = STREAM_CHUNK_ROWS,
     chunks_ahead: int = STREAM_CHUNKS_AHEAD,
 ) -> Iterator[tuple[str, list[tuple]]]:
     """(customer, its rows) for each customer served in [start, end), in customer order, each customer
-    once and complete. A row is (customer, model, deployment, one sum per meter of `meters`, in that
+    once and complete: the whole UTC hours from the rollups, the parts of hours at the window's edges
+    from raw events (`edges`; pricing's windows are whole hours). A row is (customer, model, deployment, one sum per meter of `meters`, in that
     order): one row per model (and deployment; deployment '' with `by_deployment=False`); with
     `by_project`, per project too, the row then (customer, model, deployment, project, sums...) with
     project '' for the requests without one (books that split invoice lines by project). `meters`
-    are request meters (REQUEST_METERS); none, no rows. A thread reads the rows, so PostgreSQL keeps
+    are request meters (REQUEST_METERS); none, no rows. `among` / `excluding`: only those customers /
+    every customer but those. A thread reads the rows, so PostgreSQL keeps
     summing the next customers while the caller works on this one; `conn` is the thread's until the
     iterator ends (one customer's few rows are read at once, without the thread and its planner
     settings: ~10 round trips fewer for a dashboard's spend). `sql_template` (formatted with
@@ -90,36 +128,83 @@ def request_sums(
         raise ValueError(f"not request meters: {', '.join(unknown)}")
     if not meters:
         return
-    sums = {m: REQUEST_METER_SUMS[m] for m in meters}
-    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
-        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
-    sql = sql_template.format(
-        deployment="deployment_id" if by_deployment else "''",
-        sums=", ".join(sums.values()),
-        group_deployment=", deployment_id" if by_deployment else "",
-        project=", project" if by_project else "",
-        only="" if customer_id is None else "AND customer_id = %(customer)s",
-    )
-    params = {"start": start, "end": end, "customer": customer_id}
-    current: str | None = None
-    rows: list[tuple] = []
-    if customer_id is not None:
-        chunks: Iterator[list[tuple]] = iter([conn.execute(sql, params).fetchall()])
-    else:
-        chunks = read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
+    only, params = customer_filter(customer_id=customer_id, among=among, excluding=excluding)
+    shape = {"deployment": "deployment_id" if by_deployment else "''", "sums": _sums(meters),
+             "group_deployment": ", deployment_id" if by_deployment else "",
+             "project": ", project" if by_project else "", "only": only}
+    hours, parts = edges(start, end)
+    edge_rows: dict[str, list[tuple]] = {}
+    if parts:
+        for i, (a, b) in enumerate(parts):
+            params.update({f"a{i}": a, f"b{i}": b})
+        between = " OR ".join(f"occurred_at >= %(a{i})s AND occurred_at < %(b{i})s" for i in range(len(parts)))
+        for row in conn.execute(EDGE_REQUESTS_SQL.format(edges=between, **shape), params):
+            edge_rows.setdefault(row[0], []).append(row)
+    chunks: Iterator[list[tuple]] = iter(())
+    if hours is not None:
+        sql = sql_template.format(**shape)
+        params.update(start=hours[0], end=hours[1])
+        if customer_id is not None:
+            chunks = iter([conn.execute(sql, params).fetchall()])
+        else:
+            chunks = read_ahead(conn, sql, params, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead)
+    key_width = 4 if by_project else 3  # customer, model, deployment[, project]
     try:
-        for chunk in chunks:
-            for row in chunk:
-                if row[0] != current:
-                    if current is not None:
-                        yield current, rows
-                    current, rows = row[0], []
-                rows.append(row)
-        if current is not None:
-            yield current, rows
+        streams = heapq.merge(_by_customer(chunks), sorted(edge_rows.items()), key=lambda item: item[0])
+        for customer, same in itertools.groupby(streams, key=lambda item: item[0]):
+            found = [rows for _, rows in same]
+            yield customer, found[0] if len(found) == 1 else _summed(found, key_width)
     finally:
         if hasattr(chunks, "close"):
             chunks.close()  # the caller stopped early: stop the reading thread now
+
+
+def _by_customer(chunks: Iterator[list[tuple]]) -> Iterator[tuple[str, list[tuple]]]:
+    current: str | None = None
+    rows: list[tuple] = []
+    for chunk in chunks:
+        for row in chunk:
+            if row[0] != current:
+                if current is not None:
+                    yield current, rows
+                current, rows = row[0], []
+            rows.append(row)
+    if current is not None:
+        yield current, rows
+
+
+def _summed(found: list[list[tuple]], key_width: int) -> list[tuple]:
+    """A customer's rows of the whole hours and of the edges, summed per key, in key order."""
+    summed: dict[tuple, tuple] = {}
+    for rows in found:
+        for row in rows:
+            key = row[:key_width]
+            before = summed.get(key)
+            summed[key] = row if before is None else (*key, *(a + b for a, b in zip(before[key_width:],
+                                                                                  row[key_width:], strict=True)))
+    return [summed[key] for key in sorted(summed)]
+
+
+def _sums(meters: Sequence[str]) -> str:
+    sums = {m: REQUEST_METER_SUMS[m] for m in meters}
+    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
+        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
+    return ", ".join(sums.values())
+
+
+# The request events of a window's partial hours ({edges}), summed as REQUEST_TOTALS_SQL sums the hours
+# (the rollup's columns named after the event's fields, project '' for an event without one).
+EDGE_REQUESTS_SQL = """
+SELECT customer_id, model, {deployment}{project}, {sums}
+FROM (SELECT customer_id, payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
+             coalesce(payload->'data'->>'project', '') AS project, 1 AS requests,
+             (payload->'data'->>'input_tokens')::bigint AS input_tokens,
+             (payload->'data'->>'cached_input_tokens')::bigint AS cached_input_tokens,
+             (payload->'data'->>'output_tokens')::bigint AS output_tokens
+      FROM raw_events WHERE type = 'infermeter.request.v1' AND ({edges}) {only}) AS r
+GROUP BY customer_id, model{group_deployment}{project}
+ORDER BY customer_id, model{group_deployment}{project}
+"""
 
 
 _END = object()
@@ -178,29 +263,41 @@ def read_ahead(
         reader.join()
 
 
+# Tasks by the outcome whose finished_at is in the window, and the attempts of the succeeded and failed
+# ones (an abandoned task's attempts are billed by no meter).
 TASK_TOTALS_SQL = """
 SELECT o.customer_id, count(*) FILTER (WHERE o.outcome = 'succeeded'), count(*) FILTER (WHERE o.outcome = 'failed'),
-       coalesce(sum((SELECT count(*) FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id))
-                FILTER (WHERE o.outcome IN ('succeeded', 'failed')), 0)
-FROM task_outcomes o WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s {only}
-GROUP BY o.customer_id
+       count(*) FILTER (WHERE o.outcome = 'abandoned'),
+       coalesce(sum(a.n) FILTER (WHERE o.outcome = 'succeeded'), 0)::bigint,
+       coalesce(sum(a.n) FILTER (WHERE o.outcome = 'failed'), 0)::bigint
+FROM task_outcomes o
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM task_attempts a WHERE a.customer_id = o.customer_id AND a.task_id = o.task_id) a
+WHERE o.finished_at >= %(start)s AND o.finished_at < %(end)s {only}
+GROUP BY o.customer_id ORDER BY o.customer_id
 """
+# A window's usage meters: whole hours from the rollups, its partial hours from raw events ({edges}).
 METER_TOTALS_SQL = """
-SELECT customer_id, meter, sum(quantity) FROM usage_rollup_hourly
-WHERE hour >= %(start)s AND hour < %(end)s {only} GROUP BY customer_id, meter
+SELECT customer_id, meter, sum(quantity), sum(events)::bigint FROM (
+    SELECT customer_id, meter, quantity, events FROM usage_rollup_hourly
+    WHERE hour >= %(start)s AND hour < %(end)s {only}
+    {edges}
+) AS u GROUP BY customer_id, meter ORDER BY customer_id, meter
 """
+EDGE_METERS_SQL = """UNION ALL
+    SELECT customer_id, payload->'data'->>'meter', (payload->'data'->>'quantity')::numeric, 1 FROM raw_events
+    WHERE type = 'infermeter.usage.v1' AND occurred_at >= %(a{i})s AND occurred_at < %(b{i})s {only}"""
 
 
 def task_totals(
-    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
-) -> list[tuple[str, int, int, int]]:
-    """(customer, tasks succeeded, tasks failed, their attempts) of the tasks that finished in
-    [start, end), per customer with any. Abandoned tasks count in neither meter and their attempts are
-    not counted (as `pricing.task_outcomes` counts them). finished_at is exact, so the window need not
-    be whole hours."""
-    only = "" if customer_id is None else "AND o.customer_id = %(customer)s"
-    params = {"start": start, "end": end, "customer": customer_id}
-    return conn.execute(TASK_TOTALS_SQL.format(only=only), params).fetchall()
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None, *,
+    among: Collection[str] | None = None, excluding: Collection[str] = (),
+) -> list[tuple[str, int, int, int, int, int]]:
+    """(customer, tasks succeeded, failed, abandoned, the attempts of the succeeded ones, of the failed
+    ones) of the tasks whose outcome finished in [start, end), in customer order, per customer with
+    any. An abandoned task's attempts are not counted (as `pricing.task_outcomes` bills them).
+    finished_at is exact, so the window need not be whole hours."""
+    only, params = customer_filter("o.customer_id", customer_id=customer_id, among=among, excluding=excluding)
+    return conn.execute(TASK_TOTALS_SQL.format(only=only), {**params, "start": start, "end": end}).fetchall()
 
 
 # The tasks whose billed outcome may fall in [start, end) under a book that trusts only some outcome
@@ -251,12 +348,37 @@ def task_reports(
 
 
 def meter_totals(
-    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None
-) -> list[tuple[str, str, Decimal]]:
-    """(customer, meter, quantity) of the usage meters (infermeter.usage.v1) in [start, end)."""
-    only = "" if customer_id is None else "AND customer_id = %(customer)s"
-    params = {"start": start, "end": end, "customer": customer_id}
-    return conn.execute(METER_TOTALS_SQL.format(only=only), params).fetchall()
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None, *,
+    among: Collection[str] | None = None, excluding: Collection[str] = (),
+) -> list[tuple[str, str, Decimal, int]]:
+    """(customer, meter, quantity, events) of the usage meters (infermeter.usage.v1) in [start, end), in
+    customer and meter order: whole hours from the hourly rollups, the partial hours from raw events."""
+    hours, parts = edges(start, end)
+    only, params = customer_filter(customer_id=customer_id, among=among, excluding=excluding)
+    params["start"], params["end"] = hours or (start, start)  # no whole hour: no rollup row
+    for i, (a, b) in enumerate(parts):
+        params.update({f"a{i}": a, f"b{i}": b})
+    more = "\n    ".join(EDGE_METERS_SQL.format(i=i, only=only) for i in range(len(parts)))
+    return conn.execute(METER_TOTALS_SQL.format(only=only, edges=more), params).fetchall()
+
+
+DEDICATED_GPU_SQL = """
+SELECT customer_id, deployment_id, gpu_type, sum(gpu_ms)::bigint FROM gpu_ledger_hourly
+WHERE customer_id <> '' AND hour >= %(start)s AND hour < %(end)s {only}
+GROUP BY customer_id, deployment_id, gpu_type ORDER BY customer_id, deployment_id, gpu_type
+"""
+
+
+def dedicated_gpu_ms(
+    conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None = None, *,
+    among: Collection[str] | None = None, excluding: Collection[str] = (),
+) -> list[tuple[str, str, str, int]]:
+    """(customer, deployment, gpu_type, GPU-ms) of the dedicated deployments (those a customer owns) in the
+    UTC hours that START in [start, end) (billing's edge-hour rule: docs/billing.md, "GPU time at edges"),
+    in that order."""
+    only, params = customer_filter(customer_id=customer_id, among=among, excluding=excluding)
+    params.update(start=ceil_hour(start), end=ceil_hour(end))
+    return conn.execute(DEDICATED_GPU_SQL.format(only=only), params).fetchall()
 
 
 # The weights that share each deployment-hour's GPU-ms, and the idle hours of dedicated deployments.

@@ -7,11 +7,11 @@ window edge inside an hour is answered exactly from raw events for that part.
 
 Metering's other reads: `metering.task_reads` (a customer's tasks), `metering.customer_dashboard_reads`
 (the customer dashboard's charts and project filter), `metering.budget_reads` (budgets': a
-customer's billing period and its metered tokens), `metering.billing_reads` (a billing period's
-usage meters and tasks, usage as known at a moment), `metering.ops_reads` (ingestion, consumers,
-dead letters, the fleet),
+customer's billing period and its metered tokens), `metering.billing_reads` (usage as known at a
+moment), `metering.ops_reads` (ingestion, consumers, dead letters, the fleet),
 `metering.event_lookups` (which events are recorded), `metering.customers_with_usage` (whom to
-bill) and `metering.period_reads` (rating a period).
+bill), `metering.period_usage` (a period's or a window's usage for rating and billing: the period
+totals where they answer, else `metering.period_reads` over the hourly rollups).
 """
 
 from __future__ import annotations

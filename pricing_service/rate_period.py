@@ -1,23 +1,27 @@
-"""Rate a whole period straight from the rollups: the path invoices and shadow rating take.
+"""Usage as rating's quantities, and rating a period: the pricing side of metering's one period-usage
+read (`metering.period_usage.period_usages`: a window or a customer's period in, typed rows out;
+metering decides per customer whether its period totals answer the window or the hourly rollups
+must be summed).
 
-Metering reads the period (`metering.period_reads`, its SQL over its tables); this module makes
-usages of the rows and rates them. SQL sums each customer's quantities over the period (per model,
-and per deployment when a charge names one), so Python sees one row per customer x model, not one
-per hour. The GPU time of each deployment-hour is attributed in SQL by the cost model's method
-(docs/cost-model.md): shared by the customers served in that hour in proportion to their weighted
-tokens; idle hours of a dedicated deployment are its customer's. SQL reads each deployment-hour's
-GPU-ms and the weights of what it served; Python splits it with `pricing.cost.split_gpu_seconds`
-(largest remainder on 10^-12 s), the function the pure `pricing.cost.attribute` uses, so the two
-give the same GPU-seconds and every hour's shares add up to its GPU time exactly
-(tests/pricing_service/test_rate_period.py).
-
-`rate_billing_period` rates every customer's own billing period of a label ("2026-11": each customer's
-calendar, the UTC month without one) from the period totals metering keeps at ingest
-(`metering.period_usage`) instead of the hourly rollups; GPU time and the task meters of a book with
-trusted outcome sources stay on the hourly reads (see its docstring). `totals_quantities` turns a
-customer's totals into rating's quantities, for it and for billing's read of one customer's period
-(`billing_service.usage.period_usage`). `billed_task_totals` counts the task meters as a book bills
-them (every outcome, or its trusted sources' only), for every reader.
+- `totals_quantities` turns a customer's rows (`PeriodUsage`) into rating's quantities, the one
+  conversion of every reader.
+- `load_period_usages`: every customer's (or one customer's) usage of a window on whole UTC hours, for
+  shadow rating, `pricing compare` and experiments, `pricing recommend`, the dashboards' spend and the
+  forecasts; billing's per-customer read is `billing_service.usage.period_usage`.
+- `rate_billing_period`: every customer's own billing period of a label ("2026-11": each customer's
+  calendar, the UTC month without one) rated from the period totals (the bulk run).
+- What the totals cannot hold is read here from the hourly reads (`metering.period_reads`), for every
+  reader: GPU time, attributed per deployment-hour by the cost model's method (docs/cost-model.md):
+  SQL reads each deployment-hour's GPU-ms and the weights of what it served (the customers' weighted
+  tokens; idle hours of a dedicated deployment are its customer's), Python splits it with
+  `pricing.cost.split_gpu_seconds` (largest remainder on 10^-12 s), the function the pure
+  `pricing.cost.attribute` uses, so the two give the same GPU-seconds and every hour's shares add up
+  to its GPU time exactly (tests/pricing_service/test_rate_period.py); the task meters of a book
+  that trusts only some outcome sources (`billed_task_totals`, `usages_for_book`); usage with prefix
+  caching off (experiments).
+- `rate_period` rates a window on whole hours straight from the hourly rollups for every customer
+  (`request_sums` streams the per-customer sums while the previous customer is rated): the hourly
+  reference the benchmarks (`bench.rating`, `bench.billing`) and tests measure the totals against.
 """
 
 from __future__ import annotations
@@ -57,10 +61,13 @@ def load_period_usages(
     caching_off_for: Iterable[str] = (),
     task_outcomes: TaskOutcomeTrust | None = None,
 ) -> dict[str, Usage]:
-    """Each customer's usage of [start, end) (or one customer's). `by_deployment=False` sums request
-    meters over deployments and `meters` limits the meters read (see `needs_deployment` and
-    `priced_meters`: enough for books that name no deployment / do not price every meter). GPU time
-    needs the cost model (its weights attribute the shared pool). `caching_off_for`: the usage as if
+    """Each customer's usage of [start, end) (or one customer's) as rating's quantities, read by
+    metering's period-usage read (`metering.period_usage.period_usages` of the window: the period
+    totals of a customer whose billing period the window is, the hourly rollups of every other one)
+    and turned by `totals_quantities`. `by_deployment=False` sums request meters over deployments and
+    `meters` limits the meters read (see `needs_deployment` and `priced_meters`: enough for books that
+    name no deployment / do not price every meter). GPU time needs the cost model (its weights
+    attribute the shared pool, per deployment-hour: `gpu_seconds`). `caching_off_for`: the usage as if
     prefix caching were off for these models (pricing experiments): their cached input tokens count
     as uncached, and GPU time is grown and attributed as `pricing.cost.attribute` does it.
     `task_outcomes`: the book's trusted outcome sources (`PriceBook.task_outcomes`; None: every
@@ -68,11 +75,23 @@ def load_period_usages(
     start, end = check_window(start, end)
     wanted = None if meters is None else set(meters)
     off = sorted(set(caching_off_for))
+    request_meters = [m for m in REQUEST_METERS if wanted is None or m in wanted]
+    usage_meters = None if wanted is None or any(m.startswith(USAGE_PREFIX) for m in wanted) else ()
+    tasks = wanted is None or bool(wanted & set(TASK_METERS))
+    out: dict[str, dict[UsageKey, object]] = {}
+    keys: TotalsKeys = {}
     with gc_paused():
-        out = dict(request_sums(conn, start, end, by_deployment=by_deployment, meters=wanted, customer_id=customer_id))
+        for usage in period_usage.period_usages(
+            conn, window=(start, end), customer_id=customer_id, requests=bool(request_meters),
+            by_deployment=by_deployment, usage_meters=usage_meters, tasks=tasks and task_outcomes is None, gpu=False,
+        ):
+            out[usage.customer_id] = totals_quantities(usage, request_meters, keys)
         if off:
             _caching_off(out, frozenset(off))
-        _add_other_meters(conn, out, start, end, cost_model, wanted, customer_id, off, task_outcomes)
+        hourly = {GPU_METER} if wanted is None or GPU_METER in wanted else set()
+        if tasks and task_outcomes is not None:
+            hourly.update(TASK_METERS)  # each task's reports decide
+        _add_other_meters(conn, out, start, end, cost_model, hourly, customer_id, off, task_outcomes)
     return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
 
 
@@ -160,9 +179,9 @@ def _add_other_meters(
             add(customer, UsageKey("successful_tasks"), ok)
             add(customer, UsageKey("failed_tasks"), failed)
             add(customer, UsageKey("task_attempts"), attempts)
-    if wanted is None or any(m.startswith("usage:") for m in wanted):
-        for customer, meter, quantity in period_reads.meter_totals(conn, start, end, customer_id):
-            add(customer, UsageKey("usage:" + meter), quantity)
+    if wanted is None or any(m.startswith(USAGE_PREFIX) for m in wanted):
+        for customer, meter, quantity, _ in period_reads.meter_totals(conn, start, end, customer_id):
+            add(customer, UsageKey(USAGE_PREFIX + meter), quantity)
     if wanted is None or GPU_METER in wanted:
         attributed = gpu_seconds(conn, start, end, cost_model, customer_id, caching_off_for=caching_off_for)
         for customer, deployment, gpu_type, seconds in attributed:
@@ -183,7 +202,8 @@ def billed_task_totals(
     (`pricing.task_outcomes`, on the reports `metering.period_reads.task_reports` reads). The window
     need not be whole hours."""
     if task_outcomes is None:
-        return period_reads.task_totals(conn, start, end, customer_id)
+        return [(c, succeeded, failed, succeeded_attempts + failed_attempts) for c, succeeded, failed, _,
+                succeeded_attempts, failed_attempts in period_reads.task_totals(conn, start, end, customer_id)]
     rows = period_reads.task_reports(conn, start, end, timedelta(seconds=task_outcomes.task_timeout),
                                      task_outcomes.trusted_sources, customer_id)
     counted = task_quantities(tasks_from_rows(rows), task_outcomes, start, end)
@@ -344,7 +364,7 @@ def rate_billing_period(
     cost_model: CostModel | None = None,
     *,
     customer_id: str | None = None,
-    periods: period_usage.LabelPeriods | None = None,
+    periods: period_usage.Periods | None = None,
 ) -> dict[str, Rating]:
     """Every customer's rating of its own billing period labelled `label` (its calendar's, or the UTC
     month for a customer without one; or one customer's) under a book, from the period totals metering

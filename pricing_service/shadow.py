@@ -1,10 +1,14 @@
 """Continuous shadow rating: each customer's running revenue in the current period under every
 candidate price book.
 
-It is live: it is computed when asked, from the hourly rollups, which metering updates in the same
-Postgres transaction that ingests each event batch. SQL sums the period per customer and model and
-attributes GPU time (pricing_service.rate_period), so Python rates one small aggregate per customer. So the figures include every event ingested up to
-the moment of the query (the current hour included), with no batch job in between.
+It is live: it is computed when asked, through metering's period-usage read
+(`pricing_service.rate_period.load_period_usages`): the running window [month start, end of now's
+hour) is read from the period totals of the customers whose billing period it is (those kept by UTC
+month, in the month's last hour) and summed from the hourly rollups for every other customer; metering
+updates both in the same Postgres transaction that ingests each event batch. GPU time is attributed
+per deployment-hour in SQL, so Python rates one small aggregate per customer. So the figures include
+every event ingested up to the moment of the query (the current hour included), with no batch job in
+between.
 """
 
 from __future__ import annotations

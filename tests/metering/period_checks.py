@@ -1,7 +1,7 @@
 """The period totals against what a period reads today, for the period-totals tests.
 
 "What a period reads today": the request and usage meters of `metering.queries.usage` /
-`metering.billing_reads.usage_meter_totals` (whole hours from the hourly rollups, the edges from raw
+`metering.period_reads.meter_totals` (whole hours from the hourly rollups, the edges from raw
 events), tasks of `metering.period_reads.task_totals`, the other request counters straight from raw
 events, and dedicated GPU-ms from gpu_ledger_hourly over the hours that start in the period (billing's edge-hour rule). Periods are
 cut by billing's own function.
@@ -18,7 +18,7 @@ import psycopg
 
 from billing.periods import Period, period_containing, periods_between
 from infermeter.times import ceil_hour
-from metering import billing_reads, period_reads, queries
+from metering import period_reads, queries
 from metering.calendars import SPAN, set_calendar
 from metering.contract import REPLICA_V1, REQUEST_V1, TASK_V1, USAGE_V1, encode_event, make_event
 from metering.kafka_types import Message
@@ -144,16 +144,16 @@ def read_today(conn: psycopg.Connection, customer: str, period: Period, project:
     assert set(statuses) == set(base)
     requests = {k: (v[0], *statuses[k][:4], v[1], v[2], v[3], *statuses[k][4:]) for k, v in base.items()}
 
-    quantities = {r["meter"]: r["quantity"]
-                  for r in billing_reads.usage_meter_totals(conn, window, customer_id=customer)}
+    quantities = {meter: quantity for _, meter, quantity, _ in
+                  period_reads.meter_totals(conn, window.start, window.end, customer) if quantity}
     events = dict(conn.execute(
         "SELECT payload->'data'->>'meter', count(*) FROM raw_events WHERE type = 'infermeter.usage.v1' "
         "AND customer_id = %s AND occurred_at >= %s AND occurred_at < %s GROUP BY 1",
         (customer, window.start, window.end)).fetchall())
     usage = {m: (Decimal(quantities.get(m, 0)), int(n)) for m, n in events.items()}
 
-    tasks_today = [{"customer_id": c, "succeeded": int(s), "failed": int(f), "attempts": int(a)}
-                   for c, s, f, a in period_reads.task_totals(conn, window.start, window.end, customer)]
+    tasks_today = [{"customer_id": c, "succeeded": int(s), "failed": int(f), "attempts": int(sa + fa)}
+                   for c, s, f, _, sa, fa in period_reads.task_totals(conn, window.start, window.end, customer)]
     abandoned = conn.execute("SELECT count(*) FROM task_outcomes WHERE customer_id = %s AND outcome = 'abandoned' "
                              "AND finished_at >= %s AND finished_at < %s",
                              (customer, window.start, window.end)).fetchone()[0]
