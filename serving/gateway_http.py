@@ -15,7 +15,8 @@ concurrency limit, an app wrapped by uvicorn's middleware) takes uvicorn's path 
 `run_asgi`), and the same ASGI `receive`; its `send` writes what uvicorn's writes, in fewer
 writes and checks: the status line and headers go out with the first body bytes (a whole
 non-streamed answer in one write(2) instead of two), from headers the gateway built itself (header
-values are still checked for control characters; names are the gateway's constants).
+values are still checked for control characters; names are the gateway's constants). The proxy
+routes write no uvicorn access-log line (`infermeter serve gateway` runs with the access log off).
 
 The protocol reaches into uvicorn's (its callbacks and attributes, `_start_asgi_task`): uvicorn's
 version is pinned in pyproject.toml, and tests/serving_control/test_gateway_http.py exercises the edges.
