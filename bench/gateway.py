@@ -391,8 +391,10 @@ def run_passthrough(port: int, upstream: str, *, metered: bool = False) -> None:
 
 
 def run_asgi_passthrough(port: int, upstream: str) -> None:
-    """The same pass-through as a bare ASGI app (no framework) served by uvicorn the way the gateway
-    is (uvloop, httptools) (`--asgi-floor`): the floor plus uvicorn's request cycle, nothing else."""
+    """The same pass-through as a bare ASGI app (no framework) served by uvicorn with the gateway's
+    options (uvloop, httptools, no access log, no proxy-header rewriting) (`--asgi-floor`): the floor
+    plus uvicorn's ASGI request cycle, nothing else (the cycle the gateway's proxy routes no longer
+    go through, serving/gateway_http.py)."""
     import uvicorn
 
     forward = _forwarder(upstream)
@@ -420,7 +422,8 @@ def run_asgi_passthrough(port: int, upstream: str) -> None:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools",
+                access_log=False, proxy_headers=False)  # as `infermeter serve gateway` runs uvicorn
 
 
 # --- load generation ----------------------------------------------------------------------------

@@ -297,10 +297,17 @@ def _check_rules(envelope: Envelope, data: Any, who: dict) -> None:
 
 
 def rfc3339(moment: datetime) -> str:
-    """RFC 3339 with microseconds kept and an explicit UTC offset ('Z')."""
-    if moment.tzinfo is None:
-        raise ValueError("event times must be timezone-aware")
-    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """RFC 3339 with microseconds kept and an explicit UTC offset ('Z'): what
+    `moment.astimezone(UTC).isoformat(timespec="microseconds")` says with 'Z' for '+00:00', formatted
+    directly (about half the time; four of them an event, tests/metering/test_contract.py)."""
+    if moment.tzinfo is not UTC:
+        if moment.tzinfo is None:
+            raise ValueError("event times must be timezone-aware")
+        moment = moment.astimezone(UTC)
+    # %-formatting: a third of the time of the same f-string with format specs
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
+        moment.year, moment.month, moment.day, moment.hour, moment.minute, moment.second, moment.microsecond,
+    )  # fmt: skip
 
 
 def make_event(

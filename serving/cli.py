@@ -45,7 +45,7 @@ def serve_gateway(
     model: str = typer.Option(None, help="... serving this model name (with --upstream)."),
 ) -> None:
     """Run the OpenAI-compatible gateway (auth, budgets, routing, usage events) until Ctrl-C, SIGTERM or SIGHUP."""
-    from serving.gateway import build_gateway
+    from serving.gateway import build_gateway, http_protocol
     from serving.upstreams import UpstreamConfigError, load_upstreams, parse_regions, single_upstream
 
     settings = get_settings()
@@ -78,7 +78,9 @@ def serve_gateway(
             host=host or settings.gateway_host,
             port=port or settings.gateway_port,
             loop="uvloop",
-            http="httptools",
+            # uvicorn's httptools protocol, the proxy routes answered without its ASGI request cycle
+            # (serving/gateway_http.py)
+            http=http_protocol(app_),
             access_log=False,
             log_level="warning",
             # The gateway reads no client address: no X-Forwarded-* rewriting of every request's scope.

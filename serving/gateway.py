@@ -1,7 +1,9 @@
 """The OpenAI-compatible gateway: auth, admission, routing, proxying to vLLM, usage capture.
 
 `create_app(settings, ...)` builds the app with any collaborator given; `build_gateway` wires the
-real ones; `infermeter serve gateway` runs it with uvicorn, `serve_in_thread` in a thread.
+real ones; `infermeter serve gateway` runs it with uvicorn, `serve_in_thread` in a thread, both
+with the gateway's own HTTP protocol (`http_protocol`: the proxy routes are answered without
+uvicorn's ASGI request cycle, serving/gateway_http.py).
 
 Endpoints
 - `POST /v1/chat/completions`, `POST /v1/completions`: proxied to a vLLM replica of the model
@@ -53,8 +55,10 @@ OpenAI errors), serving/gateway_context.py (app state, request context, auth),
 serving/proxy.py (proxy and admission), serving/relay.py (the one event, the SSE relay),
 serving/task_endpoints.py, and this module (the ASGI app and its wiring).
 
-Hot path notes: the two proxy routes are dispatched straight from the ASGI entry (`GatewayApp`:
-no middleware stack, router scan or dependency solving; uvicorn without proxy-header rewriting);
+Hot path notes: the two proxy routes are dispatched by the gateway's protocol at the end of their
+headers (serving/gateway_http.py: no ASGI request cycle of uvicorn's; the status line, headers and
+body of an answer in one write) straight to `GatewayApp.serve_proxy` (no middleware stack, router
+scan or dependency solving; uvicorn without proxy-header rewriting);
 the request is read through `ProxyRequest` (headers and body, no Starlette `Request`) and a
 success answered with `JsonAnswer` (two ASGI messages, no header objects); one keep-alive pool of
 upstream connections (serving/upstream_http.py: httptools parsing, one timer handle per wait);
@@ -126,6 +130,12 @@ class GatewayApp:
         if kind is None or scope["method"] != "POST":
             await self.fastapi(scope, receive, send)
             return
+        await self.serve_proxy(scope, receive, send, kind)
+
+    async def serve_proxy(self, scope, receive, send, kind: str) -> None:
+        """One request of a proxy route (`kind` chat or completion), from its ASGI scope, whether
+        it came through uvicorn's request cycle (`__call__`) or the gateway's own protocol
+        (serving/gateway_http.py)."""
         ctx = None
         try:
             response, ctx = await proxy(self.gateway, ProxyRequest(scope, receive), kind)
@@ -363,6 +373,16 @@ class ServedApp:
         self.thread.join(30)
 
 
+def http_protocol(app: Any) -> Any:
+    """What uvicorn serves `app` with: for the gateway, its own protocol (the proxy routes without
+    uvicorn's ASGI request cycle, serving/gateway_http.py); for any other app, uvicorn's httptools."""
+    if isinstance(app, GatewayApp):
+        from serving.gateway_http import gateway_protocol
+
+        return gateway_protocol(app)
+    return "httptools"
+
+
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) -> ServedApp:
     import uvicorn
 
@@ -370,7 +390,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) 
 
     port = port or free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools",
+        uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http=http_protocol(app),
                        proxy_headers=False)
     )
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
@@ -383,4 +403,4 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int | None = None) 
     return ServedApp(url=f"http://{host}:{port}", app=app, server=server, thread=thread)
 
 
-__all__ = ["GatewayApp", "ServedApp", "build_gateway", "create_app", "serve_in_thread"]
+__all__ = ["GatewayApp", "ServedApp", "build_gateway", "create_app", "http_protocol", "serve_in_thread"]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metering.contract import (
     DATA_TYPES,
@@ -15,6 +18,7 @@ from metering.contract import (
     decode_event,
     encode_event,
     make_event,
+    rfc3339,
 )
 from metering.schemas import EXAMPLES_DIR, render, schema_path
 
@@ -113,3 +117,45 @@ def test_microseconds_and_zones_are_kept():
     assert event.time == datetime(2026, 11, 2, 0, 0, tzinfo=UTC)  # 01:00+01:00
     made = make_event(REQUEST_V1, source="s", subject="c", data={}, time=datetime(2026, 1, 1, 0, 0, 0, 7, tzinfo=UTC))
     assert made["time"] == "2026-01-01T00:00:00.000007Z"
+
+
+def _isoformat_z(moment: datetime) -> str:
+    """The formatting `rfc3339` replaced (the reference it must equal)."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 12, 3, 22, 5, 7, 0, tzinfo=UTC),  # microsecond 0: still six digits
+        datetime(2026, 12, 3, 22, 5, 7, 999999, tzinfo=UTC),
+        datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),  # year boundary, both sides
+        datetime(2027, 1, 1, 0, 0, 0, 0, tzinfo=UTC),
+        datetime(2027, 1, 1, 0, 30, 0, 1, tzinfo=timezone(timedelta(hours=1))),  # 2026-12-31T23:30 UTC
+        datetime(2026, 12, 31, 20, 0, 0, 999999, tzinfo=timezone(timedelta(hours=-4, minutes=-30))),  # -> 2027
+        datetime(2028, 2, 29, 23, 59, 59, 500000, tzinfo=ZoneInfo("America/New_York")),  # leap day -> March 1
+        datetime(2026, 3, 29, 1, 30, tzinfo=ZoneInfo("Europe/Paris")),  # a DST change
+        datetime(2026, 1, 1, tzinfo=timezone.utc),  # noqa: UP017 - the same object as UTC
+        datetime(2026, 1, 1, tzinfo=ZoneInfo("UTC")),  # UTC that is not `UTC`
+        datetime(1, 1, 1, tzinfo=UTC),  # four-digit years, zero-padded
+        datetime(999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ],
+    ids=str,
+)
+def test_rfc3339_is_the_isoformat_it_replaced(moment):
+    assert rfc3339(moment) == _isoformat_z(moment)
+    assert rfc3339(moment).endswith("Z") and len(rfc3339(moment)) == 27
+
+
+@given(
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.timezones())
+    | st.datetimes(timezones=st.just(UTC))
+)
+def test_rfc3339_equals_the_isoformat_on_any_aware_moment(moment):
+    assert rfc3339(moment) == _isoformat_z(moment)
+
+
+def test_rfc3339_refuses_naive_times():
+    with pytest.raises(ValueError, match="timezone-aware"):
+        rfc3339(datetime(2026, 1, 1))
