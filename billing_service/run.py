@@ -193,7 +193,7 @@ def _periods_to_bill(ctx: DraftContext, target: Period) -> tuple[Period, ...]:
 
 def _periods_from_first_plan(customer: Customer, assigned: list[Plan], target: Period) -> tuple[Period, ...]:
     if not assigned:
-        return []
+        return ()
     first = (assigned[0] if len(assigned) == 1 else min(assigned, key=lambda p: p.effective_at)).effective_period
     return _periods_between(first, customer.timezone, customer.anchor_day, target)
 
