@@ -42,7 +42,7 @@ from functools import cached_property
 
 from pricing.book import PriceBook, price_book_from_data, price_book_to_data
 from pricing.bootstrap import DRAWS, day_draws, is_weekend
-from pricing.money import SCALE, Currency
+from pricing.money import EXACT, SCALE, Currency, exact_sum
 from pricing.rating import line_quantities, rounded_total
 from pricing.usage import Usage
 
@@ -224,7 +224,7 @@ class Outcome:
         ordered = sorted(self.period_margins)
         if not ordered:
             return {}
-        out = {"mean": money.round(sum(ordered, ZERO) / len(ordered)), "min": ordered[0]}
+        out = {"mean": money.round(EXACT.divide(exact_sum(ordered), len(ordered))), "min": ordered[0]}
         for q in (5, 10, 50, 90, 95):
             out[f"p{q}"] = _pick(ordered, q / 100)
         out["max"] = ordered[-1]
@@ -272,7 +272,7 @@ class _Periods:
                                            if history.rest is not None else [])]:
             _add(window, chunk_slots, 1)
         self.window = window
-        self.cost = money.round(sum((c.cost for c in history.chunks), ZERO))
+        self.cost = money.round(exact_sum(c.cost for c in history.chunks))
         self.periods: list[dict[str, Slots]] = []
         self.period_costs: list[Decimal] = []
         for pick in picks:
@@ -281,13 +281,11 @@ class _Periods:
             for i in sorted(counts):
                 _add(period, day_slots[i], counts[i])
             self.periods.append(period)
-            self.period_costs.append(money.round(sum((history.days[i].cost * m for i, m in counts.items()), ZERO)))
+            self.period_costs.append(money.round(exact_sum(EXACT.multiply(history.days[i].cost, m) for i, m in counts.items())))
 
     def revenue(self, book: PriceBook, slots_by_customer: dict[str, Slots], empty: Decimal) -> Decimal:
-        total = empty * (len(self.customers) - len(slots_by_customer))
-        for slots in slots_by_customer.values():
-            total += rounded_total(book, slots, commitments=True)
-        return total
+        return exact_sum((rounded_total(book, slots, commitments=True) for slots in slots_by_customer.values()),
+                         EXACT.multiply(empty, len(self.customers) - len(slots_by_customer)))
 
     def outcome(self, book: PriceBook, scale: Decimal) -> Outcome:
         """Every margin at this scale (`book` is the scaled book)."""
@@ -379,10 +377,10 @@ def _add(into: dict[str, Slots], chunk: Mapping[str, Slots], times: int) -> None
     for customer, slots in chunk.items():
         acc = into.get(customer)
         if acc is None:
-            into[customer] = dict(slots) if times == 1 else {slot: q * times for slot, q in slots.items()}
+            into[customer] = dict(slots) if times == 1 else {slot: EXACT.multiply(q, times) for slot, q in slots.items()}
             continue
         for slot, q in slots.items():
-            acc[slot] = acc.get(slot, ZERO) + (q if times == 1 else q * times)
+            acc[slot] = EXACT.add(acc.get(slot, ZERO), q if times == 1 else EXACT.multiply(q, times))
 
 
 def period_template(start: datetime, period_days: int) -> list[tuple[bool, Decimal]]:
