@@ -23,7 +23,8 @@ s meets the conditions when
 The search: revenue grows almost in proportion to s, so one rating at s = 1 gives an estimate (the
 larger of the break-even scale for the target and the (1 - risk) quantile of the periods'
 break-even scales); from it the bracket is widened until its upper end passes and its lower end
-fails, then bisected on the grid of GRID (0.0001) to the smallest passing scale. Each step rates
+fails, then bisected on the grid of GRID (0.0001) to the smallest passing scale. No scale above
+MAX_SCALE (1000x) is tried, the first guess included: a book that needs more is refused. Each step rates
 every customer-period exactly (Decimal, each line rounded once, minimum and credits applied), so
 the answer is checked, not estimated; bisection assumes that raising s never makes a condition fail
 (true of every price type; a book whose credits exceed its charges in a period is the exception,
@@ -439,7 +440,9 @@ def recommend(book: PriceBook, history: History, *, target: object, risk: object
         raise RecommendError(_infeasible(book, before, target, risk))
     search = _Search(book, periods, before, target, risk, places)
     limit = int(MAX_SCALE / GRID)
-    hi = max(1, int((estimate / GRID).to_integral_value(ROUND_CEILING)))
+    # the first guess is capped at the limit like every later step, so no scale above MAX_SCALE is ever
+    # tried, let alone returned (bisection only lowers hi)
+    hi = min(limit, max(1, int((estimate / GRID).to_integral_value(ROUND_CEILING))))
     while not search.passes(hi):  # widen the bracket: up until a scale passes ...
         if hi >= limit:
             raise RecommendError(f"no scale up to {MAX_SCALE}x makes {book.id} meet the target margin {target} with "
