@@ -15,6 +15,7 @@ from decimal import Decimal
 from billing._common import ZERO, aware_utc, check_minor_units, stable_id
 from billing.errors import CreditNoteError
 from billing.invoice import CHARGING, Invoice
+from pricing.money import EXACT, exact_sum
 
 
 def credit_note_id(invoice_id: str, sequence: int) -> str:
@@ -82,7 +83,7 @@ def credited_by_line(notes: Iterable[CreditNote]) -> dict[str, Decimal]:
     out: dict[str, Decimal] = {}
     for note in notes:
         for line in note.lines:
-            out[line.invoice_line_id] = out.get(line.invoice_line_id, ZERO) + line.amount
+            out[line.invoice_line_id] = EXACT.add(out.get(line.invoice_line_id, ZERO), line.amount)
     return out
 
 
@@ -104,8 +105,8 @@ def credit_note(
     request.validate()
     money = invoice.money
     credited = credited_by_line(previous)
-    credited_total = sum((note.total for note in previous), ZERO)
-    left_on_invoice = invoice.subtotal - credited_total
+    credited_total = exact_sum(note.total for note in previous)
+    left_on_invoice = EXACT.subtract(invoice.subtotal, credited_total)
     by_id = {line.id: line for line in invoice.lines}
 
     def left_on(line_id: str) -> Decimal:
@@ -141,26 +142,26 @@ def credit_note(
         if amount > room:
             if explicit:
                 raise CreditNoteError(
-                    f"cannot credit {sum((a for _, a in wanted), ZERO)} {invoice.currency} on invoice {invoice.id}: "
+                    f"cannot credit {exact_sum(a for _, a in wanted)} {invoice.currency} on invoice {invoice.id}: "
                     f"its subtotal is {invoice.subtotal} and {credited_total} is already credited, "
                     f"so {left_on_invoice} is left"
                 )
             amount = room  # whole-invoice note: stop at what the invoice charged in all
         if amount > 0:
             lines.append(CreditNoteLine(line_id, amount))
-            room -= amount
+            room = EXACT.subtract(room, amount)
     if not lines:
         raise CreditNoteError(f"invoice {invoice.id} has nothing left to credit")
     total = _sum_notes(lines)
-    refunded_before = sum((note.refund_amount for note in previous), ZERO)
-    refund = min(total, max(invoice.total - refunded_before, ZERO))
+    refunded_before = exact_sum(note.refund_amount for note in previous)
+    refund = min(total, max(EXACT.subtract(invoice.total, refunded_before), ZERO))
     sequence = len(previous) + 1
     return CreditNote(
         id=credit_note_id(invoice.id, sequence), invoice_id=invoice.id, customer_id=invoice.customer_id,
         currency=invoice.currency, sequence=sequence, lines=tuple(lines), total=total, refund_amount=refund,
-        credits_returned=total - refund, reason=reason.strip(), issued_at=aware_utc(at, "at", CreditNoteError),
+        credits_returned=EXACT.subtract(total, refund), reason=reason.strip(), issued_at=aware_utc(at, "at", CreditNoteError),
     )
 
 
 def _sum_notes(lines: Iterable[CreditNoteLine]) -> Decimal:
-    return sum((line.amount for line in lines), ZERO)
+    return exact_sum(line.amount for line in lines)

@@ -29,6 +29,7 @@ from billing._common import ZERO, aware_utc, check_minor_units, currency_of, dec
 from billing.errors import CreditError
 from billing.invoice import Invoice
 from billing.invoice.drafts import with_credits_applied
+from pricing.money import EXACT, exact_sum
 
 LedgerKind = Literal["grant", "use", "expiry"]
 LEDGER_KINDS: tuple[LedgerKind, ...] = ("grant", "use", "expiry")
@@ -118,14 +119,14 @@ def grant_entry(grant: CreditGrant) -> LedgerEntry:
 def _use_entry(grant: CreditGrant, amount: Decimal, invoice_id: str, at: datetime) -> LedgerEntry:
     return LedgerEntry(
         id="led_" + stable_id("ledger", "use", grant.id, invoice_id), kind="use", grant_id=grant.id,
-        customer_id=grant.customer_id, currency=grant.currency, amount=-amount, at=at, invoice_id=invoice_id,
+        customer_id=grant.customer_id, currency=grant.currency, amount=EXACT.minus(amount), at=at, invoice_id=invoice_id,
     )
 
 
 def _expiry_entry(grant: CreditGrant, amount: Decimal, at: datetime) -> LedgerEntry:
     return LedgerEntry(
         id="led_" + stable_id("ledger", "expiry", grant.id), kind="expiry", grant_id=grant.id,
-        customer_id=grant.customer_id, currency=grant.currency, amount=-amount, at=at,
+        customer_id=grant.customer_id, currency=grant.currency, amount=EXACT.minus(amount), at=at,
     )
 
 
@@ -194,7 +195,7 @@ def apply_credits(
 
     earlier = [e for e in ledger if e.kind == "use" and e.invoice_id == invoice_id]
     if earlier:  # a rerun: the invoice was paid from credits already
-        return CreditApplication(-sum((e.amount for e in earlier), ZERO), ())
+        return CreditApplication(EXACT.minus(exact_sum(e.amount for e in earlier)), ())
 
     new: list[LedgerEntry] = []
     remaining: dict[str, Decimal] = {}
@@ -206,7 +207,7 @@ def apply_credits(
         if grant.id not in granted:
             new.append(grant_entry(grant))
         entries = [e for e in ledger if e.grant_id == grant.id]
-        remaining[grant.id] = grant.amount + sum((e.amount for e in entries if e.kind != "grant"), ZERO)
+        remaining[grant.id] = exact_sum((e.amount for e in entries if e.kind != "grant"), grant.amount)
         last_at[grant.id] = max([grant.granted_at, *(e.at for e in entries)])
 
     need = total
@@ -218,15 +219,15 @@ def apply_credits(
         use = min(need, remaining[grant.id])
         if use > 0:
             new.append(_use_entry(grant, use, invoice_id, when))
-            remaining[grant.id] -= use
+            remaining[grant.id] = EXACT.subtract(remaining[grant.id], use)
             last_at[grant.id] = max(last_at[grant.id], when)
-            need -= use
+            need = EXACT.subtract(need, use)
 
     for grant in sorted(grants, key=_order):
         if grant.id in remaining and remaining[grant.id] > 0 and grant.expired(when):
             assert grant.expires_at is not None
             new.append(_expiry_entry(grant, remaining[grant.id], max(grant.expires_at, last_at[grant.id])))
-    return CreditApplication(total - need, tuple(new))
+    return CreditApplication(EXACT.subtract(total, need), tuple(new))
 
 
 def apply_credits_to_invoice(
@@ -252,8 +253,7 @@ def balance(ledger: Iterable[LedgerEntry], at: datetime, *, currency: str | None
     per_grant: dict[str, Decimal] = {}
     for e in entries:
         if e.at <= when and (currency is None or e.currency == currency):
-            per_grant[e.grant_id] = per_grant.get(e.grant_id, ZERO) + e.amount
-    return sum(
-        (amount for grant_id, amount in per_grant.items() if not (expiry.get(grant_id) and expiry[grant_id] <= when)),
-        ZERO,
+            per_grant[e.grant_id] = EXACT.add(per_grant.get(e.grant_id, ZERO), e.amount)
+    return exact_sum(
+        amount for grant_id, amount in per_grant.items() if not (expiry.get(grant_id) and expiry[grant_id] <= when)
     )

@@ -49,10 +49,12 @@ class ConsumerStats:
 
 class MeteringConsumer:
     def __init__(self, settings: Settings, database_url: str, bootstrap: str, *, backend: str | None = None,
-                 clock=None, publish_dead_letters: bool = True,
+                 clock=None, retention_clock=None, publish_dead_letters: bool = True,
                  dead_letter_producer: Callable[[], Producer] | None = None):
         """`dead_letter_producer` makes the producer that copies dead letters to their topic, once, when
-        the first copy is sent (default: `make_producer` on `bootstrap` and `backend`)."""
+        the first copy is sent (default: `make_producer` on `bootstrap` and `backend`). `clock` (default
+        the real time) is the now events are judged against; `retention_clock` (default `clock`) the
+        now the retention (settings.retention_months) counts its oldest month back from."""
         self.settings = settings
         self.bootstrap = bootstrap
         self.backend = backend or settings.kafka_backend
@@ -67,6 +69,7 @@ class MeteringConsumer:
                 future_tolerance_s=settings.future_tolerance_s,
                 clock=clock,
                 retention_months=settings.retention_months,
+                retention_clock=retention_clock,
             )
             for _ in range(max(1, settings.writer_connections))
         ]

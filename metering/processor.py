@@ -178,12 +178,14 @@ def check_retained(event: Event, oldest_month: datetime, retention_months: int) 
 
 
 def process(messages: Iterable[Message], *, now: datetime, max_bytes: int, future_tolerance_s: int,
-            retention_months: int | None = None) -> ProcessedBatch:
+            retention_months: int | None = None, retention_now: datetime | None = None) -> ProcessedBatch:
     """Decode a batch. `retention_months` (None: no limit) dead-letters events older than the
-    retention as `too_old`, like the future tolerance does events too far ahead."""
+    retention as `too_old`, like the future tolerance does events too far ahead. The retention is
+    judged from `retention_now` (default `now`, which the future tolerance is judged from)."""
     batch = ProcessedBatch()
     seen: set[tuple[str, str]] = set()
-    oldest = oldest_retained_month(now, retention_months) if retention_months is not None else None
+    oldest = (oldest_retained_month(now if retention_now is None else retention_now, retention_months)
+              if retention_months is not None else None)
     for message in messages:
         ingest_id = message.headers.get(INGEST_ID_HEADER)
         ingest_id = ingest_id.decode("utf-8", "replace") if ingest_id is not None else None

@@ -292,7 +292,9 @@ class BatchWriter:
     """Owns one Postgres connection; `write(messages)` commits one batch or raises."""
 
     def __init__(self, dsn: str, *, group_id: str, max_bytes: int, future_tolerance_s: int, clock=None,
-                 retention_months: int | None = None, period_totals: bool = True):
+                 retention_months: int | None = None, retention_clock=None, period_totals: bool = True):
+        """`clock` is the now events are judged against (the future tolerance; the retention too unless
+        `retention_clock` is given: the now the retention's oldest month is counted back from)."""
         self.dsn = dsn
         # False only to measure what the totals cost (bench.ingest): the totals are then left behind.
         self.period_totals = period_totals
@@ -301,6 +303,7 @@ class BatchWriter:
         self.future_tolerance_s = future_tolerance_s
         self.retention_months = retention_months  # None: events of any age (metering.processor.process)
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.retention_clock = retention_clock or self.clock
         self._conn: psycopg.Connection | None = None
         self._partitions: set[datetime] = set()
 
@@ -371,7 +374,8 @@ class BatchWriter:
     def prepare(self, messages: Sequence[Message]) -> Prepared:
         """Decode and validate a batch (pure, no database): may run ahead of the write."""
         batch = process(messages, now=self.clock(), max_bytes=self.max_bytes, future_tolerance_s=self.future_tolerance_s,
-                        retention_months=self.retention_months)
+                        retention_months=self.retention_months,
+                        retention_now=self.retention_clock() if self.retention_months is not None else None)
         return Prepared(list(messages), batch)
 
     def write(self, messages: Sequence[Message] | Prepared) -> WriteResult:

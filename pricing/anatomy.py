@@ -49,7 +49,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from pricing.cost import Attribution, CostModel, attribute, largest_remainder
-from pricing.money import EXACT, Currency
+from pricing.money import EXACT, Currency, exact_sum
 from pricing.records import Dataset
 
 ZERO = Decimal(0)
@@ -267,10 +267,10 @@ class Anatomy:
 
     @property
     def total(self) -> Decimal:
-        return sum((r.total for r in self.rows), ZERO)
+        return exact_sum(r.total for r in self.rows)
 
     def term(self, name: str) -> Decimal:
-        return sum((getattr(r, name) for r in self.rows), ZERO)
+        return exact_sum(getattr(r, name) for r in self.rows)
 
     def to_json(self) -> dict:
         return {"currency": self.currency, "group_by": self.group_by, "total": str(self.total),

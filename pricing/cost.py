@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pricing.book import Amount, QuantityValue, _ExactLoader, _path, _reason
-from pricing.money import EXACT, QUANT, SCALE, Currency
+from pricing.money import EXACT, QUANT, SCALE, Currency, exact_sum
 from pricing.records import Dataset, TaskRecord
 
 ZERO = Decimal(0)
@@ -110,30 +110,24 @@ class Attribution:
 
     def cost_by(self, *, customer: str | None = None, model: str | None = None,
                 start: datetime | None = None, end: datetime | None = None) -> Decimal:
-        return sum(
-            (
-                v for k, v in self.cost.items()
-                if (customer is None or k.customer_id == customer)
-                and (model is None or k.model == model)
-                and (start is None or k.hour >= start)
-                and (end is None or k.hour < end)
-            ),
-            ZERO,
+        return exact_sum(
+            v for k, v in self.cost.items()
+            if (customer is None or k.customer_id == customer)
+            and (model is None or k.model == model)
+            and (start is None or k.hour >= start)
+            and (end is None or k.hour < end)
         )
 
     @property
     def total_cost(self) -> Decimal:
-        with localcontext(EXACT):
-            return sum(self.cost.values(), ZERO)
+        return exact_sum(self.cost.values())
 
     def cost_per_weighted_token(self, customer: str | None = None) -> Decimal:
         keys = [k for k in self.weighted_tokens if customer is None or k[0] == customer]
-        weight = sum((self.weighted_tokens[k] for k in keys), ZERO)
+        weight = exact_sum(self.weighted_tokens[k] for k in keys)
         if not weight:
             return ZERO if customer is None else self.cost_per_weighted_token(None)
-        served = sum(
-            (v for k, v in self.cost.items() if k.model and (customer is None or k.customer_id == customer)), ZERO
-        )
+        served = exact_sum(v for k, v in self.cost.items() if k.model and (customer is None or k.customer_id == customer))
         with localcontext(EXACT):
             return served / weight
 
@@ -142,10 +136,10 @@ class Attribution:
         weight: dict[str, Decimal] = defaultdict(lambda: ZERO)
         served: dict[str, Decimal] = defaultdict(lambda: ZERO)
         for (customer, _), w in self.weighted_tokens.items():
-            weight[customer] += w
+            weight[customer] = EXACT.add(weight[customer], w)
         for k, v in self.cost.items():
             if k.model:
-                served[k.customer_id] += v
+                served[k.customer_id] = EXACT.add(served[k.customer_id], v)
         with localcontext(EXACT):
             return {c: served[c] / w for c, w in weight.items() if w}
 

@@ -24,7 +24,7 @@ from decimal import Decimal, localcontext
 from pricing.anatomy import Anatomy, AnatomyInputs, Part, anatomy, parts
 from pricing.book import REQUEST_METERS, PriceBook
 from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
-from pricing.money import EXACT, Currency, precise
+from pricing.money import EXACT, Currency, exact_sum, precise
 from pricing.rating import Rating, line_quantities, rate, rounded_total
 from pricing.records import Dataset
 from pricing.usage import Usage, UsageKey
@@ -60,9 +60,9 @@ def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attr
     """The usage as if every attempt but the last of each task had not happened. Retried tokens are
     taken off the customer's models in proportion to each model's weighted tokens; GPU-seconds by the
     retried share of the customer's weighted tokens."""
-    retried_w = sum((t.retried_weighted_tokens for t in retried), ZERO)
+    retried_w = exact_sum(t.retried_weighted_tokens for t in retried)
     retried_attempts = sum((t.attempts - 1 for t in retried if t.attempts > 1), 0)
-    total_w = sum(model_weights.values(), ZERO)
+    total_w = exact_sum(model_weights.values())
     if not retried_w or not total_w:
         return usage
     with localcontext(EXACT):
@@ -89,11 +89,11 @@ class CustomerResult:
 
     @property
     def margin(self) -> Decimal:
-        return self.revenue - self.cost
+        return EXACT.subtract(self.revenue, self.cost)
 
     @property
     def versus_baseline(self) -> Decimal:
-        return self.revenue - self.baseline_revenue
+        return EXACT.subtract(self.revenue, self.baseline_revenue)
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Bucket:
 
     @property
     def margin(self) -> Decimal:
-        return self.revenue - self.cost
+        return EXACT.subtract(self.revenue, self.cost)
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ class BookResult:
 
     @property
     def margin(self) -> Decimal:
-        return self.revenue - self.cost
+        return EXACT.subtract(self.revenue, self.cost)
 
     @property
     def pays_more(self) -> list[CustomerResult]:
@@ -321,10 +321,11 @@ def compare(
     items += [(m.customer_id, m.hour, cost_model.usage_cost(m.meter, m.quantity))
               for m in dataset.meters if start <= m.hour < end]
     for customer, hour, value in items:
-        cost_precise += value
+        cost_precise = EXACT.add(cost_precise, value)
         if customer:
-            cust_cost[customer] = cust_cost.get(customer, ZERO) + value
-        bucket_costs[max(0, bisect_right(starts, hour) - 1)] += value
+            cust_cost[customer] = EXACT.add(cust_cost.get(customer, ZERO), value)
+        bucket = max(0, bisect_right(starts, hour) - 1)
+        bucket_costs[bucket] = EXACT.add(bucket_costs[bucket], value)
     cost = currency.round(cost_precise)
 
     tcosts = task_costs(dataset.tasks, attribution, cost_model)
@@ -372,6 +373,7 @@ def compare(
             shared if own is None else derived(own))
         ratings = {c: rate(book, book_usages.get(c) or empty(c)) for c in customers}
         revenue_by = {c: r.total for c, r in ratings.items()}
+        revenue = exact_sum(revenue_by.values())
         if baseline is None:
             baseline = revenue_by
         customer_results = [
@@ -389,11 +391,11 @@ def compare(
                 window = bucket_usages[i].get(c)
                 if window is not None:
                     for slot, q in line_quantities(book, window).items():
-                        cumulative[slot] = cumulative.get(slot, ZERO) + q
+                        cumulative[slot] = EXACT.add(cumulative.get(slot, ZERO), q)
                 elif i != last:
                     continue
                 total = rounded_total(book, cumulative, commitments=i == last)
-                bucket_revenue[i] += total - previous
+                bucket_revenue[i] = EXACT.add(bucket_revenue[i], EXACT.subtract(total, previous))
                 previous = total
         risk = Risk(
             bucket_name,
@@ -404,7 +406,7 @@ def compare(
         gains = []
         for m in models:
             att_off, usages_off = caching_off_cost[m], caching_off_usages[m]
-            revenue_off = sum((rate(book, usages_off.get(c) or empty(c)).total for c in customers), ZERO)
+            revenue_off = exact_sum(rate(book, usages_off.get(c) or empty(c)).total for c in customers)
             gains.append(
                 CachingGain(
                     m,
@@ -412,31 +414,29 @@ def compare(
                     currency.round(att_off.total_cost),
                     currency.round(attribution.total_cost),
                     revenue_off,
-                    sum(revenue_by.values(), ZERO),
+                    revenue,
                 )
             )
-        revenue_no_retry = sum(
-            (rate(book, no_retry_usages.get(c) or empty(c)).total for c in customers), ZERO
-        )
+        revenue_no_retry = exact_sum(rate(book, no_retry_usages.get(c) or empty(c)).total for c in customers)
         retries = RetryResult(
             sum(t.attempts - 1 for t in tcosts if t.attempts > 1),
-            currency.round(sum((t.retried_attempts_cost for t in tcosts), ZERO)),
-            sum(revenue_by.values(), ZERO) - revenue_no_retry,
+            currency.round(exact_sum(t.retried_attempts_cost for t in tcosts)),
+            EXACT.subtract(revenue, revenue_no_retry),
         )
         effects = [
-            AnatomyEffect(term, split.term(term), sum(revenue_by.values(), ZERO) - sum(
-                (rate(book, without[term].get(c) or empty(c)).total for c in customers), ZERO))
+            AnatomyEffect(term, split.term(term), EXACT.subtract(revenue, exact_sum(
+                rate(book, without[term].get(c) or empty(c)).total for c in customers)))
             for term in ("queue_and_idle", "failure")
         ]
         results.append(
-            BookResult(book, sum(revenue_by.values(), ZERO), cost, customer_results, ratings, risk, gains, retries,
+            BookResult(book, revenue, cost, customer_results, ratings, risk, gains, retries,
                        effects)
         )
 
     totals: dict[str, Decimal] = defaultdict(lambda: ZERO)
     for u in usages.values():
         for key, q in u.quantities.items():
-            totals[key.meter] += q
+            totals[key.meter] = EXACT.add(totals[key.meter], q)
     return Comparison(
         start,
         end,
@@ -444,7 +444,7 @@ def compare(
         results,
         {k: quantity_text(v) for k, v in sorted(totals.items())},
         precise(cost_precise),
-        currency.round(sum((v for k, v in attribution.cost.items() if not k.customer_id), ZERO)),
+        currency.round(exact_sum(v for k, v in attribution.cost.items() if not k.customer_id)),
         None if (cpt := cost_per_successful_task(tcosts)) is None else precise(cpt),
         sum(1 for t in tcosts if t.outcome == "succeeded"),
         {m: currency.round(attribution.cost_by(model=m)) for m in models},

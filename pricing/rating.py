@@ -34,7 +34,7 @@ from pricing.book import (
     TieredVolumePrice,
     UnitPrice,
 )
-from pricing.money import EXACT, QUANT, Currency, mul_div, precise
+from pricing.money import EXACT, QUANT, Currency, exact_sum, mul_div, precise
 from pricing.split import split_by_quantity
 from pricing.usage import Usage, UsageKey
 
@@ -95,7 +95,7 @@ PRICERS: dict[type, Callable[..., Decimal]] = {
 
 def price_quantity(charge: Charge, quantity: Decimal) -> Decimal:
     """Precise amount of a charge for a quantity, after its free allowance."""
-    billable = quantity if not charge.free else max(ZERO, quantity - charge.free)
+    billable = quantity if not charge.free else max(ZERO, EXACT.subtract(quantity, charge.free))
     return PRICERS[type(charge.price)](charge.price, billable)
 
 
@@ -147,23 +147,20 @@ class Rating:
 
     @property
     def total(self) -> Decimal:
-        """The sum of the rounded lines (usage, minimum top-up and credits)."""
-        return sum((line.amount for line in self.lines), ZERO)
+        """The sum of the rounded lines (usage, minimum top-up and credits), exact."""
+        return exact_sum(line.amount for line in self.lines)
 
     @property
     def usage_total(self) -> Decimal:
-        return sum((line.amount for line in self.lines if line.kind == "usage"), ZERO)
+        return exact_sum(line.amount for line in self.lines if line.kind == "usage")
 
     def amount_by(self, meter: str | None = None, group: str | None = None) -> Decimal:
-        return sum(
-            (
-                line.amount
-                for line in self.lines
-                if line.kind == "usage"
-                and (meter is None or line.meter == meter)
-                and (group is None or line.group == group)
-            ),
-            ZERO,
+        return exact_sum(
+            line.amount
+            for line in self.lines
+            if line.kind == "usage"
+            and (meter is None or line.meter == meter)
+            and (group is None or line.group == group)
         )
 
 
@@ -228,7 +225,7 @@ def line_quantities(book: PriceBook, usage: Usage) -> dict[tuple[int, str], Deci
         if quantity:
             slot = compiled.slot(key)
             if slot is not None:  # else a meter the book does not charge for
-                out[slot] = out.get(slot, ZERO) + quantity
+                out[slot] = EXACT.add(out.get(slot, ZERO), quantity)
     return out
 
 
@@ -236,17 +233,18 @@ def rounded_total(book: PriceBook, quantities: dict[tuple[int, str], Decimal], *
     """The total of the lines for these line quantities (each rounded once), with the minimum top-up
     and credits if `commitments`: what `rate` would total, without building the lines."""
     compiled = _compiled(book)
-    total = ZERO
-    for (index, _), quantity in quantities.items():
-        total += compiled.pricers[index](quantity).quantize(compiled.minor, ROUND_HALF_UP, EXACT)
+    pricers, minor = compiled.pricers, compiled.minor
+    total = exact_sum(pricers[index](quantity).quantize(minor, ROUND_HALF_UP, EXACT)
+                      for (index, _), quantity in quantities.items())
     if commitments and (book.minimum is not None or book.credits):
-        total += sum((line.amount for line in _commitment_lines(book, compiled.currency, "", total, _EPOCH, _EPOCH)), ZERO)
+        total = exact_sum((line.amount for line in _commitment_lines(book, compiled.currency, "", total, _EPOCH, _EPOCH)),
+                          total)
     return total
 
 
 def _unit_price(charge: Charge) -> Decimal | None:
     if isinstance(charge.price, UnitPrice):
-        return precise(charge.price.amount / charge.price.per)
+        return precise(EXACT.divide(charge.price.amount, charge.price.per))
     return None
 
 
@@ -258,7 +256,7 @@ def _commitment_lines(
     if book.minimum is not None:
         minimum = currency.round(book.minimum)
         if running < minimum:
-            top_up = minimum - running
+            top_up = EXACT.subtract(minimum, running)
             lines.append(
                 Line(line_id(book, customer_id, "minimum", "", start, end), "minimum", customer_id,
                      "minimum", "minimum", "", Decimal(1), None, precise(top_up), top_up)
@@ -269,7 +267,7 @@ def _commitment_lines(
         if used > 0:
             lines.append(
                 Line(line_id(book, customer_id, "credits", "", start, end), "credit", customer_id,
-                     "credits", "credits", "", Decimal(1), None, precise(-used), -used)
+                     "credits", "credits", "", Decimal(1), None, precise(EXACT.minus(used)), EXACT.minus(used))
             )
     return lines
 
@@ -378,7 +376,7 @@ def rate(book: PriceBook, usage: Usage) -> Rating:
             if slot is _UNMATCHED:
                 slot = compiled.slot(key)
             if slot is not None:  # else a meter the book does not charge for
-                quantities[slot] = quantities[slot] + quantity if slot in quantities else quantity
+                quantities[slot] = EXACT.add(quantities[slot], quantity) if slot in quantities else quantity
     if compiled.by_project:
         return _split_by_project(book, usage, _rate_slots(book, compiled, usage, quantities))
     return _rate_slots(book, compiled, usage, quantities)
@@ -408,7 +406,7 @@ def _rate_slots(book: PriceBook, compiled: _CompiledBook, usage: Usage, quantiti
         else:
             exact = pricer(quantity)
         amount = exact.quantize(minor, ROUND_HALF_UP, EXACT)  # the one rounding, half-up, per line
-        usage_total += amount
+        usage_total = EXACT.add(usage_total, amount)
         tail = tails.get(slot)
         if tail is None:
             tail = tails[slot] = line_id_tail(charge_key, slot[1], start, end)
@@ -480,14 +478,13 @@ def rate_progressive(book: PriceBook, prior: Usage, window: Usage, *, final: boo
         lines.append(
             Line(
                 line_id(book, window.customer_id, charge.stable_key, group, window.period_start, window.period_end),
-                "usage", window.customer_id, charge.stable_key, charge.meter, group, q1 - q0,
-                _unit_price(charge), precise(p1) - precise(p0), currency.round(p1) - currency.round(p0),
+                "usage", window.customer_id, charge.stable_key, charge.meter, group, EXACT.subtract(q1, q0),
+                _unit_price(charge), EXACT.subtract(precise(p1), precise(p0)),
+                EXACT.subtract(currency.round(p1), currency.round(p0)),
             )
         )
     if final:
-        period_usage_total = sum(
-            (currency.round(price_quantity(book.charges[i], q)) for (i, _), q in after.items()), ZERO
-        )
+        period_usage_total = exact_sum(currency.round(price_quantity(book.charges[i], q)) for (i, _), q in after.items())
         for line in _commitment_lines(book, currency, window.customer_id, period_usage_total,
                                       cumulative.period_start, cumulative.period_end):
             lines.append(line)

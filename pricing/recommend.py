@@ -23,7 +23,8 @@ s meets the conditions when
 The search: revenue grows almost in proportion to s, so one rating at s = 1 gives an estimate (the
 larger of the break-even scale for the target and the (1 - risk) quantile of the periods'
 break-even scales); from it the bracket is widened until its upper end passes and its lower end
-fails, then bisected on the grid of GRID (0.0001) to the smallest passing scale. Each step rates
+fails, then bisected on the grid of GRID (0.0001) to the smallest passing scale. No scale above
+MAX_SCALE (1000x) is tried, the first guess included: a book that needs more is refused. Each step rates
 every customer-period exactly (Decimal, each line rounded once, minimum and credits applied), so
 the answer is checked, not estimated; bisection assumes that raising s never makes a condition fail
 (true of every price type; a book whose credits exceed its charges in a period is the exception,
@@ -42,7 +43,7 @@ from functools import cached_property
 
 from pricing.book import PriceBook, price_book_from_data, price_book_to_data
 from pricing.bootstrap import DRAWS, day_draws, is_weekend
-from pricing.money import SCALE, Currency
+from pricing.money import EXACT, SCALE, Currency, exact_sum
 from pricing.rating import line_quantities, rounded_total
 from pricing.usage import Usage
 
@@ -224,7 +225,7 @@ class Outcome:
         ordered = sorted(self.period_margins)
         if not ordered:
             return {}
-        out = {"mean": money.round(sum(ordered, ZERO) / len(ordered)), "min": ordered[0]}
+        out = {"mean": money.round(EXACT.divide(exact_sum(ordered), len(ordered))), "min": ordered[0]}
         for q in (5, 10, 50, 90, 95):
             out[f"p{q}"] = _pick(ordered, q / 100)
         out["max"] = ordered[-1]
@@ -272,7 +273,7 @@ class _Periods:
                                            if history.rest is not None else [])]:
             _add(window, chunk_slots, 1)
         self.window = window
-        self.cost = money.round(sum((c.cost for c in history.chunks), ZERO))
+        self.cost = money.round(exact_sum(c.cost for c in history.chunks))
         self.periods: list[dict[str, Slots]] = []
         self.period_costs: list[Decimal] = []
         for pick in picks:
@@ -281,13 +282,11 @@ class _Periods:
             for i in sorted(counts):
                 _add(period, day_slots[i], counts[i])
             self.periods.append(period)
-            self.period_costs.append(money.round(sum((history.days[i].cost * m for i, m in counts.items()), ZERO)))
+            self.period_costs.append(money.round(exact_sum(EXACT.multiply(history.days[i].cost, m) for i, m in counts.items())))
 
     def revenue(self, book: PriceBook, slots_by_customer: dict[str, Slots], empty: Decimal) -> Decimal:
-        total = empty * (len(self.customers) - len(slots_by_customer))
-        for slots in slots_by_customer.values():
-            total += rounded_total(book, slots, commitments=True)
-        return total
+        return exact_sum((rounded_total(book, slots, commitments=True) for slots in slots_by_customer.values()),
+                         EXACT.multiply(empty, len(self.customers) - len(slots_by_customer)))
 
     def outcome(self, book: PriceBook, scale: Decimal) -> Outcome:
         """Every margin at this scale (`book` is the scaled book)."""
@@ -379,10 +378,10 @@ def _add(into: dict[str, Slots], chunk: Mapping[str, Slots], times: int) -> None
     for customer, slots in chunk.items():
         acc = into.get(customer)
         if acc is None:
-            into[customer] = dict(slots) if times == 1 else {slot: q * times for slot, q in slots.items()}
+            into[customer] = dict(slots) if times == 1 else {slot: EXACT.multiply(q, times) for slot, q in slots.items()}
             continue
         for slot, q in slots.items():
-            acc[slot] = acc.get(slot, ZERO) + (q if times == 1 else q * times)
+            acc[slot] = EXACT.add(acc.get(slot, ZERO), q if times == 1 else EXACT.multiply(q, times))
 
 
 def period_template(start: datetime, period_days: int) -> list[tuple[bool, Decimal]]:
@@ -441,7 +440,9 @@ def recommend(book: PriceBook, history: History, *, target: object, risk: object
         raise RecommendError(_infeasible(book, before, target, risk))
     search = _Search(book, periods, before, target, risk, places)
     limit = int(MAX_SCALE / GRID)
-    hi = max(1, int((estimate / GRID).to_integral_value(ROUND_CEILING)))
+    # the first guess is capped at the limit like every later step, so no scale above MAX_SCALE is ever
+    # tried, let alone returned (bisection only lowers hi)
+    hi = min(limit, max(1, int((estimate / GRID).to_integral_value(ROUND_CEILING))))
     while not search.passes(hi):  # widen the bracket: up until a scale passes ...
         if hi >= limit:
             raise RecommendError(f"no scale up to {MAX_SCALE}x makes {book.id} meet the target margin {target} with "

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 from rich.console import Console
 
+from app.demo.month import MONTH_END
 from infermeter.settings import Settings
 from infermeter.stack.postgres import to_libpq_url
 
@@ -19,13 +20,16 @@ def metering_consumer(settings: Settings, stack) -> Iterator[Callable[[], bool] 
     """A metering consumer for the demo's whole run, `--serve` included (events posted to the served
     API are metered, as under `infermeter up`), when the demo's stack owns its broker; on `up`'s
     broker or a configured one, that stack's consumers meter. Yields "is it running" (None when not
-    ours), for the waits."""
+    ours), for the waits. Its retention is judged from the end of the demo's month, which it meters as if
+    just after it: on the real clock that month leaves the retention (INFERMETER_RETENTION_MONTHS) as
+    the years pass, and its events would be dead-lettered as too_old."""
     from metering.consumer import MeteringConsumer, run_in_thread
 
     if not stack.owns_broker:
         yield None
         return
-    consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap)
+    consumer = MeteringConsumer(stack.settings_for(settings), stack.database_url, stack.kafka_bootstrap,
+                                retention_clock=lambda: MONTH_END)
     thread = run_in_thread(consumer)
     try:
         yield thread.is_alive

@@ -45,7 +45,7 @@ from billing._common import ZERO, aware_utc, check_minor_units, currency_of, sta
 from billing.errors import InvoiceError
 from billing.numbering import parse_number
 from billing.periods import Period, parse_label
-from pricing.money import Currency
+from pricing.money import EXACT, Currency, exact_sum
 from pricing.rating import Rating
 
 LineKind = Literal["usage", "minimum", "credit"]
@@ -220,7 +220,7 @@ class Invoice:
                     raise InvoiceError(f"invoice {self.id}: line id {line.id} appears twice")
                 seen.add(line.id)
                 check_minor_units(line.amount, money, f"invoice {self.id} line {line.id} amount", InvoiceError)
-            subtotal = sum((line.amount for line in lines), ZERO)
+            subtotal = exact_sum(line.amount for line in lines)
             if len(_CHECKED_LINES) >= 256:
                 _CHECKED_LINES.clear()
             _CHECKED_LINES[id(lines)] = (lines, self.currency, subtotal)
@@ -234,7 +234,7 @@ class Invoice:
                 f"invoice {self.id}: credits_applied {self.credits_applied} exceeds the subtotal {subtotal} "
                 f"(credits never take an invoice below zero)"
             )
-        if self.total != subtotal - self.credits_applied:
+        if self.total != EXACT.subtract(subtotal, self.credits_applied):
             raise InvoiceError(f"invoice {self.id}: total {self.total} is not subtotal - credits_applied")
         if self.status.finalized:
             if self.number is None or self.finalized_at is None or self.issued_at is None:
@@ -278,11 +278,11 @@ def build_draft(
 ) -> Invoice:
     """A draft from its parts; subtotal and total follow from the lines (and the credits applied)."""
     lines = tuple(lines)
-    subtotal = sum((line.amount for line in lines), ZERO)
+    subtotal = exact_sum(line.amount for line in lines)
     return Invoice(
         id=id, customer_id=customer_id, currency=currency, period=period, period_start=period_start,
         period_end=period_end, sequence=sequence, status=S.DRAFT, lines=lines, subtotal=subtotal,
-        credits_applied=credits_applied, total=subtotal - credits_applied, price_book_version=price_book_version,
+        credits_applied=credits_applied, total=EXACT.subtract(subtotal, credits_applied), price_book_version=price_book_version,
         reissue_of=reissue_of,
     )
 

@@ -9,6 +9,7 @@ from billing._common import ZERO
 from billing.errors import InvoiceError
 from billing.invoice import CHARGING, Invoice, InvoiceLine, adjustment_line_id, same_window
 from billing.periods import Period, parse_label
+from pricing.money import EXACT, exact_sum
 from pricing.rating import Rating
 
 
@@ -59,9 +60,9 @@ def adjustment_lines(
     out: list[InvoiceLine] = []
     for rated_id in [*now, *sorted(set(done) - set(now))]:
         previous = done.get(rated_id, [])
-        q0 = sum((line.quantity for line in previous), ZERO)
-        p0 = sum((line.precise_amount for line in previous), ZERO)
-        a0 = sum((line.amount for line in previous), ZERO)
+        q0 = exact_sum(line.quantity for line in previous)
+        p0 = exact_sum(line.precise_amount for line in previous)
+        a0 = exact_sum(line.amount for line in previous)
         current = now.get(rated_id)
         if current is not None:
             q1, p1, a1 = current.quantity, current.precise_amount, current.amount
@@ -79,8 +80,8 @@ def adjustment_lines(
         out.append(
             InvoiceLine(
                 id=adjustment_line_id(rated_id, target_invoice_id), rated_line_id=rated_id, kind=kind,
-                charge_key=charge_key, meter=meter, group=group, quantity=q1 - q0, unit_price=unit_price,
-                precise_amount=p1 - p0, amount=a1 - a0, period=period.label, service_period_start=period.start,
+                charge_key=charge_key, meter=meter, group=group, quantity=EXACT.subtract(q1, q0), unit_price=unit_price,
+                precise_amount=EXACT.subtract(p1, p0), amount=EXACT.subtract(a1, a0), period=period.label, service_period_start=period.start,
                 service_period_end=period.end, project=project,
             )
         )

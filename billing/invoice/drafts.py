@@ -22,7 +22,7 @@ from billing.invoice import (
     same_window,
 )
 from billing.periods import Period
-from pricing.money import Currency
+from pricing.money import EXACT, Currency, exact_sum
 from pricing.rating import Line, Rating
 
 S = InvoiceStatus
@@ -124,7 +124,7 @@ def first_invoice(rating: Rating, period: Period, *, currency: str, price_book_v
         line = _copied(rated, label, start, end)
         if line is None or money.round(line.amount) != line.amount:
             return None
-        subtotal += line.amount
+        subtotal = EXACT.add(subtotal, line.amount)
         lines.append(line)
     if len({line.id for line in lines}) != len(lines):
         return None
@@ -169,7 +169,7 @@ def replace_lines(invoice: Invoice, lines: Iterable[InvoiceLine]) -> Invoice:
 
 
 def _sum(lines: Iterable[InvoiceLine]) -> Decimal:
-    return sum((line.amount for line in lines), ZERO)
+    return exact_sum(line.amount for line in lines)
 
 
 def add_lines(invoice: Invoice, lines: Iterable[InvoiceLine]) -> Invoice:
@@ -189,4 +189,4 @@ def remove_lines(invoice: Invoice, line_ids: Iterable[str]) -> Invoice:
 def with_credits_applied(invoice: Invoice, amount: Decimal) -> Invoice:
     """The draft with `amount` of prepaid credit applied (see `billing.credits.apply_credits`)."""
     _draft_only(invoice, "apply credits")
-    return replace(invoice, credits_applied=amount, total=invoice.subtotal - amount)
+    return replace(invoice, credits_applied=amount, total=EXACT.subtract(invoice.subtotal, amount))

@@ -23,6 +23,7 @@ from pricing.book import parse_price_book
 from pricing_service.books import read_cost_model
 from pricing_service.rate_period import rate_period
 from pricing_service.shadow import shadow_rating_on
+from tests.metering.conftest import retention_clock
 
 COST = read_cost_model(None)
 VERIFIER, CUSTOMER = "//verifier/checks", "//customer/acme"
@@ -194,7 +195,7 @@ def _metered(settings, keys: list[tuple[str, str]]) -> None:
     from metering.consumer import MeteringConsumer, run_in_thread
     from metering.event_lookups import recorded_event_keys
 
-    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap, retention_clock=retention_clock)
     thread = run_in_thread(consumer)
     try:
         with psycopg.connect(to_libpq_url(settings.database_url), autocommit=True) as c:

@@ -30,6 +30,16 @@ ROLLUP_TABLES = {
     "gpu_ledger_hourly": "customer_id, deployment_id, replica_id, gpu_type, hour",
 }
 
+# The instant the retention (INFERMETER_RETENTION_MONTHS, 13 by default: 2025-12 to 2026-12 from here) is
+# judged from by the consumers of tests whose usage is pinned to dates of 2026: on the real clock those
+# months leave the retention (their events dead-lettered as too_old) as the years pass. The future
+# tolerance stays on the real clock.
+RETENTION_NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def retention_clock() -> datetime:
+    return RETENTION_NOW
+
 
 def dsn(settings: Settings) -> str:
     return to_libpq_url(settings.database_url)
@@ -65,7 +75,8 @@ def publish(settings: Settings, lines: Iterable[bytes], ingest_id: str | None = 
 def meter(settings: Settings, lines: Iterable[bytes], timeout_s: float = 120, raw: Iterable[bytes] = ()) -> IngestCounts:
     """Publish lines and run an in-process consumer until metering has handled all of them."""
     publication = publish(settings, lines, raw=raw)
-    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap,
+                                retention_clock=retention_clock)
     thread = run_in_thread(consumer)
     try:
         return wait_for_receipt(dsn(settings), publication.ingest_id, publication.published, timeout_s=timeout_s,

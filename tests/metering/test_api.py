@@ -11,7 +11,7 @@ from sqlalchemy import create_engine
 from app.api import create_app
 from metering.ingest import wait_for_receipt  # noqa: F401 - documents the path the consumer takes
 from serving.keys import KeyStore
-from tests.metering.conftest import meter, request_event, task_event, usage_event
+from tests.metering.conftest import meter, request_event, retention_clock, task_event, usage_event
 
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 WINDOW = {"from": "2026-11-02T00:00:00Z", "to": "2026-11-03T00:00:00Z"}
@@ -187,7 +187,7 @@ def test_a_customer_key_cannot_report_an_outcome_under_a_producers_source(api, s
                            headers={**auth(keys["producer"]), **cloudevent})
     assert verifier.status_code == 202 and verifier.json() == {"published": 1, "rejected": []}
     # metering consumes what the API published: the usage event and the verifier's outcome
-    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap, retention_clock=retention_clock)
     thread = run_in_thread(consumer)
     try:
         with psycopg.connect(dsn(settings), autocommit=True) as conn:

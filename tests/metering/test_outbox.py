@@ -24,7 +24,7 @@ from metering.kafka_types import DeliveryFailed
 from metering.processor import INGEST_ID_HEADER as PROCESSOR_INGEST_ID_HEADER
 from metering.publisher import INGEST_ID_HEADER, Outbox
 from metering.spool import Spool
-from tests.metering.conftest import request_event
+from tests.metering.conftest import request_event, retention_clock
 
 
 def test_the_ingest_header_is_metering_s():
@@ -322,7 +322,7 @@ def test_a_broker_that_lost_acknowledged_events_costs_nothing(settings, tmp_path
         broker.stop()  # memory-only: the 400 are gone with it
         broker = start_tansu(port=port, log_path=tmp_path / "b.log")
         ensure_topics(bootstrap, local)
-        consumer = MeteringConsumer(local, local.database_url, bootstrap)
+        consumer = MeteringConsumer(local, local.database_url, bootstrap, retention_clock=retention_clock)
         thread = run_in_thread(consumer)
         assert outbox.wait_drained(60), outbox.last_error
         assert outbox.republished >= 400
@@ -356,7 +356,7 @@ def test_the_api_with_metered_ack_spools_before_answering_and_forgets_once_meter
         assert answer.json()["published"] == 20
         assert publisher.outbox.spool.counts() == (20, 0)  # durable, not yet published
         publisher.outbox.start()
-        consumer = MeteringConsumer(local, local.database_url, local.kafka_bootstrap)
+        consumer = MeteringConsumer(local, local.database_url, local.kafka_bootstrap, retention_clock=retention_clock)
         thread = run_in_thread(consumer)
         try:
             assert publisher.outbox.wait_drained(30), publisher.outbox.last_error

@@ -115,6 +115,34 @@ def test_an_event_from_the_first_instant_of_the_oldest_month_is_kept_and_one_mic
     assert len(unbounded.stage_rows) == 2 and not unbounded.dead_letters
 
 
+def test_the_retention_is_judged_from_its_own_now_and_the_future_tolerance_from_the_clock():
+    # a November 2026 event read in June 2028: 13 months back from the clock it is too old; from a
+    # retention now of 2026-12-01 it is kept (the oldest month 2025-12), and one from 2025-11 is not
+    clock = at("2028-06-15T12:00:00Z")
+    lines = [request_event(1, at=at("2026-11-02T10:00:00Z")), request_event(2, at=at("2025-11-30T23:59:59Z")),
+             request_event(3, at=clock + timedelta(seconds=301))]
+    on_the_clock = process(_messages(lines), now=clock, max_bytes=65536, future_tolerance_s=300, retention_months=13)
+    assert [(d.event_id, d.reason) for d in on_the_clock.dead_letters] == [
+        ("r-1", "too_old"), ("r-2", "too_old"), ("r-3", "future_time")]
+    frozen = process(_messages(lines), now=clock, max_bytes=65536, future_tolerance_s=300, retention_months=13,
+                     retention_now=at("2026-12-01T00:00:00Z"))
+    assert [row[2] for row in frozen.stage_rows] == ["r-1"]
+    assert [(d.event_id, d.reason) for d in frozen.dead_letters] == [("r-2", "too_old"), ("r-3", "future_time")]
+    assert "before 2025-12, the oldest month metering keeps" in frozen.dead_letters[0].detail
+
+
+def test_a_writer_judges_the_retention_from_its_retention_clock():
+    writer = BatchWriter("postgresql://unused", group_id="g", max_bytes=65536, future_tolerance_s=300,
+                         clock=lambda: at("2028-06-15T12:00:00Z"), retention_months=13,
+                         retention_clock=lambda: at("2026-12-01T00:00:00Z"))
+    prepared = writer.prepare(_messages([request_event(1, at=at("2026-11-02T10:00:00Z"))]))
+    assert [row[2] for row in prepared.batch.stage_rows] == ["r-1"] and not prepared.batch.dead_letters
+    on_the_clock = BatchWriter("postgresql://unused", group_id="g", max_bytes=65536, future_tolerance_s=300,
+                               clock=lambda: at("2028-06-15T12:00:00Z"), retention_months=13)
+    assert [d.reason for d in on_the_clock.prepare(_messages([request_event(1, at=at("2026-11-02T10:00:00Z"))]))
+            .batch.dead_letters] == ["too_old"]
+
+
 # --- too old: dead-lettered, the rest of the batch lands ------------------------------------------
 
 

@@ -13,6 +13,7 @@ import pytest
 from pricing.book import PriceBookError, parse_price_book
 from pricing.recommend import (
     GRID,
+    MAX_SCALE,
     Outcome,
     RecommendError,
     book_precision,
@@ -159,6 +160,34 @@ def test_no_scale_up_to_the_limit_is_refused_when_widening_reaches_it():
     with pytest.raises(RecommendError, match=r"^no scale up to 1000x makes unit meet the target margin 0 with a loss "
                                              r"risk of at most 0\.05$"):
         recommend(UNIT, h, target="0", risk="0.05", draws=5, period_days=1)
+
+
+# 100M tokens a day at 1.2345 a million (4 places, so the price moves 0.0001 every grid step): 123.45 billed
+# a day at scale 1, 123450.00 at the 1000x limit, 123449.99 one grid step below it, 123450.02 one above
+FINE = parse_price_book("id: fine4\ncurrency: USD\ncharges: [{meter: output_tokens, price: {type: unit, "
+                        "amount: '1.2345', per: 1000000}}]")
+
+
+def hundred_million_a_day(daily_cost: str):
+    return history([{"a": {OUT: 100_000_000}}] * 7, [D(daily_cost)] * 7)
+
+
+def test_a_scale_of_exactly_the_limit_is_found():
+    # the estimate is 1000x, the limit: it passes, and 999.9999x (123449.99 a day) does not
+    r = recommend(FINE, hundred_million_a_day("123450.00"), target="0", risk="0.05", draws=5, period_days=1)
+    assert (r.scale, r.scaled.charges[0].price.amount) == (MAX_SCALE, D("1234.5"))
+    assert (r.after.revenue, r.after.cost) == (D("864150.00"), D("864150.00"))
+    assert scale_book(FINE, MAX_SCALE - GRID).charges[0].price.amount == D("1234.4999")
+
+
+@pytest.mark.parametrize("daily_cost", ["123450.01", "822917.70"])
+def test_a_first_guess_above_the_limit_is_refused_even_when_it_passes(daily_cost):
+    # 123450.01 a day needs 1000.0001x (123450.02 billed), one grid step past the limit; 822917.70 needs
+    # 6666x. The estimate passes in both: it used to be returned, past the limit
+    assert scale_book(FINE, MAX_SCALE + GRID).charges[0].price.amount == D("1234.5002")
+    with pytest.raises(RecommendError, match=r"^no scale up to 1000x makes fine4 meet the target margin 0 with a "
+                                             r"loss risk of at most 0\.05$"):
+        recommend(FINE, hundred_million_a_day(daily_cost), target="0", risk="0.05", draws=5, period_days=1)
 
 
 def test_a_scale_of_exactly_two_is_found():

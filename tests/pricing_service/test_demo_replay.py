@@ -21,6 +21,7 @@ from pricing_service.books import read_cost_model
 from pricing_service.compare import default_book_paths, run_comparison
 from pricing_service.report_html import write_html
 from pricing_service.source import connect, load_dataset
+from tests.metering.conftest import retention_clock
 from tests.pricing_service.test_html_report import CHROMIUM
 
 
@@ -32,7 +33,7 @@ def test_demo_replay_pricing_reconciles_and_renders(settings, tmp_path):
         publication = publish_lines(producer, settings.events_topic, enumerate(events, 1))
     finally:
         producer.close()
-    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap)
+    consumer = MeteringConsumer(settings, settings.database_url, settings.kafka_bootstrap, retention_clock=retention_clock)
     thread = run_in_thread(consumer)
     try:
         counts = wait_for_receipt(to_libpq_url(settings.database_url), publication.ingest_id, publication.published,

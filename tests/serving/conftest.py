@@ -149,6 +149,7 @@ def metering_pipeline(pg_server_url: str, kafka_bootstrap: str, home: Path, name
     (prefix `name` + random), with a metering consumer running in a thread until the block ends."""
     from metering.consumer import MeteringConsumer, run_in_thread
     from metering.kafka import ensure_topics
+    from tests.metering.conftest import retention_clock
 
     prefix = f"{name}{uuid.uuid4().hex[:8]}"
     database_url = new_database(pg_server_url)
@@ -162,7 +163,7 @@ def metering_pipeline(pg_server_url: str, kafka_bootstrap: str, home: Path, name
         INFERMETER_GATEWAY_ID=f"test-{prefix}",
     )
     ensure_topics(kafka_bootstrap, settings)
-    consumer = MeteringConsumer(settings, database_url, kafka_bootstrap)
+    consumer = MeteringConsumer(settings, database_url, kafka_bootstrap, retention_clock=retention_clock)
     thread = run_in_thread(consumer)
     try:
         yield settings
