@@ -12,7 +12,7 @@ PostgreSQL (DATABASE_URL, else a fresh embedded one in a temporary folder, remov
 With `--raw-events N`, also N raw request events (raw_events, November's partition) spread over the
 month's customer x model x hour shares: 90% ok, 3% error, 2% cancelled, 1% rejected, 2% whose prefix
 was seen and missed the cache, 2% served after a failover. The anatomy classifies requests from the
-raw events (metering.period_reads.request_classes); bench.rating's month has none, so without this
+raw events (metering.anatomy_reads.request_classes); bench.rating's month has none, so without this
 flag every share is new compute and that read is empty.
 
 - the cost model alone: `pricing_service.source.load_dataset` + `pricing.cost.attribute` (what

@@ -7,10 +7,12 @@ the month from the period totals (target: <= 0.2x the scan).
 Rows: each customer x model is active in --active-hours hours of November 2026 (72 of 720 = 10%),
 so the defaults give 10,000 x 5 x 72 = 3.6M request_rollup_hourly rows, written with COPY hour by
 hour (the metering consumer's order) into a real PostgreSQL (DATABASE_URL, else a fresh embedded one in
-a temporary folder), then VACUUM ANALYZE (what autovacuum does to a closed month). Rating =
-`pricing_service.rate_period.rate_period`, what an invoice run calls: SQL sums per customer x model in
-customer order, each customer rated by the pure `pricing.rating.rate` under the example per-token book
-as soon as its sums are complete. The scan = `SELECT sum(...)` over the same rows.
+a temporary folder), then VACUUM ANALYZE (what autovacuum does to a closed month). Rating from the
+hourly rollups = `pricing_service.rate_period.rate_period(..., from_totals=False)`: metering's one
+period-usage read (`metering.period_usage.period_usages`) with the period totals left aside, SQL sums
+per customer x model in customer order, each customer rated by the pure `pricing.rating.rate` under
+the example per-token book as soon as its sums are complete. The scan = `SELECT sum(...)` over the
+same rows.
 
 The period totals of the same data are filled too (metering keeps them at ingest, in the same
 transaction as the rollups): the bench's customers have no calendar, so metering keeps them by UTC
@@ -48,7 +50,6 @@ from pricing_service.rate_period import (
     priced_meters,
     rate_billing_period,
     rate_period,
-    request_sums,
 )
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -141,15 +142,15 @@ def main() -> None:
         with psycopg.connect(to_libpq_url(url)) as conn:
             conn.execute("SET TIME ZONE 'UTC'")
             conn.execute(SCAN_SQL, (START, END)).fetchone()  # warm the cache for both sides
-            hourly_usages = (load_period_usages(conn, START, END, by_deployment=needs_deployment(book),
-                                                meters=priced_meters(book)) if args.from_totals else {})
+            month_usages = (load_period_usages(conn, START, END, by_deployment=needs_deployment(book),
+                                               meters=priced_meters(book)) if args.from_totals else {})
             for _ in range(args.repeat):
                 t = time.perf_counter()
                 totals = conn.execute(SCAN_SQL, (START, END)).fetchone()
                 scans.append(time.perf_counter() - t)
 
                 t = time.perf_counter()
-                rated = rate_period(conn, book, START, END)  # what an invoice run rates: every customer's lines
+                rated = rate_period(conn, book, START, END, from_totals=False)  # every customer's lines, hourly
                 ratings.append(time.perf_counter() - t)
                 revenue = sum((r.total for r in rated.values()), Decimal(0))
                 lines = sum(len(r.lines) for r in rated.values())
@@ -157,7 +158,8 @@ def main() -> None:
                 del rated
 
                 t = time.perf_counter()  # the same request sums, read and not rated
-                for _ in request_sums(conn, START, END, by_deployment=needs_deployment(book), meters=priced_meters(book)):
+                for _ in period_usages(conn, window=(START, END), from_totals=False,
+                                       by_deployment=needs_deployment(book), usage_meters=(), tasks=False, gpu=False):
                     pass
                 sums_only.append(time.perf_counter() - t)
 
@@ -180,7 +182,7 @@ def main() -> None:
 
                     t = time.perf_counter()  # the pure rating of the month's usages (built untimed, above)
                     with gc_paused():
-                        for usage in hourly_usages.values():
+                        for usage in month_usages.values():
                             rate(book, usage)
                     pure.append(time.perf_counter() - t)
         scan, rating = min(scans), min(ratings)

@@ -8,8 +8,9 @@ Rows: --tasks tasks in November 2026 spread over --customers customers, 1 to 3 a
 (task_attempts); every task has the customer's own report (`//customer/<id>`, "failed") and 70% a
 verifier's (`//verifier/checks`, "succeeded", an hour after the first request); task_outcomes holds the
 latest of each. Written with COPY into a real PostgreSQL (DATABASE_URL, else a fresh embedded one in a
-temporary folder), then VACUUM ANALYZE. Timed: `pricing_service.rate_period.rate_period` under each
-book (best of --repeat). No target: the number says what trusting only some sources costs.
+temporary folder), then VACUUM ANALYZE (no period totals are filled). Timed:
+`pricing_service.rate_period.rate_period(..., from_totals=False)` (the hourly reads) under each book
+(best of --repeat). No target: the number says what trusting only some sources costs.
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ def main() -> None:
         counted: dict[str, tuple[int, int, int]] = {}
         with psycopg.connect(to_libpq_url(url)) as conn:
             conn.execute("SET TIME ZONE 'UTC'")
-            rate_period(conn, books["everyone"], START, END)  # warm the cache for both sides
+            rate_period(conn, books["everyone"], START, END, from_totals=False)  # warm the cache for both sides
             for _ in range(args.repeat):
                 for name, book in books.items():
                     t = time.perf_counter()
-                    rated = rate_period(conn, book, START, END)
+                    rated = rate_period(conn, book, START, END, from_totals=False)
                     best[name] = min(best.get(name, float("inf")), time.perf_counter() - t)
                     q = {m: sum(line.quantity for r in rated.values() for line in r.lines if line.meter == m)
                          for m in ("successful_tasks", "failed_tasks", "task_attempts")}

@@ -34,7 +34,7 @@ from billing_service.store import BillingServiceError, with_lines
 from infermeter.db import QUANTITY_SCALE
 from infermeter.times import utc_text
 from metering.billing_reads import usage_as_of
-from pricing.book import REQUEST_METERS
+from pricing.meters import REQUEST_METERS
 from pricing.money import Currency
 
 KINDS = ("invoices", "lines", "revenue", "usage")

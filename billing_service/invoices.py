@@ -96,7 +96,7 @@ def preview_invoice(
 
 
 def line_json(line: InvoiceLine, currency: str) -> dict:
-    from pricing.book import REQUEST_METERS
+    from pricing.meters import REQUEST_METERS
 
     return {"id": line.id, "meter": line.meter, "model": line.group if line.meter in REQUEST_METERS else "",
             "group": line.group, "kind": line.kind, "quantity": number_text(line.quantity),

@@ -19,7 +19,7 @@ tests/pricing_service/test_period_usage_paths.py):
   (`finished_at` of the task's outcome, exact to the microsecond), with all their attempts, as rating
   counts them (every outcome: the period totals or metering's `metering.period_reads.task_totals`;
   under a book that names its trusted outcome sources (`task_outcomes`,
-  `pricing_service.rate_period.billed_task_totals`), only their outcomes count and a task without one within its timeout is billed by
+  `pricing_service.rate_period.usage_beyond_totals`), only their outcomes count and a task without one within its timeout is billed by
   the book's rule at its deadline; docs/billing.md, "Trusted task outcomes").
 - Unbilled usage (a customer without a record or without a plan: no book, so no trusted sources):
   `unbilled_usage` finds it for a period (billing runs and reconcile report it), `unbilled_summary` counts tasks as a book without `task_outcomes` would (every source's latest
@@ -46,22 +46,25 @@ import psycopg
 
 from billing.periods import UTC_SCHEDULE, Period, billing_period
 from billing_service.store import Customer, all_customers, get_customer, plan_at, plans, plans_of
-from infermeter.times import Window, ceil_hour, utc_text
+from infermeter.times import Window, utc_text
 from metering.contract import CUSTOMER_SOURCE_PREFIX
 from metering.customers_with_usage import customers_with_usage
 from metering.period_reads import task_reports
 from metering.period_usage import period_usages, totals_answer
-from pricing.book import GPU_METER, REQUEST_METERS, TASK_METERS, PriceBook, TaskOutcomeTrust
+from pricing.book import PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel
+from pricing.meters import (
+    ABANDONED_TASKS,
+    GPU_METER,
+    REQUEST_METERS,
+    TASK_ATTEMPTS,
+    TASK_METERS,
+    TASK_OUTCOME_METERS,
+    is_usage_meter,
+)
 from pricing.task_outcomes import TaskReports, tasks_from_rows
 from pricing.usage import Usage, UsageKey
-from pricing_service.rate_period import billed_task_totals, gpu_seconds, totals_quantities
-
-
-def gpu_window(period: Period | Window) -> Window | None:
-    """The UTC hours whose GPU time a period bills: those that START inside it."""
-    start, end = ceil_hour(period.start), ceil_hour(period.end)
-    return Window(start, end) if start < end else None
+from pricing_service.rate_period import totals_quantities, usage_beyond_totals
 
 
 def meters_of(book: PriceBook | None) -> set[str] | None:
@@ -112,7 +115,7 @@ def period_usage(
             quantities[key] = quantities.get(key, 0) + quantity
 
     requests = wanted is None or bool(wanted & set(REQUEST_METERS))
-    usage_meters = wanted is None or any(m.startswith("usage:") for m in wanted)
+    usage_meters = wanted is None or any(map(is_usage_meter, wanted))
     tasks = with_tasks and (wanted is None or bool(wanted & set(TASK_METERS)))
     every_outcome = tasks and task_outcomes is None  # else a book's trusted sources: each task's reports decide
     if requests or usage_meters or every_outcome:
@@ -121,17 +124,11 @@ def period_usage(
                                  usage_meters=None if usage_meters else (), tasks=every_outcome, gpu=False):
             for key, quantity in totals_quantities(row).items():
                 add(key, quantity)
-    if tasks and not every_outcome:
-        for _, succeeded, failed, attempts in billed_task_totals(conn, window.start, window.end, customer_id,
-                                                                 task_outcomes):
-            add(UsageKey("successful_tasks"), succeeded)
-            add(UsageKey("failed_tasks"), failed)
-            add(UsageKey("task_attempts"), attempts)
-    hours = gpu_window(window)
-    if (wanted is None and cost_model is not None or wanted is not None and GPU_METER in wanted) and hours:
-        for customer, deployment, gpu_type, seconds in gpu_seconds(conn, hours.start, hours.end, cost_model, customer_id):
-            if customer == customer_id:
-                add(UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
+    gpu = wanted is None and cost_model is not None or wanted is not None and GPU_METER in wanted
+    beyond = usage_beyond_totals(conn, window.start, window.end, cost_model, gpu=gpu,
+                                 trust=task_outcomes if tasks else None, customer_id=customer_id)
+    for key, quantity in beyond.get(customer_id, {}).items():
+        add(key, quantity)
     return Usage.build(customer_id, window.start, window.end, quantities.items())
 
 
@@ -147,7 +144,6 @@ def usage_summary(u: Usage) -> dict[str, str]:
 # ---------------------------------------------------------------- unbilled usage
 
 SELF_REPORTED = "[self_reported]"  # label: the outcome counted came from the customer's own key
-TASK_OUTCOME_METERS = {"succeeded": "successful_tasks", "failed": "failed_tasks", "abandoned": "abandoned_tasks"}
 EVERY_SOURCE = ("",)  # every source starts with ""
 
 
@@ -175,8 +171,8 @@ def label_tasks(tasks: Iterable[TaskReports], start: datetime, end: datetime) ->
             continue
         meter = TASK_OUTCOME_METERS[latest.outcome]
         out[meter] += 1
-        if meter != "abandoned_tasks":
-            out["task_attempts"] += task.attempts
+        if meter != ABANDONED_TASKS:
+            out[TASK_ATTEMPTS] += task.attempts
         if latest.source.startswith(CUSTOMER_SOURCE_PREFIX):
             out[meter + SELF_REPORTED] += 1
     return {k: v for k, v in sorted(out.items()) if v}

@@ -109,7 +109,7 @@ def _rate(part: int, whole: int) -> float | None:
 # --- the customer dashboard ----------------------------------------------------------------------
 
 
-TOKEN_KEYS = ("requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
+TOKEN_KEYS = queries.TOKEN_FIELDS  # requests, input, cached input, uncached input, output tokens
 
 
 def customer_usage(conn: psycopg.Connection, window: Window, customer_id: str, model: str | None, *,
@@ -171,11 +171,8 @@ def usage_view(rows: list[dict], bucket: str, model: str | None) -> dict[str, An
         sums = per_bucket.get(r[bucket])
         if sums is None:
             sums = per_bucket[r[bucket]] = [0, 0, 0, 0, 0]
-        sums[0] += r["requests"]
-        sums[1] += r["input_tokens"]
-        sums[2] += r["cached_input_tokens"]
-        sums[3] += r["uncached_input_tokens"]
-        sums[4] += r["output_tokens"]
+        for i, key in enumerate(TOKEN_KEYS):
+            sums[i] += r[key]
     series = [{bucket: t, **dict(zip(TOKEN_KEYS, v, strict=True)), "cache_hit_rate": _rate(v[2], v[1])}
               for t, v in sorted(per_bucket.items())]
     totals: dict[str, Any] = {key: sum(v[i] for v in per_bucket.values()) for i, key in enumerate(TOKEN_KEYS)}

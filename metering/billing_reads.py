@@ -8,6 +8,16 @@ from datetime import datetime
 import psycopg
 
 from infermeter.times import Window
+from pricing.meters import (
+    CACHED_INPUT_TOKENS,
+    FAILED_TASKS,
+    OUTPUT_TOKENS,
+    REQUESTS,
+    SUCCESSFUL_TASKS,
+    TASK_ATTEMPTS,
+    UNCACHED_INPUT_TOKENS,
+    USAGE_PREFIX,
+)
 
 # ---------------------------------------------------------------- usage as known at a moment (finance exports)
 # Rollups add late events in place, so what was known at a past moment is read from raw events, each
@@ -41,20 +51,25 @@ WITH req AS (
     GROUP BY d.customer_id, d.task_id
 )
 SELECT customer_id, m.meter, model, deployment_id, project, sum(m.value)::numeric FROM req,
-LATERAL (VALUES ('requests', 1::bigint), ('uncached_input_tokens', input_tokens - cached_input_tokens),
-                ('cached_input_tokens', cached_input_tokens), ('output_tokens', output_tokens)) AS m(meter, value)
+LATERAL (VALUES (%(requests)s::text, 1::bigint), (%(uncached_input_tokens)s, input_tokens - cached_input_tokens),
+                (%(cached_input_tokens)s, cached_input_tokens), (%(output_tokens)s, output_tokens)) AS m(meter, value)
 GROUP BY 1, 2, 3, 4, 5
 UNION ALL
-SELECT customer_id, 'usage:' || (payload->'data'->>'meter'), '', '', '', sum((payload->'data'->>'quantity')::numeric)
+SELECT customer_id, %(usage_prefix)s::text || (payload->'data'->>'meter'), '', '', '',
+       sum((payload->'data'->>'quantity')::numeric)
 FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
   AND (%(as_of)s::timestamptz IS NULL OR received_at <= %(as_of)s) {only}
 GROUP BY 1, 2
 UNION ALL
-SELECT customer_id, CASE outcome WHEN 'succeeded' THEN 'successful_tasks' ELSE 'failed_tasks' END, '', '', '',
-       count(*)::numeric FROM done GROUP BY 1, 2
+SELECT customer_id, CASE outcome WHEN 'succeeded' THEN %(successful_tasks)s::text ELSE %(failed_tasks)s::text END,
+       '', '', '', count(*)::numeric FROM done GROUP BY 1, 2
 UNION ALL
-SELECT customer_id, 'task_attempts', '', '', '', sum(n)::numeric FROM attempts GROUP BY 1
+SELECT customer_id, %(task_attempts)s::text, '', '', '', sum(n)::numeric FROM attempts GROUP BY 1
 """
+# The meters' names (the vocabulary's) handed to USAGE_AS_OF_SQL.
+METER_NAMES = {"requests": REQUESTS, "uncached_input_tokens": UNCACHED_INPUT_TOKENS,
+               "cached_input_tokens": CACHED_INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS, "usage_prefix": USAGE_PREFIX,
+               "successful_tasks": SUCCESSFUL_TASKS, "failed_tasks": FAILED_TASKS, "task_attempts": TASK_ATTEMPTS}
 
 
 def usage_as_of(
@@ -71,7 +86,7 @@ def usage_as_of(
     only = "AND customer_id = %(customer)s" if customer_id is not None else ""
     rows = conn.execute(
         USAGE_AS_OF_SQL.format(only=only),
-        {"start": window.start, "end": window.end, "as_of": as_of, "customer": customer_id},
+        {"start": window.start, "end": window.end, "as_of": as_of, "customer": customer_id, **METER_NAMES},
     ).fetchall()
     out = [{"customer_id": c, "meter": m, "model": model or "", "deployment_id": dep or "", "project": project,
             "quantity": q} for c, m, model, dep, project, q in rows if q]

@@ -10,9 +10,9 @@ Windows are [start, end) of event time. The request, usage-meter and GPU reads s
 With `customer_id`, a read is limited to that customer (and, for GPU time, to the deployment-hours it
 was served in or owns); `among` / `excluding` limit the sums to those customers / to all but those.
 
-- `request_sums`: per customer x model (x deployment), the request-meter sums of the window (its
-  partial hours from raw events), streamed in customer order by a reading thread (what `rate_period`
-  rates; `python -m bench.rating`).
+- `request_sums`: per customer x model (x deployment), the request counts of the window (its partial
+  hours from raw events), streamed in customer order by a reading thread (`metering.period_usage`'s
+  hourly path).
 - `task_totals`, `meter_totals`, `dedicated_gpu_ms`: tasks finished in the window by outcome (any
   window: finished_at is exact), usage-meter quantities (edges from raw events), the dedicated
   deployments' GPU-ms of the hours that start in the window.
@@ -39,17 +39,11 @@ import psycopg
 
 from infermeter.times import Window, ceil_hour
 
-# The request meters and the rollup sums they come from; only the meters asked for are summed.
-REQUEST_METER_SUMS = {
-    "uncached_input_tokens": "sum(input_tokens - cached_input_tokens)::bigint",
-    "cached_input_tokens": "sum(cached_input_tokens)::bigint",
-    "output_tokens": "sum(output_tokens)::bigint",
-    "requests": "sum(requests)::bigint",
-}
-REQUEST_METERS = tuple(REQUEST_METER_SUMS)
-# With cached input summed anyway, uncached input is the difference of two sums (PostgreSQL computes
-# the shared sum(cached_input_tokens) once): one subtraction per group instead of one per row.
-UNCACHED_FROM_SUMS = "(sum(input_tokens) - sum(cached_input_tokens))::bigint"
+# A request row's counts, in the order of `metering.period_usage.RequestTotals`: requests, uncached
+# input, cached input and output tokens. Uncached input is the difference of two sums (PostgreSQL
+# computes the shared sum(cached_input_tokens) once): one subtraction per group instead of one per row.
+REQUEST_SUMS = ("sum(requests)::bigint, (sum(input_tokens) - sum(cached_input_tokens))::bigint, "
+                "sum(cached_input_tokens)::bigint, sum(output_tokens)::bigint")
 # The sums come in customer order, read from the primary key's index alone (it carries the summed
 # columns, migration 0005): no hash table over every group, and a customer's sums are complete as
 # soon as the next customer's rows start, so the caller rates one customer while PostgreSQL sums
@@ -58,8 +52,8 @@ UNCACHED_FROM_SUMS = "(sum(input_tokens) - sum(cached_input_tokens))::bigint"
 # nothing until it has read every row); no parallel workers, the other core rates; work_mem for the
 # plans PostgreSQL falls back to when the index cannot be read alone (pages not yet vacuumed).
 REQUEST_SUMS_SETTINGS = (("random_page_cost", "1.1"), ("max_parallel_workers_per_gather", "0"), ("work_mem", "64MB"))
-REQUEST_TOTALS_SQL = """
-SELECT customer_id, model, {deployment}{project}, {sums}
+REQUEST_SUMS_SQL = """
+SELECT customer_id, model, {deployment}{project}, """ + REQUEST_SUMS + """
 FROM request_rollup_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
 GROUP BY customer_id, model{group_deployment}{project}
 ORDER BY customer_id, model{group_deployment}{project}
@@ -98,38 +92,27 @@ def request_sums(
     conn: psycopg.Connection,
     start: datetime,
     end: datetime,
-    meters: Sequence[str],
     *,
     by_deployment: bool = True,
     by_project: bool = False,
     customer_id: str | None = None,
     among: Collection[str] | None = None,
     excluding: Collection[str] = (),
-    sql_template: str = REQUEST_TOTALS_SQL,
     chunk_rows: int = STREAM_CHUNK_ROWS,
     chunks_ahead: int = STREAM_CHUNKS_AHEAD,
 ) -> Iterator[tuple[str, list[tuple]]]:
     """(customer, its rows) for each customer served in [start, end), in customer order, each customer
     once and complete: the whole UTC hours from the rollups, the parts of hours at the window's edges
-    from raw events (`edges`; pricing's windows are whole hours). A row is (customer, model, deployment, one sum per meter of `meters`, in that
-    order): one row per model (and deployment; deployment '' with `by_deployment=False`); with
-    `by_project`, per project too, the row then (customer, model, deployment, project, sums...) with
-    project '' for the requests without one (books that split invoice lines by project). `meters`
-    are request meters (REQUEST_METERS); none, no rows. `among` / `excluding`: only those customers /
-    every customer but those. A thread reads the rows, so PostgreSQL keeps
-    summing the next customers while the caller works on this one; `conn` is the thread's until the
-    iterator ends (one customer's few rows are read at once, without the thread and its planner
-    settings: ~10 round trips fewer for a dashboard's spend). `sql_template` (formatted with
-    deployment, project, sums, group_deployment and only),
-    `chunk_rows` (rows per chunk handed over) and `chunks_ahead` (chunks the thread may read ahead)
-    default to the module's constants; tests pass others."""
-    unknown = [m for m in meters if m not in REQUEST_METER_SUMS]
-    if unknown:
-        raise ValueError(f"not request meters: {', '.join(unknown)}")
-    if not meters:
-        return
+    from raw events (`edges`). A row is (customer, model, deployment, requests, uncached input, cached
+    input, output tokens): one row per model (and deployment; deployment '' with `by_deployment=False`);
+    with `by_project`, per project too, the row then (customer, model, deployment, project, counts...)
+    with project '' for the requests without one. `among` / `excluding`: only those customers / every
+    customer but those. A thread reads the rows (`read_ahead`: `chunk_rows` a chunk, up to
+    `chunks_ahead` chunks ahead), so PostgreSQL keeps summing the next customers while the caller works
+    on this one; `conn` is the thread's until the iterator ends (one customer's few rows are read at
+    once, without the thread and its planner settings: ~10 round trips fewer for a dashboard's spend)."""
     only, params = customer_filter(customer_id=customer_id, among=among, excluding=excluding)
-    shape = {"deployment": "deployment_id" if by_deployment else "''", "sums": _sums(meters),
+    shape = {"deployment": "deployment_id" if by_deployment else "''",
              "group_deployment": ", deployment_id" if by_deployment else "",
              "project": ", project" if by_project else "", "only": only}
     hours, parts = edges(start, end)
@@ -142,7 +125,7 @@ def request_sums(
             edge_rows.setdefault(row[0], []).append(row)
     chunks: Iterator[list[tuple]] = iter(())
     if hours is not None:
-        sql = sql_template.format(**shape)
+        sql = REQUEST_SUMS_SQL.format(**shape)
         params.update(start=hours[0], end=hours[1])
         if customer_id is not None:
             chunks = iter([conn.execute(sql, params).fetchall()])
@@ -185,17 +168,10 @@ def _summed(found: list[list[tuple]], key_width: int) -> list[tuple]:
     return [summed[key] for key in sorted(summed)]
 
 
-def _sums(meters: Sequence[str]) -> str:
-    sums = {m: REQUEST_METER_SUMS[m] for m in meters}
-    if "uncached_input_tokens" in sums and "cached_input_tokens" in sums:
-        sums["uncached_input_tokens"] = UNCACHED_FROM_SUMS
-    return ", ".join(sums.values())
-
-
-# The request events of a window's partial hours ({edges}), summed as REQUEST_TOTALS_SQL sums the hours
+# The request events of a window's partial hours ({edges}), summed as REQUEST_SUMS_SQL sums the hours
 # (the rollup's columns named after the event's fields, project '' for an event without one).
 EDGE_REQUESTS_SQL = """
-SELECT customer_id, model, {deployment}{project}, {sums}
+SELECT customer_id, model, {deployment}{project}, """ + REQUEST_SUMS + """
 FROM (SELECT customer_id, payload->'data'->>'model' AS model, payload->'data'->>'deployment_id' AS deployment_id,
              coalesce(payload->'data'->>'project', '') AS project, 1 AS requests,
              (payload->'data'->>'input_tokens')::bigint AS input_tokens,
@@ -557,86 +533,3 @@ def hourly_meters(
 ) -> Iterator[tuple]:
     """usage_rollup_hourly rows of [start, end): (customer, meter, hour, quantity)."""
     return _rows(conn, _only(METERS_SQL, "") if customer_id is not None else METERS_SQL, start, end, customer_id)
-
-
-# ---------------------------------------------------------------- the cost anatomy (docs/cost-model.md)
-
-# What each deployment's engines did per hour, summed over replicas: busy GPU-ms (busy wall ms x
-# gpu_count, i.e. busy_ms x gpu_ms / wall_ms; rows written before migration 0008 have no wall_ms and
-# count busy_ms once), KV-cache memory-time, request-ms waiting and running.
-ENGINE_SQL = """
-SELECT deployment_id, hour,
-       sum(CASE WHEN wall_ms > 0 THEN busy_ms::numeric * gpu_ms / wall_ms ELSE busy_ms END),
-       sum(kv_cache_gpu_ms)::bigint, sum(queue_ms)::bigint, sum(running_ms)::bigint
-FROM gpu_ledger_hourly WHERE hour >= %(start)s AND hour < %(end)s {only}
-GROUP BY deployment_id, hour
-"""
-
-# The request events of [start, end) by class (raw events: the rollups keep no status x task x
-# router dimension), leaving out the plain ones (ok, outside any task, no failover, no seen prefix):
-# they are new compute, which the cost anatomy takes from the rollups. wasted: the request belongs to
-# a task attempt that was retried (a later attempt exists) or whose task failed or was abandoned;
-# failovers: upstream attempts beyond the first
-# (`upstream_attempts`, a number or a list, when the gateway records it); prefix: '' (not seen
-# before, or seen and the engine reused cached tokens), 'same' or 'other' (seen, nothing came from the
-# cache, and the replica that had served it is the same one or another one).
-REQUEST_CLASSES_SQL = """
-WITH req AS (
-    SELECT customer_id, date_trunc('hour', occurred_at) AS hour, payload->'data' AS d
-    FROM raw_events
-    WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s {only}
-      AND (payload->'data'->>'status' <> 'ok' OR payload->'data'->>'task_id' IS NOT NULL
-           OR payload->'data'->>'prefix_seen' = 'true'
-           OR jsonb_typeof(payload->'data'->'upstream_attempts') = 'array'
-           OR (jsonb_typeof(payload->'data'->'upstream_attempts') = 'number'
-               AND (payload->'data'->>'upstream_attempts')::numeric > 1))
-), flat AS (
-    SELECT customer_id, hour, d->>'model' AS model, d->>'deployment_id' AS deployment_id, d->>'status' AS status,
-           coalesce(d->'tags'->>'error', '') AS error, coalesce(d->'tags'->>'reason', '') AS reason,
-           d->>'task_id' AS task_id, coalesce((d->>'attempt')::int, 1) AS attempt,
-           greatest(CASE jsonb_typeof(d->'upstream_attempts')
-                        WHEN 'number' THEN (d->>'upstream_attempts')::numeric::int
-                        WHEN 'array' THEN jsonb_array_length(d->'upstream_attempts') ELSE 1 END - 1, 0) AS failovers,
-           CASE WHEN d->>'prefix_seen' = 'true' AND (d->>'cached_input_tokens')::bigint = 0 THEN
-               CASE WHEN d->>'prefix_seen_replica' IS NOT NULL AND d->>'prefix_seen_replica' IS DISTINCT FROM d->>'replica_id'
-                    THEN 'other' ELSE 'same' END
-           ELSE '' END AS prefix,
-           (d->>'input_tokens')::bigint - (d->>'cached_input_tokens')::bigint AS uncached,
-           (d->>'output_tokens')::bigint AS output
-    FROM req
-), tasks AS (
-    SELECT a.customer_id, a.task_id, max(a.attempt) AS last_attempt, min(o.outcome) AS outcome,
-           min(o.failure_cause) AS failure_cause
-    FROM task_attempts a LEFT JOIN task_outcomes o ON o.customer_id = a.customer_id AND o.task_id = a.task_id
-    WHERE (a.customer_id, a.task_id) IN (SELECT DISTINCT customer_id, task_id FROM flat WHERE task_id IS NOT NULL)
-    GROUP BY a.customer_id, a.task_id
-)
-SELECT f.customer_id, f.model, f.deployment_id, f.hour, f.status, count(*), sum(f.uncached)::bigint,
-       sum(f.output)::bigint, f.error, f.reason,
-       coalesce(f.attempt < t.last_attempt OR t.outcome IN ('failed', 'abandoned'), false),
-       coalesce(t.failure_cause, ''), f.failovers, f.prefix
-FROM flat f LEFT JOIN tasks t ON t.customer_id = f.customer_id AND t.task_id = f.task_id
-GROUP BY 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14
-"""
-
-
-def engine_hours(
-    conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
-) -> list[tuple]:
-    """(deployment, hour, busy GPU-ms (numeric), kv_cache_gpu_ms, queue_ms, running_ms) of [start, end)."""
-    only = "" if deployment_id is None else "AND deployment_id = %(deployment)s"
-    return conn.execute(ENGINE_SQL.format(only=only),
-                        {"start": start, "end": end, "deployment": deployment_id}).fetchall()
-
-
-def request_classes(
-    conn: psycopg.Connection, start: datetime, end: datetime, deployment_id: str | None = None
-) -> list[tuple]:
-    """The raw request events of [start, end) that are not plain new compute, summed by class: (customer,
-    model, deployment, hour,
-    status, requests, uncached input tokens, output tokens, tags.error, tags.reason, wasted task
-    attempt, the task's failure_cause, failovers per request, prefix) — see REQUEST_CLASSES_SQL.
-    Reads raw_events (a time-range scan of the window's partitions)."""
-    only = "" if deployment_id is None else "AND payload->'data'->>'deployment_id' = %(deployment)s"
-    return conn.execute(REQUEST_CLASSES_SQL.format(only=only),
-                        {"start": start, "end": end, "deployment": deployment_id}).fetchall()

@@ -58,7 +58,8 @@ class PeriodUsageError(ValueError):
 
 class RequestTotals(NamedTuple):
     """A customer's requests of its period per model (x deployment, '' when not read by deployment)
-    (x project, '' when not read by project, and the project of requests made without one)."""
+    (x project, '' when not read by project, and the project of requests made without one). The counts
+    are named after the request meters (`pricing.meters.REQUEST_METERS`), as rating reads them."""
 
     model: str
     deployment_id: str
@@ -462,10 +463,6 @@ def _totals_usages(conn: psycopg.Connection, periods: Periods, customer_id: str 
     return _merged(request_rows, others, periods.of)
 
 
-# RequestTotals' counts, as the hourly reads name their meters
-_REQUEST_COUNTS = ("requests", "uncached_input_tokens", "cached_input_tokens", "output_tokens")
-
-
 def _hourly_usages(conn: psycopg.Connection, start: datetime, end: datetime, customer_id: str | None,
                    among: list[str] | None, excluding: list[str], *, requests: bool, by_deployment: bool,
                    by_project: bool, usage_meters: Collection[str] | None, tasks: bool, gpu: bool, chunk_rows: int,
@@ -486,9 +483,8 @@ def _hourly_usages(conn: psycopg.Connection, start: datetime, end: datetime, cus
             other(customer).setdefault("gpu", []).append(GpuTotal(deployment, gpu_type, gpu_ms))
     request_rows: Iterator = iter(())
     if requests:
-        rows = period_reads.request_sums(conn, start, end, _REQUEST_COUNTS, by_deployment=by_deployment,
-                                         by_project=by_project, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead,
-                                         **who)
+        rows = period_reads.request_sums(conn, start, end, by_deployment=by_deployment, by_project=by_project,
+                                         chunk_rows=chunk_rows, chunks_ahead=chunks_ahead, **who)
         make = RequestTotals._make
         if by_project:
             request_rows = ((c, tuple(make(row[1:]) for row in found)) for c, found in rows)

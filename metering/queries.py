@@ -221,7 +221,7 @@ def _usage_items(rows: list[tuple], names: list[str]) -> list[dict]:
                         "uncached_input_tokens": input_tokens - cached, "output_tokens": output})
         return out
     width = len(names)
-    keys = (*names, "requests", "input_tokens", "cached_input_tokens", "uncached_input_tokens", "output_tokens")
+    keys = (*names, *TOKEN_FIELDS)
     times = [i for i, name in enumerate(names) if name in ("day", "hour")]
     for row in rows:
         values = list(row)

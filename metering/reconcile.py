@@ -16,6 +16,7 @@ from decimal import Decimal
 import psycopg
 
 from metering.queries import QueryError, Window
+from pricing.meters import USAGE_PREFIX
 
 RAW_REQUESTS = """
 SELECT customer_id, m.meter, sum(m.value)::numeric FROM raw_events r,
@@ -36,7 +37,7 @@ WHERE type = 'infermeter.request.v1' AND occurred_at >= %(start)s AND occurred_a
   AND payload->'data'->>'region' IS NOT NULL
 GROUP BY 1, 2
 UNION ALL
-SELECT customer_id, 'usage:' || (payload->'data'->>'meter'), sum((payload->'data'->>'quantity')::numeric)
+SELECT customer_id, %(usage_prefix)s::text || (payload->'data'->>'meter'), sum((payload->'data'->>'quantity')::numeric)
 FROM raw_events WHERE type = 'infermeter.usage.v1' AND occurred_at >= %(start)s AND occurred_at < %(end)s
 GROUP BY 1, 2
 UNION ALL
@@ -74,7 +75,7 @@ LATERAL (VALUES ('requests', requests), ('input_tokens', input_tokens),
                 ('cached_input_tokens', cached_input_tokens), ('output_tokens', output_tokens)) AS m(meter, value)
 WHERE hour >= %(start)s AND hour < %(end)s GROUP BY 1, 2
 UNION ALL
-SELECT customer_id, 'usage:' || meter, sum(quantity) FROM usage_rollup_hourly
+SELECT customer_id, %(usage_prefix)s::text || meter, sum(quantity) FROM usage_rollup_hourly
 WHERE hour >= %(start)s AND hour < %(end)s GROUP BY 1, 2
 UNION ALL
 SELECT customer_id, 'tasks:' || outcome, count(*)::numeric FROM task_outcomes
@@ -110,7 +111,7 @@ class Reconciliation:
 def reconcile(conn: psycopg.Connection, window: Window) -> Reconciliation:
     if not window.on_hours:
         raise QueryError("reconcile needs whole hours: from and to must be on the hour (rollups are hourly)")
-    params = {"start": window.start, "end": window.end}
+    params = {"start": window.start, "end": window.end, "usage_prefix": USAGE_PREFIX}
     raw = {(c, m): v for c, m, v in conn.execute(RAW_REQUESTS, params).fetchall()}
     rolled = {(c, m): v for c, m, v in conn.execute(ROLLUPS, params).fetchall()}
     differences = []

@@ -26,7 +26,18 @@ from decimal import ROUND_HALF_UP, Decimal
 from prediction.distribution import Distribution
 from prediction.request import RequestPrediction
 from prediction.tasks import TaskCell, TaskSample
-from pricing.book import REQUEST_METERS, TASK_METERS, PriceBook
+from pricing.book import PriceBook
+from pricing.meters import (
+    CACHED_INPUT_TOKENS,
+    FAILED_TASKS,
+    OUTPUT_TOKENS,
+    REQUEST_METERS,
+    REQUESTS,
+    SUCCESSFUL_TASKS,
+    TASK_ATTEMPTS,
+    TASK_METERS,
+    UNCACHED_INPUT_TOKENS,
+)
 from pricing.rating import rate
 from pricing.usage import Usage, UsageKey
 
@@ -34,7 +45,7 @@ SIMULATIONS = 400
 MAX_TASKS_PER_SUCCESS = 100  # a simulated run gives up after this many tasks without a success
 QUOTE_PLACES = 6
 _QUANTUM = Decimal(1).scaleb(-QUOTE_PLACES)
-QUOTED_METERS = frozenset({*REQUEST_METERS, *TASK_METERS})  # the meter vocabulary: pricing.book
+QUOTED_METERS = frozenset({*REQUEST_METERS, *TASK_METERS})  # the meter vocabulary: pricing.meters
 
 
 class QuoteError(ValueError):
@@ -65,9 +76,9 @@ def quoted(amount: Decimal) -> Decimal:
 def _request_quantities(model: str, prompt_tokens: int, cached_fraction: float, output_tokens: float
                         ) -> dict[UsageKey, Decimal | int]:
     cached = round(prompt_tokens * cached_fraction)
-    return {UsageKey("uncached_input_tokens", model): prompt_tokens - cached,
-            UsageKey("cached_input_tokens", model): cached,
-            UsageKey("output_tokens", model): Decimal(str(round(output_tokens, 3))), UsageKey("requests", model): 1}
+    return {UsageKey(UNCACHED_INPUT_TOKENS, model): prompt_tokens - cached,
+            UsageKey(CACHED_INPUT_TOKENS, model): cached,
+            UsageKey(OUTPUT_TOKENS, model): Decimal(str(round(output_tokens, 3))), UsageKey(REQUESTS, model): 1}
 
 
 def request_cost(book: PriceBook, customer_id: str, model: str, prompt_tokens: int, prediction: RequestPrediction,
@@ -121,10 +132,10 @@ def cost_per_successful_task(book: PriceBook, customer_id: str, model: str, prom
             failed += task.outcome == "failed"
         else:
             raise QuoteError(f"{customer_id} on {model}: no success in {MAX_TASKS_PER_SUCCESS} simulated tasks")
-        quantities = {UsageKey("uncached_input_tokens", model): requests * (prompt_tokens - cached),
-                      UsageKey("cached_input_tokens", model): requests * cached,
-                      UsageKey("output_tokens", model): Decimal(str(round(output, 3))),
-                      UsageKey("requests", model): requests, UsageKey("successful_tasks"): 1,
-                      UsageKey("failed_tasks"): failed, UsageKey("task_attempts"): attempts}
+        quantities = {UsageKey(UNCACHED_INPUT_TOKENS, model): requests * (prompt_tokens - cached),
+                      UsageKey(CACHED_INPUT_TOKENS, model): requests * cached,
+                      UsageKey(OUTPUT_TOKENS, model): Decimal(str(round(output, 3))),
+                      UsageKey(REQUESTS, model): requests, UsageKey(SUCCESSFUL_TASKS): 1,
+                      UsageKey(FAILED_TASKS): failed, UsageKey(TASK_ATTEMPTS): attempts}
         costs.append(price(book, customer_id, quantities, period))
     return Distribution.of(costs)

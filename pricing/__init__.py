@@ -4,6 +4,7 @@ No I/O library is imported anywhere in this package (tests/pricing/test_purity.p
 loading usage, storing books and writing reports live in `pricing_service`.
 
 - `pricing.money`: Currency (owns its minor unit), exact decimals, the one half-up rounding.
+- `pricing.meters`: the meter vocabulary (the names of the meters), defined once for every package.
 - `pricing.book`: the price-book model (a discriminated union of price types) and its YAML parser.
 - `pricing.usage`, `pricing.records`: the aggregates rating and costing read.
 - `pricing.rating`: one function per price type; `rate` and `rate_progressive` make lines.

@@ -38,15 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from pricing.meters import BUILTIN_METERS, GPU_METER, REQUEST_METERS, TASK_METERS, USAGE_PREFIX
 from pricing.money import Currency, exact_decimal
-
-# Meters a charge may name. Usage meters (infermeter.usage.v1) are written `usage:<meter>`.
-TOKEN_METERS = ("uncached_input_tokens", "cached_input_tokens", "output_tokens")
-REQUEST_METERS = (*TOKEN_METERS, "requests")
-TASK_METERS = ("successful_tasks", "failed_tasks", "task_attempts")
-GPU_METER = "gpu_seconds"
-BUILTIN_METERS = (*REQUEST_METERS, GPU_METER, *TASK_METERS)
-USAGE_PREFIX = "usage:"
 
 
 def _amount(value: Any) -> Decimal:
@@ -168,9 +161,9 @@ class Charge(_Strict):
         if self.model is not None and self.meter not in REQUEST_METERS:
             raise ValueError(f"`model` only applies to {', '.join(REQUEST_METERS)}, not {self.meter}")
         if self.deployment is not None and self.meter not in (*REQUEST_METERS, GPU_METER):
-            raise ValueError(f"`deployment` only applies to request meters and gpu_seconds, not {self.meter}")
+            raise ValueError(f"`deployment` only applies to request meters and {GPU_METER}, not {self.meter}")
         if self.gpu_type is not None and self.meter != GPU_METER:
-            raise ValueError(f"`gpu_type` only applies to gpu_seconds, not {self.meter}")
+            raise ValueError(f"`gpu_type` only applies to {GPU_METER}, not {self.meter}")
         return self
 
     @property

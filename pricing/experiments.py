@@ -22,15 +22,15 @@ from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
 
 from pricing.anatomy import Anatomy, AnatomyInputs, Part, anatomy, parts
-from pricing.book import REQUEST_METERS, PriceBook
+from pricing.book import PriceBook
 from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
+from pricing.meters import GPU_METER, REQUEST_METERS, TASK_ATTEMPTS
 from pricing.money import EXACT, Currency, exact_sum, precise
 from pricing.rating import Rating, line_quantities, rate, rounded_total
 from pricing.records import Dataset
 from pricing.usage import Usage, UsageKey
 
 ZERO = Decimal(0)
-REQUEST_METERS_FROM_RECORD = REQUEST_METERS  # pricing.book's: the fields of a RequestRecord it reads
 
 
 class ExperimentError(ValueError):
@@ -69,9 +69,9 @@ def without_retries(usage: Usage, retried: Sequence[TaskCost], attribution: Attr
         keep = max(ZERO, 1 - retried_w / total_w)
         out: list[tuple[UsageKey, Decimal]] = []
         for key, q in usage.quantities.items():
-            if key.meter in REQUEST_METERS_FROM_RECORD or key.meter == "gpu_seconds":
+            if key.meter in REQUEST_METERS or key.meter == GPU_METER:
                 q = q * keep
-            elif key.meter == "task_attempts":
+            elif key.meter == TASK_ATTEMPTS:
                 q = max(ZERO, q - retried_attempts)
             out.append((key, precise(q)))
     return Usage.build(usage.customer_id, usage.period_start, usage.period_end, out)
@@ -190,9 +190,9 @@ def usage_without(usage: Usage, gpu_keep: Mapping[str, Decimal], request_keep: M
     out: list[tuple[UsageKey, Decimal]] = []
     with localcontext(EXACT):
         for key, q in usage.quantities.items():
-            if key.meter == "gpu_seconds":
+            if key.meter == GPU_METER:
                 q = q * gpu_keep.get(key.deployment, Decimal(1))
-            elif key.meter in REQUEST_METERS_FROM_RECORD:
+            elif key.meter in REQUEST_METERS:
                 q = q * request_keep.get(key.model, Decimal(1))
             out.append((key, precise(q)))
     return Usage.build(usage.customer_id, usage.period_start, usage.period_end, out)

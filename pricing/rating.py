@@ -25,7 +25,6 @@ from hashlib import sha256
 from typing import Literal, NamedTuple
 
 from pricing.book import (
-    REQUEST_METERS,
     Charge,
     FlatPrice,
     PackagePrice,
@@ -34,6 +33,7 @@ from pricing.book import (
     TieredVolumePrice,
     UnitPrice,
 )
+from pricing.meters import REQUEST_METERS
 from pricing.money import EXACT, QUANT, Currency, exact_sum, mul_div, precise
 from pricing.split import split_by_quantity
 from pricing.usage import Usage, UsageKey

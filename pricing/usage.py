@@ -16,7 +16,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import NamedTuple
 
-from pricing.book import GPU_METER, REQUEST_METERS
+from pricing.meters import GPU_METER, REQUEST_METERS
 from pricing.money import EXACT
 
 

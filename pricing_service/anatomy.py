@@ -1,5 +1,5 @@
 """`infermeter cost anatomy|failures`: load a window (and the GPU ledger's engine state and the raw
-request events' classes, `metering.period_reads`) and divide its GPU cost (`pricing.anatomy`)."""
+request events' classes, `metering.anatomy_reads`) and divide its GPU cost (`pricing.anatomy`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from decimal import Decimal
 import psycopg
 
 from infermeter.times import utc_text
-from metering import period_reads
+from metering import anatomy_reads
 from pricing.anatomy import (
     Anatomy,
     AnatomyInputs,
@@ -30,8 +30,8 @@ from pricing_service.source import check_window, load_dataset
 
 def load_anatomy_inputs(conn: psycopg.Connection, start: datetime, end: datetime) -> AnatomyInputs:
     engine = tuple(EngineRecord(d, h, Decimal(busy), kv, q, r)
-                   for d, h, busy, kv, q, r in period_reads.engine_hours(conn, start, end))
-    classes = tuple(RequestClassRecord(*row) for row in period_reads.request_classes(conn, start, end))
+                   for d, h, busy, kv, q, r in anatomy_reads.engine_hours(conn, start, end))
+    classes = tuple(RequestClassRecord(*row) for row in anatomy_reads.request_classes(conn, start, end))
     return AnatomyInputs(engine, classes)
 
 

@@ -4,24 +4,25 @@ metering decides per customer whether its period totals answer the window or the
 must be summed).
 
 - `totals_quantities` turns a customer's rows (`PeriodUsage`) into rating's quantities, the one
-  conversion of every reader.
+  conversion of every reader; `usage_beyond_totals` reads, as rating's quantities too, what the
+  period totals do not hold (below).
 - `load_period_usages`: every customer's (or one customer's) usage of a window on whole UTC hours, for
   shadow rating, `pricing compare` and experiments, `pricing recommend`, the dashboards' spend and the
   forecasts; billing's per-customer read is `billing_service.usage.period_usage`.
 - `rate_billing_period`: every customer's own billing period of a label ("2026-11": each customer's
   calendar, the UTC month without one) rated from the period totals (the bulk run).
-- What the totals cannot hold is read here from the hourly reads (`metering.period_reads`), for every
-  reader: GPU time, attributed per deployment-hour by the cost model's method (docs/cost-model.md):
-  SQL reads each deployment-hour's GPU-ms and the weights of what it served (the customers' weighted
-  tokens; idle hours of a dedicated deployment are its customer's), Python splits it with
-  `pricing.cost.split_gpu_seconds` (largest remainder on 10^-12 s), the function the pure
+- `rate_period`: every customer's rating of a window on whole hours, read the same way;
+  `from_totals=False` reads the hourly rollups for every customer: the hourly reference the
+  benchmarks (`bench.rating`) and tests measure the totals against.
+- What the totals cannot hold is read from the hourly reads (`metering.period_reads`), for every
+  reader (`usage_beyond_totals`): GPU time, attributed per deployment-hour by the cost model's method
+  (docs/cost-model.md): SQL reads each deployment-hour's GPU-ms and the weights of what it served (the
+  customers' weighted tokens; idle hours of a dedicated deployment are its customer's), Python splits
+  it with `pricing.cost.split_gpu_seconds` (largest remainder on 10^-12 s), the function the pure
   `pricing.cost.attribute` uses, so the two give the same GPU-seconds and every hour's shares add up
   to its GPU time exactly (tests/pricing_service/test_rate_period.py); the task meters of a book
   that trusts only some outcome sources (`billed_task_totals`, `usages_for_book`); usage with prefix
   caching off (experiments).
-- `rate_period` rates a window on whole hours straight from the hourly rollups for every customer
-  (`request_sums` streams the per-customer sums while the previous customer is rated): the hourly
-  reference the benchmarks (`bench.rating`, `bench.billing`) and tests measure the totals against.
 """
 
 from __future__ import annotations
@@ -36,17 +37,28 @@ import psycopg
 
 from infermeter.times import ceil_hour
 from metering import period_reads, period_usage
-from pricing.book import GPU_METER, TASK_METERS, USAGE_PREFIX, PriceBook, TaskOutcomeTrust
+from pricing.book import PriceBook, TaskOutcomeTrust
 from pricing.cost import CostModel, split_gpu_seconds
+from pricing.meters import (
+    CACHED_INPUT_TOKENS,
+    GPU_METER,
+    REQUEST_METERS,
+    TASK_METERS,
+    UNCACHED_INPUT_TOKENS,
+    USAGE_PREFIX,
+    is_usage_meter,
+    usage_meter,
+)
 from pricing.money import precise
 from pricing.rating import Rating, rate
 from pricing.task_outcomes import task_quantities, tasks_from_rows
 from pricing.usage import Usage, UsageKey
 from pricing_service.source import check_window
 
-# The request meters (metering sums them per customer x model in SQL, metering.period_reads).
-REQUEST_METERS = period_reads.REQUEST_METERS
 ZERO = Decimal(0)
+TASK_KEYS = tuple(UsageKey(m) for m in TASK_METERS)  # successful tasks, failed tasks, their attempts
+Quantities = dict[UsageKey, object]
+TotalsKeys = dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]]  # (model, deployment, project) -> keys
 
 
 def load_period_usages(
@@ -76,9 +88,9 @@ def load_period_usages(
     wanted = None if meters is None else set(meters)
     off = sorted(set(caching_off_for))
     request_meters = [m for m in REQUEST_METERS if wanted is None or m in wanted]
-    usage_meters = None if wanted is None or any(m.startswith(USAGE_PREFIX) for m in wanted) else ()
+    usage_meters = None if wanted is None or any(map(is_usage_meter, wanted)) else ()
     tasks = wanted is None or bool(wanted & set(TASK_METERS))
-    out: dict[str, dict[UsageKey, object]] = {}
+    out: dict[str, Quantities] = {}
     keys: TotalsKeys = {}
     with gc_paused():
         for usage in period_usage.period_usages(
@@ -88,129 +100,77 @@ def load_period_usages(
             out[usage.customer_id] = totals_quantities(usage, request_meters, keys)
         if off:
             _caching_off(out, frozenset(off))
-        hourly = {GPU_METER} if wanted is None or GPU_METER in wanted else set()
-        if tasks and task_outcomes is not None:
-            hourly.update(TASK_METERS)  # each task's reports decide
-        _add_other_meters(conn, out, start, end, cost_model, hourly, customer_id, off, task_outcomes)
+        beyond = usage_beyond_totals(conn, start, end, cost_model, gpu=wanted is None or GPU_METER in wanted,
+                                     trust=task_outcomes if tasks else None, customer_id=customer_id,
+                                     caching_off_for=off)
+        for customer, more in beyond.items():
+            out.setdefault(customer, {}).update(more)  # keys disjoint from the rows'
     return {c: Usage.trusted(c, start, end, q) for c, q in out.items()}
 
 
-def _caching_off(out: dict[str, dict[UsageKey, object]], models: frozenset[str]) -> None:
+def _caching_off(out: dict[str, Quantities], models: frozenset[str]) -> None:
     """Count the cached input tokens of `models` as uncached (both meters summed per key, so moved)."""
     for quantities in out.values():
-        for key in [k for k in quantities if k.meter == "cached_input_tokens" and k.model in models]:
+        for key in [k for k in quantities if k.meter == CACHED_INPUT_TOKENS and k.model in models]:
             cached = quantities[key]
             quantities[key] = 0
-            uncached = key._replace(meter="uncached_input_tokens")
+            uncached = key._replace(meter=UNCACHED_INPUT_TOKENS)
             quantities[uncached] = quantities.get(uncached, 0) + cached
 
 
-def request_sums(
+def usage_beyond_totals(
     conn: psycopg.Connection,
-    start: datetime,
-    end: datetime,
-    *,
-    by_deployment: bool = True,
-    by_project: bool = False,
-    meters: set[str] | None = None,
-    customer_id: str | None = None,
-    sql_template: str = period_reads.REQUEST_TOTALS_SQL,
-    chunk_rows: int = period_reads.STREAM_CHUNK_ROWS,
-    chunks_ahead: int = period_reads.STREAM_CHUNKS_AHEAD,
-) -> Iterator[tuple[str, dict[UsageKey, int]]]:
-    """(customer, its request-meter quantities) for each customer served in [start, end), in customer
-    order, each customer once and complete, from `metering.period_reads.request_sums`: a thread reads
-    the sums, so PostgreSQL keeps summing the next customers while the caller works on this one;
-    `conn` is the thread's until the iterator ends. `by_project`: the quantities per project too
-    (`UsageKey.project`), for a book that splits its invoice lines by project. `sql_template`,
-    `chunk_rows` and `chunks_ahead` are handed to it (tests pass others than its defaults)."""
-    request_meters = [m for m in REQUEST_METERS if meters is None or m in meters]
-    if not request_meters:
-        return
-    keys: dict[tuple[str, str], tuple[UsageKey, ...]] = {}
-    customers = period_reads.request_sums(
-        conn, start, end, request_meters, by_deployment=by_deployment, by_project=by_project, customer_id=customer_id,
-        sql_template=sql_template, chunk_rows=chunk_rows, chunks_ahead=chunks_ahead,
-    )
-    try:
-        if by_project:
-            for customer, rows in customers:
-                quantities = {}
-                for _, model, deployment, project, *sums in rows:
-                    for meter, q in zip(request_meters, sums, strict=True):
-                        quantities[UsageKey(meter, model, deployment, "", project)] = q
-                yield customer, quantities
-            return
-        for customer, rows in customers:
-            quantities: dict[UsageKey, int] = {}
-            for row in rows:
-                model, deployment = row[1], row[2]
-                k = keys.get((model, deployment))
-                if k is None:
-                    k = keys[(model, deployment)] = tuple(UsageKey(m, model, deployment) for m in request_meters)
-                # (customer, model[, deployment]) is the GROUP BY key: each key arrives once
-                for key, q in zip(k, row[3:], strict=True):
-                    quantities[key] = q
-            yield customer, quantities
-    finally:
-        customers.close()  # the caller stopped early: stop the reading thread now
-
-
-def _add_other_meters(
-    conn: psycopg.Connection,
-    out: dict[str, dict[UsageKey, object]],
     start: datetime,
     end: datetime,
     cost_model: CostModel | None,
-    wanted: set[str] | None,
-    customer_id: str | None,
-    caching_off_for: list[str] | None = None,
-    task_outcomes: TaskOutcomeTrust | None = None,
-) -> None:
-    """Add the task, usage-meter and GPU quantities of [start, end) to `out` (customer -> quantities)."""
+    *,
+    gpu: bool,
+    trust: TaskOutcomeTrust | None,
+    customer_id: str | None = None,
+    caching_off_for: Iterable[str] = (),
+) -> dict[str, Quantities]:
+    """What the period totals do not hold, of [start, end), per customer with any (or of one customer),
+    as rating's quantities: with `gpu`, GPU time of the UTC hours that START in the window (billing's
+    edge-hour rule; every hour for a window on whole hours), attributed per deployment-hour
+    (`gpu_seconds`, with prefix caching off for the models `caching_off_for`); with `trust` (a book's
+    trusted outcome sources), the task meters as that book counts them (`billed_task_totals`). The
+    keys are disjoint from those `totals_quantities` gives."""
+    out: dict[str, Quantities] = {}
+
     def add(customer: str, key: UsageKey, q) -> None:
         quantities = out.get(customer)
         if quantities is None:
             quantities = out[customer] = {}
         quantities[key] = quantities.get(key, 0) + q
 
-    if wanted is None or wanted & {"successful_tasks", "failed_tasks", "task_attempts"}:
-        for customer, ok, failed, attempts in billed_task_totals(conn, start, end, customer_id, task_outcomes):
-            add(customer, UsageKey("successful_tasks"), ok)
-            add(customer, UsageKey("failed_tasks"), failed)
-            add(customer, UsageKey("task_attempts"), attempts)
-    if wanted is None or any(m.startswith(USAGE_PREFIX) for m in wanted):
-        for customer, meter, quantity, _ in period_reads.meter_totals(conn, start, end, customer_id):
-            add(customer, UsageKey(USAGE_PREFIX + meter), quantity)
-    if wanted is None or GPU_METER in wanted:
-        attributed = gpu_seconds(conn, start, end, cost_model, customer_id, caching_off_for=caching_off_for)
+    hours = (ceil_hour(start), ceil_hour(end))
+    if gpu and hours[0] < hours[1]:
+        attributed = gpu_seconds(conn, *hours, cost_model, customer_id, caching_off_for=list(caching_off_for))
         for customer, deployment, gpu_type, seconds in attributed:
             add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
+    if trust is not None:
+        for customer, *counted in billed_task_totals(conn, start, end, customer_id, trust):
+            for key, q in zip(TASK_KEYS, counted, strict=True):
+                add(customer, key, q)
+    return out
 
 
 def billed_task_totals(
     conn: psycopg.Connection,
     start: datetime,
     end: datetime,
-    customer_id: str | None = None,
-    task_outcomes: TaskOutcomeTrust | None = None,
+    customer_id: str | None,
+    task_outcomes: TaskOutcomeTrust,
 ) -> list[tuple[str, int, int, int]]:
-    """(customer, successful tasks, failed tasks, their attempts) billed in [start, end), per customer
-    with any. Without `task_outcomes` every outcome counts: metering's latest outcome of each task, at
-    its finished_at (`metering.period_reads.task_totals`). With it, only outcomes from the sources the
-    book trusts, and a task without one within its timeout is billed by the book's rule at its deadline
-    (`pricing.task_outcomes`, on the reports `metering.period_reads.task_reports` reads). The window
-    need not be whole hours."""
-    if task_outcomes is None:
-        return [(c, succeeded, failed, succeeded_attempts + failed_attempts) for c, succeeded, failed, _,
-                succeeded_attempts, failed_attempts in period_reads.task_totals(conn, start, end, customer_id)]
+    """(customer, successful tasks, failed tasks, their attempts) billed in [start, end) by a book that
+    trusts only some outcome sources (`task_outcomes`), per customer with any: only outcomes from the
+    sources the book trusts, and a task without one within its timeout is billed by the book's rule at
+    its deadline (`pricing.task_outcomes`, on the reports `metering.period_reads.task_reports` reads).
+    The window need not be whole hours. (When every outcome counts, `period_usages` reads the tasks.)"""
     rows = period_reads.task_reports(conn, start, end, timedelta(seconds=task_outcomes.task_timeout),
                                      task_outcomes.trusted_sources, customer_id)
     counted = task_quantities(tasks_from_rows(rows), task_outcomes, start, end)
     return [(customer, *quantities) for customer, quantities in sorted(counted.items())]
-
-
-TASK_KEYS = (UsageKey("successful_tasks"), UsageKey("failed_tasks"), UsageKey("task_attempts"))
 
 
 def usages_for_book(
@@ -226,7 +186,7 @@ def usages_for_book(
     source or prices no task meter, else a copy whose task quantities are `billed_task_totals` under the
     book's `task_outcomes` (shadow rating and experiments load usage once for several books)."""
     trust = book.task_outcomes
-    if trust is None or not priced_meters(book) & {k.meter for k in TASK_KEYS}:
+    if trust is None or not priced_meters(book) & set(TASK_METERS):
         return usages
     counted = {row[0]: row[1:] for row in billed_task_totals(conn, start, end, customer_id, trust)}
     out: dict[str, Usage] = {}
@@ -297,50 +257,26 @@ def needs_deployment(*books: PriceBook) -> bool:
     return any(c.deployment is not None for b in books for c in b.charges)
 
 
-def rate_period(
-    conn: psycopg.Connection, book: PriceBook, start: datetime, end: datetime, cost_model: CostModel | None = None
-) -> dict[str, Rating]:
-    """Every customer's rating of [start, end) under a book. The task, meter and GPU quantities are
-    read first; then the request sums stream in customer order and each customer is rated as soon
-    as its sums are complete, while PostgreSQL sums the next customers."""
-    start, end = check_window(start, end)
-    meters = priced_meters(book)
-    others: dict[str, dict[UsageKey, object]] = {}
-    ratings: dict[str, Rating] = {}
-    with gc_paused():
-        _add_other_meters(conn, others, start, end, cost_model, meters - set(REQUEST_METERS), None,
-                          task_outcomes=book.task_outcomes)
-        for customer, quantities in request_sums(conn, start, end, by_deployment=needs_deployment(book),
-                                                 by_project=book.lines_by_project, meters=meters):
-            more = others.pop(customer, None)
-            if more:
-                quantities.update(more)  # other meters: keys disjoint from the request meters
-            ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
-        for customer, quantities in others.items():
-            ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
-    return ratings
+# ---------------------------------------------------------------- rating from metering's one read
 
-
-# ---------------------------------------------------------------- a billing period from the period totals
-
-# RequestTotals' field of each request meter
+# RequestTotals' field of each request meter (its counts are named after them)
 _REQUEST_FIELD = {m: period_usage.RequestTotals._fields.index(m) for m in REQUEST_METERS}
-TotalsKeys = dict[tuple[str, str, str], tuple[tuple[UsageKey, int], ...]]
 
 
 def totals_quantities(
     usage: period_usage.PeriodUsage, request_meters: Iterable[str] = REQUEST_METERS, keys: TotalsKeys | None = None,
-) -> dict[UsageKey, object]:
-    """A customer's period totals as rating's quantities: each request row's `request_meters` by
-    (model, deployment, project) as read, each usage meter as `usage:<meter>`, and the task meters
-    when the tasks were read (`successful_tasks`, `failed_tasks`, `task_attempts`: the attempts of the
-    succeeded and failed tasks). Zero quantities are kept (`Usage.build` drops them; rating treats
-    both alike). The dedicated GPU totals are not among them: GPU time is attributed per
-    deployment-hour (`gpu_seconds`). `keys`: a cache of the request rows' keys for these
-    `request_meters`, for a caller that turns many customers' totals (one cache per `request_meters`)."""
+) -> Quantities:
+    """A customer's rows of `period_usages` (its period totals, or a window's hourly sums) as rating's
+    quantities: each request row's `request_meters` by (model, deployment, project) as read, each usage
+    meter as `usage:<meter>`, and the task meters when the tasks were read (successful tasks, failed
+    tasks, task attempts: the attempts of the succeeded and failed tasks). Zero quantities are kept
+    (`Usage.build` drops them; rating treats both alike). The dedicated GPU totals are not among them:
+    GPU time is attributed per deployment-hour (`usage_beyond_totals`). `keys`: a cache of the request
+    rows' keys for these `request_meters`, for a caller that turns many customers' rows (one cache
+    per `request_meters`)."""
     if keys is None:
         keys = {}
-    quantities: dict[UsageKey, object] = {}
+    quantities: Quantities = {}
     for row in usage.requests:
         k = keys.get(row[:3])
         if k is None:
@@ -350,11 +286,72 @@ def totals_quantities(
         for key, i in k:
             quantities[key] = row[i]
     for meter in usage.meters:
-        quantities[UsageKey(USAGE_PREFIX + meter.meter)] = meter.quantity
+        quantities[UsageKey(usage_meter(meter.meter))] = meter.quantity
     if usage.tasks is not None:
         for key, q in zip(TASK_KEYS, (usage.tasks.succeeded, usage.tasks.failed, usage.tasks.attempts), strict=True):
             quantities[key] = q
     return quantities
+
+
+def _reads_for(book: PriceBook) -> dict[str, object]:
+    """What `period_usages` reads for a book: the meters it prices, by deployment if a charge names
+    one, by project if its lines are split so; the tasks when every outcome counts (else
+    `usage_beyond_totals`); GPU time never (attributed per deployment-hour)."""
+    meters = priced_meters(book)
+    return {"requests": bool(meters & set(REQUEST_METERS)), "by_deployment": needs_deployment(book),
+            "by_project": book.lines_by_project,
+            "usage_meters": {m.removeprefix(USAGE_PREFIX) for m in meters if is_usage_meter(m)},
+            "tasks": bool(meters & set(TASK_METERS)) and book.task_outcomes is None, "gpu": False}
+
+
+def _beyond_for(book: PriceBook) -> dict[str, object]:
+    """What `usage_beyond_totals` reads for a book: GPU time if priced, the task meters if priced
+    under trusted outcome sources."""
+    meters = priced_meters(book)
+    return {"gpu": GPU_METER in meters, "trust": book.task_outcomes if meters & set(TASK_METERS) else None}
+
+
+def _rate_rows(book: PriceBook, rows: Iterable[period_usage.PeriodUsage], beyond: dict[str, Quantities],
+               period_of) -> dict[str, Rating]:
+    """Each customer's rating of its rows (`totals_quantities`) and of what `beyond` holds for it,
+    rated as its rows arrive; the customers with only `beyond` over `period_of(customer)`."""
+    request_meters = [m for m in REQUEST_METERS if m in priced_meters(book)]
+    keys: TotalsKeys = {}
+    ratings: dict[str, Rating] = {}
+    for usage in rows:
+        quantities = totals_quantities(usage, request_meters, keys)
+        more = beyond.pop(usage.customer_id, None)
+        if more:
+            quantities.update(more)  # GPU time, trusted tasks: keys disjoint from the rows'
+        ratings[usage.customer_id] = rate(
+            book, Usage.trusted(usage.customer_id, usage.period_start, usage.period_end, quantities))
+    for customer, quantities in beyond.items():
+        start, end = period_of(customer)
+        ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
+    return ratings
+
+
+def rate_period(
+    conn: psycopg.Connection,
+    book: PriceBook,
+    start: datetime,
+    end: datetime,
+    cost_model: CostModel | None = None,
+    *,
+    from_totals: bool = True,
+) -> dict[str, Rating]:
+    """Every customer's rating of the window [start, end) (whole UTC hours) under a book, read by
+    `metering.period_usage.period_usages` of the window (metering decides per customer: the totals of
+    a customer whose billing period the window is, the hourly rollups of every other one;
+    `from_totals=False`: the hourly rollups for every customer, the hourly reference of the
+    benchmarks and tests) and what the totals do not hold (`usage_beyond_totals`). The request rows
+    stream in customer order and each customer is rated as soon as its rows are complete, while
+    PostgreSQL reads the next customers."""
+    start, end = check_window(start, end)
+    with gc_paused():
+        beyond = usage_beyond_totals(conn, start, end, cost_model, **_beyond_for(book))
+        rows = period_usage.period_usages(conn, window=(start, end), from_totals=from_totals, **_reads_for(book))
+        return _rate_rows(book, rows, beyond, lambda _: (start, end))
 
 
 def rate_billing_period(
@@ -372,64 +369,24 @@ def rate_billing_period(
     meter and the customer's tasks, streamed in customer order, instead of the hours behind them. Each
     customer is rated as soon as its rows arrive. The same ratings, to the cent and line by line, as
     rating each customer's period from the hourly rollups and the raw events at its edges
-    (`billing_service.usage.period_usage`; for periods on whole UTC hours, `rate_period`):
-    tests/pricing_service/test_rate_from_totals.py.
+    (`billing_service.usage.period_usage`; for periods on whole UTC hours, `rate_period` with
+    `from_totals=False`): tests/pricing_service/test_rate_from_totals.py.
 
-    Where the totals cannot answer, the hourly path stays, read once per distinct period window of the
-    customers (the UTC month and each schedule's period): GPU time (`gpu_seconds`: the shared pool is
-    attributed per deployment-hour by every customer's weighted tokens, so the dedicated totals alone
-    would not give a customer's GPU-seconds; the hours that start in the period, billing's edge-hour
-    rule) and the task meters of a book that trusts only some outcome sources (`billed_task_totals` with the
-    book's `task_outcomes`: each task's reports decide). Pricing experiments' prefix caching off is not
-    served here (`load_period_usages(caching_off_for=...)`). `periods`: the customers' periods of
-    `label` when the caller has read them (`metering.period_usage.label_periods`)."""
-    meters = priced_meters(book)
-    trust = book.task_outcomes
-    tasks_wanted = bool(meters & set(TASK_METERS))
+    What the totals do not hold (`usage_beyond_totals`: GPU time, the task meters of a book that
+    trusts only some outcome sources) is read once per distinct period window of the customers (the
+    UTC month and each schedule's period). Pricing experiments' prefix caching off is not served here
+    (`load_period_usages(caching_off_for=...)`). `periods`: the customers' periods of `label` when the
+    caller has read them (`metering.period_usage.label_periods`)."""
     if periods is None:
         periods = period_usage.label_periods(conn, label, customer_id)
     windows = [periods.of(customer_id)] if customer_id is not None else sorted(periods.windows())
-    hourly: dict[str, dict[UsageKey, object]] = {}  # what the totals do not hold, per customer
-
-    def add(customer: str, key: UsageKey, q) -> None:
-        quantities = hourly.get(customer)
-        if quantities is None:
-            quantities = hourly[customer] = {}
-        quantities[key] = quantities.get(key, 0) + q
-
-    for start, end in windows:
-        hours = (ceil_hour(start), ceil_hour(end))
-        if GPU_METER in meters and hours[0] < hours[1]:
-            for customer, deployment, gpu_type, seconds in gpu_seconds(conn, *hours, cost_model, customer_id):
-                if periods.of(customer) == (start, end):
-                    add(customer, UsageKey(GPU_METER, "", deployment, gpu_type), seconds)
-        if tasks_wanted and trust is not None:
-            for customer, *counted in billed_task_totals(conn, start, end, customer_id, trust):
-                if periods.of(customer) == (start, end):
-                    for key, q in zip(TASK_KEYS, counted, strict=True):
-                        add(customer, key, q)
-
-    request_meters = [m for m in REQUEST_METERS if m in meters]
-    usage_meters = {m.removeprefix(USAGE_PREFIX) for m in meters if m.startswith(USAGE_PREFIX)}
-    keys: TotalsKeys = {}
-    ratings: dict[str, Rating] = {}
     with gc_paused():
-        rows = period_usage.period_usages(
-            conn, label, customer_id=customer_id, periods=periods, requests=bool(request_meters),
-            by_deployment=needs_deployment(book), by_project=book.lines_by_project, usage_meters=usage_meters,
-            tasks=tasks_wanted and trust is None, gpu=False,
-        )
-        for usage in rows:
-            quantities = totals_quantities(usage, request_meters, keys)
-            more = hourly.pop(usage.customer_id, None)
-            if more:
-                quantities.update(more)  # GPU time, trusted tasks: keys disjoint from the totals'
-            ratings[usage.customer_id] = rate(
-                book, Usage.trusted(usage.customer_id, usage.period_start, usage.period_end, quantities))
-        for customer, quantities in hourly.items():
-            start, end = periods.of(customer)
-            ratings[customer] = rate(book, Usage.trusted(customer, start, end, quantities))
-    return ratings
+        beyond: dict[str, Quantities] = {}
+        for window in windows:
+            found = usage_beyond_totals(conn, *window, cost_model, customer_id=customer_id, **_beyond_for(book))
+            beyond.update((c, q) for c, q in found.items() if periods.of(c) == window)
+        rows = period_usage.period_usages(conn, label, customer_id=customer_id, periods=periods, **_reads_for(book))
+        return _rate_rows(book, rows, beyond, periods.of)
 
 
 @contextmanager

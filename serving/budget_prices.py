@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from infermeter.settings import Settings, get_settings
 from infermeter.times import Window
-from pricing.book import TOKEN_METERS
+from pricing.meters import CACHED_INPUT_TOKENS, OUTPUT_TOKENS, TOKEN_METERS, UNCACHED_INPUT_TOKENS
 
 _MTOK = Decimal(1_000_000)
 _ZERO = Decimal(0)
@@ -33,15 +33,12 @@ class ListPrice:
         )
 
 
-_TOKEN_METERS = TOKEN_METERS  # the book's token meters (pricing.book, the meter vocabulary)
-
-
 def _setting_prices(settings: Settings) -> dict[str, Decimal]:
     """INFERMETER_LIST_PRICE_*_PER_MTOK per token (decimal strings per 1M tokens, every model)."""
     return {
-        "uncached_input_tokens": Decimal(settings.list_price_input_per_mtok) / _MTOK,
-        "cached_input_tokens": Decimal(settings.list_price_cached_input_per_mtok) / _MTOK,
-        "output_tokens": Decimal(settings.list_price_output_per_mtok) / _MTOK,
+        UNCACHED_INPUT_TOKENS: Decimal(settings.list_price_input_per_mtok) / _MTOK,
+        CACHED_INPUT_TOKENS: Decimal(settings.list_price_cached_input_per_mtok) / _MTOK,
+        OUTPUT_TOKENS: Decimal(settings.list_price_output_per_mtok) / _MTOK,
     }
 
 
@@ -59,9 +56,9 @@ def list_price(model: str, settings: Settings | None = None) -> ListPrice:
     if settings.list_price_book:
         fallback.update(_book_unit_prices(str(settings.list_price_book), model))
     return ListPrice(
-        uncached_input=fallback["uncached_input_tokens"],
-        cached_input=fallback["cached_input_tokens"],
-        output=fallback["output_tokens"],
+        uncached_input=fallback[UNCACHED_INPUT_TOKENS],
+        cached_input=fallback[CACHED_INPUT_TOKENS],
+        output=fallback[OUTPUT_TOKENS],
     )
 
 
@@ -81,7 +78,7 @@ def _book_unit_prices(path: str, model: str) -> dict[str, Decimal]:
 
     book = _price_book(path)
     prices = {}
-    for meter in _TOKEN_METERS:
+    for meter in TOKEN_METERS:
         matched = match_charge(book, UsageKey(meter=meter, model=model))
         if matched is not None and isinstance(matched[1].price, UnitPrice):
             prices[meter] = rate_unit(matched[1].price, Decimal(1))  # amount / per, exact
@@ -110,7 +107,7 @@ def metered_cost(
     priced: list[tuple[UsageKey, int]] = []
     unpriced = _ZERO
     for (model, deployment), quantities in sums.items():
-        for meter, quantity in zip(_TOKEN_METERS, quantities, strict=True):
+        for meter, quantity in zip(TOKEN_METERS, quantities, strict=True):
             key = UsageKey(meter, model, deployment)
             if book is not None and match_charge(book, key) is not None:
                 priced.append((key, quantity))

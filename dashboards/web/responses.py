@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from dashboards import views
 from dashboards.sessions import CSRF_COOKIE, CSRF_FIELD
 from dashboards.web.cookies import csrf_nonce, set_cookie, signer
+from pricing.meters import FAILED_TASKS, GPU_METER, REQUESTS, SUCCESSFUL_TASKS, TASK_ATTEMPTS, TOKEN_METERS
 
 if TYPE_CHECKING:
     from dashboards.web.auth import Viewer
@@ -35,10 +36,9 @@ _templates.filters["duration"] = lambda s: views.duration_text(s)
 
 # what one unit of a meter is, as a unit price is shown: (shown per how many units, the words)
 TOKENS_PER_PRICE = (Decimal(1_000_000), "per 1M tokens")
-PRICE_UNITS = {"uncached_input_tokens": TOKENS_PER_PRICE, "cached_input_tokens": TOKENS_PER_PRICE,
-               "output_tokens": TOKENS_PER_PRICE, "gpu_seconds": (Decimal(3600), "per GPU-hour"),
-               "requests": (Decimal(1), "per request"), "successful_tasks": (Decimal(1), "per successful task"),
-               "failed_tasks": (Decimal(1), "per failed task"), "task_attempts": (Decimal(1), "per task attempt")}
+PRICE_UNITS = {**dict.fromkeys(TOKEN_METERS, TOKENS_PER_PRICE), GPU_METER: (Decimal(3600), "per GPU-hour"),
+               REQUESTS: (Decimal(1), "per request"), SUCCESSFUL_TASKS: (Decimal(1), "per successful task"),
+               FAILED_TASKS: (Decimal(1), "per failed task"), TASK_ATTEMPTS: (Decimal(1), "per task attempt")}
 
 
 def quantity_text(value: str | None) -> str:

@@ -15,7 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 
 from pricing.cost import Attribution, CostModel, attribute
-from pricing.experiments import REQUEST_METERS_FROM_RECORD, ExperimentUsages, experiment_buckets
+from pricing.experiments import ExperimentUsages, experiment_buckets
+from pricing.meters import REQUEST_METERS
 from pricing.money import precise
 from pricing.records import Dataset
 from pricing.usage import Usage, UsageKey
@@ -50,7 +51,7 @@ def customer_usages(
         k = keys.get((r.model, r.deployment_id))
         if k is None:
             k = keys[(r.model, r.deployment_id)] = tuple(
-                UsageKey(m, r.model, r.deployment_id) for m in REQUEST_METERS_FROM_RECORD
+                UsageKey(m, r.model, r.deployment_id) for m in REQUEST_METERS
             )
         cached = 0 if r.model in off else r.cached_input_tokens
         quantities = out.get(r.customer_id)

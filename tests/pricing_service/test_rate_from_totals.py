@@ -1,7 +1,7 @@
 """Rating every customer's billing period from the period totals kept at ingest
 (`pricing_service.rate_period.rate_billing_period`) equals rating each customer's period the hourly way
 (`billing_service.usage.period_usage`: whole hours from the rollups, the edges from raw events; and
-`rate_period` for the periods on whole UTC hours), line by line, to the cent.
+`rate_period(from_totals=False)` for the periods on whole UTC hours), line by line, to the cent.
 
 A real PostgreSQL and metering's own writer. Customers at UTC (no calendar), Asia/Kolkata (+05:30),
 Asia/Kathmandu (+05:45), America/New_York across the change to daylight time, and anchor day 31; the
@@ -140,8 +140,8 @@ def test_rating_from_the_totals_equals_the_hourly_path_line_by_line(month, name)
             alone = rate_billing_period(conn, book, label, COST, customer_id=customer)
             assert list(alone) in ([customer], []), (name, label, customer)
             _same(alone.get(customer, got), expected, (name, label, customer, "alone"))
-            if period.start.minute == 0 and period.end.minute == 0:  # whole UTC hours: today's rate_period too
-                hourly = rate_period(conn, book, period.start, period.end, COST).get(customer)
+            if period.start.minute == 0 and period.end.minute == 0:  # whole UTC hours: rate_period, hourly, too
+                hourly = rate_period(conn, book, period.start, period.end, COST, from_totals=False).get(customer)
                 empty = rate(book, Usage.build(customer, period.start, period.end, []))
                 _same(got, hourly or empty, (name, label, customer, "rate_period"))
             billed += bool(usage.quantities)

@@ -8,13 +8,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from metering.period_reads import read_ahead
+from metering.period_usage import period_usages
 from pricing.cost import attribute
 from pricing.experiments import compare
 from pricing.money import precise
 from pricing.rating import rate
 from pricing_service.books import read_cost_model, read_price_book
 from pricing_service.compare import experiment_usages
-from pricing_service.rate_period import load_period_usages, rate_period, request_sums
+from pricing_service.rate_period import load_period_usages, rate_period
 from pricing_service.source import connect, load_dataset
 from tests.pricing.usage_oracle import customer_usages, oracle_usages
 from tests.pricing_service.conftest import H0, H2
@@ -74,27 +76,31 @@ def test_experiment_usages_from_sql_match_the_oracle_and_give_the_same_compariso
     assert by_sql == by_oracle
 
 
-def test_request_sums_stream_in_customer_order_and_leave_the_connection_as_found(synthetic_db):
+def test_the_hourly_sums_stream_in_customer_order_and_leave_the_connection_as_found(synthetic_db):
     settings = "SELECT current_setting('random_page_cost'), current_setting('max_parallel_workers_per_gather')"
+
+    def hourly(conn, **chunks):
+        return period_usages(conn, window=(H0, H2), from_totals=False, usage_meters=(), tasks=False, gpu=False,
+                             **chunks)
+
     with connect(synthetic_db) as conn:
         before = conn.execute(settings).fetchone()
-        customers = [c for c, _ in request_sums(conn, H0, H2)]
+        customers = [u.customer_id for u in hourly(conn)]
         assert len(customers) > 3
         assert customers == sorted(customers) and len(set(customers)) == len(customers)
         assert conn.execute(settings).fetchone() == before  # the query's SET LOCALs are put back
 
         # the caller stops after one customer while the reader waits on a full queue: it ends, and
         # the connection answers the next query
-        stream = request_sums(conn, H0, H2, chunk_rows=1, chunks_ahead=1)
-        assert next(stream)[0] == customers[0]
+        stream = hourly(conn, chunk_rows=1, chunks_ahead=1)
+        assert next(stream).customer_id == customers[0]
         stream.close()
         assert conn.execute(settings).fetchone() == before
-        assert [c for c, _ in request_sums(conn, H0, H2)] == customers
+        assert [u.customer_id for u in hourly(conn)] == customers
 
         # an error in the reading thread is raised in the caller's
-        failing = ("SELECT 'c', 'm', '', 1 / 0 WHERE %(start)s < %(end)s"
-                   "{only:.0}{deployment:.0}{sums:.0}{group_deployment:.0}")
         with pytest.raises(psycopg.errors.DivisionByZero):
-            list(request_sums(conn, H0, H2, sql_template=failing))
+            list(read_ahead(conn, "SELECT 1 / 0 WHERE %(start)s < %(end)s", {"start": H0, "end": H2},
+                            chunk_rows=1, chunks_ahead=1))
         conn.rollback()
         assert conn.execute("SELECT 1").fetchone() == (1,)
