@@ -45,7 +45,7 @@ from serving.replay import (
 )
 from serving.tinymodel import SERVED_NAME, ensure_tiny_model
 from serving.upstreams import parse_upstreams
-from serving.vllm_server import resolve_python, start_vllm
+from serving.vllm_server import home_cache_dir, resolve_python, start_vllm
 
 console = Console(stderr=True)
 replay_app = typer.Typer(help="Replay a real traffic trace through the gateway.", no_args_is_help=True)
@@ -117,6 +117,7 @@ def replay_pipeline(
                     str(model_dir),
                     served_model_name=SERVED_NAME,
                     state_dir=state_dir,
+                    cache_dir=home_cache_dir(settings.home),
                     dev_mode=True,
                     **({"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}),
                 )

@@ -183,7 +183,7 @@ class ServingStack:
         """Start replica `index` on `port` (its state and log in INFERMETER_HOME/vllm/<port>) and record
         it; from the main thread at start, from the watch thread on a restart (its parent-death
         signal goes with the thread that started it)."""
-        from serving.vllm_server import start_vllm
+        from serving.vllm_server import home_cache_dir, start_vllm
 
         # Each replica's engine on a core of its own, in turn (vLLM's "auto" binds every replica's
         # engine to the same core: a replica restarted beside a busy one got no time on it and its
@@ -192,6 +192,7 @@ class ServingStack:
         server = start_vllm(
             self._vllm["python"], self._vllm["model"], served_model_name=self._vllm["served_name"], port=port,
             state_dir=Path(self.settings.home) / "vllm" / str(port), cpu_bind=str(cores[index % len(cores)]),
+            cache_dir=home_cache_dir(self.settings.home),  # a restart finds its model described there
         )  # fmt: skip
         ipc = str(server.ipc_folder) if server.ipc_folder else None  # the next `up` removes it after a kill -9
         self.pid_file.record(f"serving:vllm-{index}", **process_record(server.process.pid, port=port, ipc_folder=ipc))

@@ -102,7 +102,7 @@ def serve_vllm(
 ) -> None:
     """Run a vLLM OpenAI server (prefix caching and prompt token details on) until Ctrl-C, SIGTERM or SIGHUP."""
     from serving.tinymodel import ModelBuildError, ensure_tiny_model
-    from serving.vllm_server import VllmError, resolve_python, start_vllm
+    from serving.vllm_server import VllmError, home_cache_dir, resolve_python, start_vllm
 
     settings = get_settings()
     if device not in ("cpu", "gpu"):
@@ -122,6 +122,7 @@ def serve_vllm(
                 port=port,
                 host=host,
                 state_dir=state_dir,
+                cache_dir=home_cache_dir(settings.home),
                 max_model_len=max_model_len,
                 device=device,
                 extra_args=extra_arg,

@@ -49,12 +49,18 @@ def tiny_model(tmp_path_factory, vllm_python: str) -> Path:
     return ensure_tiny_model(tmp_path_factory.mktemp("models"), vllm_python)
 
 
+def engine_cache(tiny_model: Path) -> Path:
+    """The vLLM cache every engine of this session shares (beside the session's tiny model)."""
+    return tiny_model.parent / "vllm-cache"
+
+
 def _start(vllm_python: str, tiny_model: Path, state_dir: Path) -> VllmServer:
     return start_vllm(
         vllm_python,
         str(tiny_model),
         served_model_name=SERVED_NAME,
         state_dir=state_dir,
+        cache_dir=engine_cache(tiny_model),
         max_model_len=2048,
         access_log=True,
         dev_mode=True,  # /reset_prefix_cache for the routing comparison

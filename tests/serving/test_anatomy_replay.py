@@ -55,7 +55,7 @@ from pricing_service.books import EXAMPLE_BOOKS_DIR
 from serving.routing import prefix_key, rank_replicas
 from serving.tinymodel import SERVED_NAME
 from serving.upstreams import parse_upstreams
-from tests.serving.conftest import _start, metering_pipeline, new_customer
+from tests.serving.conftest import _start, engine_cache, metering_pipeline, new_customer
 
 DEPLOYMENT = "anatomy-replay"
 SURVIVOR, VICTIM = "r-survivor", "r-victim"
@@ -77,7 +77,8 @@ class Victim:
         self.server.stop()
         python, model, state_dir = self.args
         self.server = start_vllm(python, str(model), served_model_name=SERVED_NAME, state_dir=state_dir,
-                                 port=int(self.url.rsplit(":", 1)[1]), max_model_len=2048, access_log=True)
+                                 port=int(self.url.rsplit(":", 1)[1]), max_model_len=2048, access_log=True,
+                                 cache_dir=engine_cache(model))
         self.server.wait_ready()
 
 
