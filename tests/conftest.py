@@ -36,6 +36,13 @@ hypothesis_settings.register_profile("infermeter", deadline=None)
 hypothesis_settings.register_profile("mutation", deadline=None, max_examples=10)
 hypothesis_settings.load_profile("mutation" if os.environ.get("MUTANT_UNDER_TEST") else "infermeter")
 
+# The tests' usage is pinned to 2026. In-process consumers judge the raw-event retention from a frozen
+# instant (tests/metering/conftest.py), but the processes the tests start (`infermeter up`, `events ingest`,
+# the serving stack) judge it, and `up` archives by it daily, on the real clock: with the default 13 months,
+# those pinned months would be dead-lettered as too_old (or archived and dropped) from 2027-12. The session
+# keeps ten years; tests of the retention set or pass their own.
+os.environ.setdefault("INFERMETER_RETENTION_MONTHS", "120")
+
 
 def _with_database(url: str, name: str) -> str:
     head, _, query = url.partition("?")

@@ -369,7 +369,8 @@ def test_archiving_a_month_inside_the_retention_is_refused_in_one_line_and_chang
     folder = tmp_path / "archive"
     result = subprocess.run(
         [sys.executable, "-m", "app.cli", "metering", "archive", "--before", f"{add_months(this_month, 1):%Y-%m}"],
-        env=subprocess_env(settings, INFERMETER_ARCHIVE_DIR=str(folder)), capture_output=True, text=True, timeout=120)
+        env=subprocess_env(settings, INFERMETER_ARCHIVE_DIR=str(folder),
+                           INFERMETER_RETENTION_MONTHS="13"), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
