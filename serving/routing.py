@@ -18,7 +18,8 @@ prefix whose replica is out keeps landing on one other replica. Replicas whose b
 (serving/upstreams.py) are skipped; with `healthy_only` the answer is None when none is left,
 else the replica whose cool-down ends first (never refuse without trying).
 
-Pure: no I/O; `in_flight` counts are kept by the gateway.
+Pure: no I/O; `in_flight` counts are kept by the gateway. The rank order of the prefix keys seen
+last is kept (`rank_replicas`, bounded): a prefix that comes back is not hashed again.
 """
 
 from __future__ import annotations
