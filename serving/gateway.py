@@ -61,7 +61,8 @@ body of an answer in one write) straight to `GatewayApp.serve_proxy` (no middlew
 scan or dependency solving; uvicorn without proxy-header rewriting);
 the request is read through `ProxyRequest` (headers and body, no Starlette `Request`) and a
 success answered with `JsonAnswer` (two ASGI messages, no header objects); one keep-alive pool of
-upstream connections (serving/upstream_http.py: httptools parsing, one timer handle per wait);
+upstream connections (serving/upstream_http.py: httptools parsing, one timer handle per wait, a
+request in one coroutine); one keep-alive timer a client connection, not one a request;
 raw bodies parsed with orjson; no Pydantic models; request ids from a seeded generator, not the
 OS per request; the request metrics kept as plain numbers until scraped (serving/metrics.py). A
 non-streamed request's event is built right after its response is handed to the kernel, in the

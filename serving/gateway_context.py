@@ -42,6 +42,19 @@ REQUEST_ID_HEADER = "x-request-id"
 # --- per-request state ---------------------------------------------------------------------
 
 
+class RequestHeaders(Headers):
+    """Starlette's `Headers` whose `get` looks the name up itself: the same answer (the first
+    value, latin-1, names case-insensitive) without `Mapping.get` raising and catching a KeyError
+    for each header the request does not carry (the task headers, usually)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        wanted = key.lower().encode("latin-1")
+        for name, value in self._list:
+            if name == wanted:
+                return value.decode("latin-1")
+        return default
+
+
 class ProxyRequest:
     """What the proxy routes read of a request: its headers and its body (the hot path's lighter
     stand-in for Starlette's `Request`, whose body is an async generator over `receive`)."""
@@ -49,7 +62,7 @@ class ProxyRequest:
     __slots__ = ("headers", "receive", "scope")
 
     def __init__(self, scope: dict, receive: Callable[[], Awaitable[dict]]) -> None:
-        self.headers = Headers(scope=scope)
+        self.headers = RequestHeaders(scope=scope)
         self.receive = receive
         self.scope = scope
 

@@ -4,7 +4,8 @@ without uvicorn's ASGI request cycle.
 `gateway_protocol(app)` is the protocol class `infermeter serve gateway` and `serve_in_thread` give
 uvicorn (`uvicorn.Config(http=...)`). It is uvicorn's `HttpToolsProtocol` (connections, parsing,
 keep-alive and its timeout, pipelining, `Expect: 100-continue`, malformed requests answered 400,
-graceful shutdown, the server's `date` and `server` headers) except at one point: a `POST` to
+graceful shutdown, the server's `date` and `server` headers) except at two points (the keep-alive
+timer is armed once a connection, not once a request: `GatewayProtocolBase`) and at one more: a `POST` to
 `/v1/chat/completions` or `/v1/completions` gets a `ProxyCycle` instead of uvicorn's
 `RequestResponseCycle`, and its task calls `GatewayApp.serve_proxy` straight away. Everything
 else (other routes, other methods, lifespan, an absolute or percent-encoded request target, a
@@ -213,9 +214,53 @@ class ProxyCycle:
 
 
 class GatewayProtocolBase(HttpToolsProtocol):
-    """uvicorn's httptools protocol, the proxy routes dispatched at the end of their headers."""
+    """uvicorn's httptools protocol, the proxy routes dispatched at the end of their headers.
+
+    Its keep-alive timeout is uvicorn's (an idle connection is closed `timeout_keep_alive` seconds
+    after its last response), with one timer a connection instead of one a request: uvicorn arms a
+    timer at every response and cancels it at the next request's first bytes; here a response
+    notes when the connection went idle, and the timer, armed when none is, closes the connection
+    if it is still idle since then, else waits again for the rest of the timeout (once every
+    `timeout_keep_alive` seconds on a busy connection)."""
 
     gateway: Any = None  # the GatewayApp (set by `gateway_protocol`)
+    _idle_since: float | None = None  # loop time of the last response with nothing after it; None: busy
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # new bytes: busy (a timer that fires meanwhile finds it so)
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, but the keep-alive timer armed only when none is
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        since = self._idle_since
+        if since is None:  # busy: its response arms the timer again
+            return
+        remaining = since + self.timeout_keep_alive - self.loop.time()
+        if remaining > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(remaining, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        timer = self.timeout_keep_alive_task
+        if timer is not None:
+            self.timeout_keep_alive_task = None
+            timer.cancel()
 
     def on_headers_complete(self) -> None:
         parser = self.parser

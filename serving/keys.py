@@ -58,6 +58,7 @@ from serving.tables import api_keys, customer_residency
 
 KEY_PREFIX = "im_live_"
 _KEY_ID_HEX = 16
+_HEX = "0123456789abcdef"
 _MAX_REFUSED = 10_000
 
 
@@ -92,7 +93,8 @@ def parse_token(token: str) -> tuple[str, str]:
         raise AuthError("invalid API key")
     rest = token[len(KEY_PREFIX) :]
     key_id, sep, secret = rest[:_KEY_ID_HEX], rest[_KEY_ID_HEX : _KEY_ID_HEX + 1], rest[_KEY_ID_HEX + 1 :]
-    if sep != "_" or len(secret) < 20 or any(c not in "0123456789abcdef" for c in key_id) or len(key_id) != _KEY_ID_HEX:
+    # key_id.strip(_HEX) is empty exactly when every character of it is a lowercase hex digit
+    if sep != "_" or len(secret) < 20 or len(key_id) != _KEY_ID_HEX or key_id.strip(_HEX):
         raise AuthError("invalid API key")
     return key_id, secret
 

@@ -18,7 +18,8 @@ prefix whose replica is out keeps landing on one other replica. Replicas whose b
 (serving/upstreams.py) are skipped; with `healthy_only` the answer is None when none is left,
 else the replica whose cool-down ends first (never refuse without trying).
 
-Pure: no I/O; `in_flight` counts are kept by the gateway.
+Pure: no I/O; `in_flight` counts are kept by the gateway. The rank order of the prefix keys seen
+last is kept (`rank_replicas`, bounded): a prefix that comes back is not hashed again.
 """
 
 from __future__ import annotations
@@ -61,9 +62,24 @@ def _score(key: bytes, replica_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(key + b"\x00" + replica_id.encode(), digest_size=8).digest(), "big")
 
 
+# The rank order of the prefix keys seen last (key and replica ids -> positions in rank order): the
+# prefixes that routing exists for (system prompts, conversations, documents) come back again and
+# again, and their order is the same every time; hashing it anew was most of a pick's cost.
+_RANKS: dict[tuple[bytes, tuple[str, ...]], tuple[int, ...]] = {}
+_RANKS_MAX = 4096
+
+
 def rank_replicas(key: bytes, replicas: list[Replica]) -> list[Replica]:
     """Replicas in rendezvous-hash preference order for `key`."""
-    return sorted(replicas, key=lambda replica: _score(key, replica.replica_id), reverse=True)
+    ids = tuple(replica.replica_id for replica in replicas)
+    order = _RANKS.get((key, ids))
+    if order is None:
+        scores = [_score(key, replica_id) for replica_id in ids]
+        order = tuple(sorted(range(len(ids)), key=scores.__getitem__, reverse=True))
+        if len(_RANKS) >= _RANKS_MAX:
+            _RANKS.clear()
+        _RANKS[key, ids] = order
+    return [replicas[position] for position in order]
 
 
 def pick_replica(

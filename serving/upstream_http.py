@@ -288,8 +288,7 @@ class _Connection(asyncio.Protocol):
             return
         self.response = None
         self.headers_ready = None
-        if reusable and not self.closed:
-            self.parser = httptools.HttpResponseParser(self)
+        if reusable and not self.closed:  # its parser is at a message's end: it reads the next one
             self.pool._park(self)
         else:
             self._drop()
@@ -313,6 +312,7 @@ class UpstreamPool:
         self._idle: dict[tuple, collections.deque[_Connection]] = {}
         self._all: set[_Connection] = set()
         self._targets: dict[str, tuple] = {}
+        self._heads: dict[tuple[str, str, str], tuple[tuple, bytes]] = {}
 
     async def request(
         self,
@@ -323,17 +323,29 @@ class UpstreamPool:
         content_type: str = "application/json",
         read_timeout_s: float | None = None,
     ) -> UpstreamResponse:
-        """Send the request; returns once the status line and headers are in."""
-        key, host_header, target = self._target(url)
-        head = (
-            f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode("latin-1")
+        """Send the request; returns once the status line and headers are in.
+
+        One coroutine: a pooled connection is taken without awaiting, and the wait for the
+        headers is one timer handle (`_within`'s, inline)."""
+        key, head = self._head(method, url, content_type)
+        raw = b"%s%d\r\n\r\n%s" % (head, len(body), body)
         timeout = self.read_timeout_s if read_timeout_s is None else read_timeout_s
         for _attempt in range(2):
-            connection = await self._acquire(key)
+            connection = self._idle_connection(key)
+            if connection is None:
+                connection = await self._connect(key)
             try:
-                return await self._exchange(connection, head + body, timeout)
+                response = UpstreamResponse(connection, timeout)
+                connection.response = response
+                loop = connection.loop
+                connection.headers_ready = ready = loop.create_future()
+                connection.transport.write(raw)
+                timer = loop.call_later(timeout, _expire, ready)
+                try:
+                    await ready
+                finally:
+                    timer.cancel()
+                return response
             except _StaleConnection:
                 connection.finish(reusable=False)
                 continue  # the replica closed it while idle; a fresh connection gets the request
@@ -342,13 +354,16 @@ class UpstreamPool:
                 raise
         raise UpstreamBroken("the replica closed two connections in a row before answering")
 
-    async def _exchange(self, connection: _Connection, raw: bytes, timeout: float) -> UpstreamResponse:
-        response = UpstreamResponse(connection, timeout)
-        connection.response = response
-        connection.headers_ready = ready = connection.loop.create_future()
-        connection.transport.write(raw)
-        await _within(ready, timeout)
-        return response
+    def _head(self, method: str, url: str, content_type: str) -> tuple[tuple, bytes]:
+        """(pool key, the request's head up to its Content-Length value) for this URL."""
+        known = self._heads.get((method, url, content_type))
+        if known is None:
+            key, host_header, target = self._target(url)
+            head = f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\nContent-Type: {content_type}\r\n"
+            known = key, (head + "Content-Length: ").encode("latin-1")
+            if len(self._heads) < 10_000:  # a few replicas x a few paths in practice
+                self._heads[method, url, content_type] = known
+        return known
 
     def _target(self, url: str) -> tuple[tuple, str, str]:
         known = self._targets.get(url)
@@ -364,8 +379,11 @@ class UpstreamPool:
                 self._targets[url] = known
         return known
 
-    async def _acquire(self, key: tuple) -> _Connection:
+    def _idle_connection(self, key: tuple) -> _Connection | None:
+        """A pooled connection to `key` still usable, or None."""
         idle = self._idle.get(key)
+        if not idle:
+            return None
         now = time.monotonic()
         while idle:
             connection = idle.pop()
@@ -376,6 +394,9 @@ class UpstreamPool:
                 continue
             connection.reused = True
             return connection
+        return None
+
+    async def _connect(self, key: tuple) -> _Connection:
         scheme, host, port = key
         ssl_context = None
         if scheme == "https":

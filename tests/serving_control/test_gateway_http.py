@@ -5,7 +5,8 @@ real gateway app served as `serve_in_thread` serves it, a stub vLLM replica
 - The proxy routes take the protocol's own cycle (`ProxyCycle`), every other route (and another
   method on a proxy path) uvicorn's ASGI cycle and the FastAPI app.
 - Keep-alive: several requests on one connection, pipelined ones answered in order; HTTP/1.0 and
-  `Connection: close` close it after the answer.
+  `Connection: close` close it after the answer; the keep-alive timeout closes an idle connection,
+  not a busy one.
 - A body in several TCP segments (headers alone first, then the body in pieces), a chunked request
   body, `Expect: 100-continue`.
 - A malformed request gets uvicorn's clear 400 and the connection closes; a malformed body the
@@ -162,6 +163,36 @@ def test_requests_on_one_keep_alive_connection_and_pipelined(gateway, replica):
     assert {e["data"]["request_id"] for e in events} >= set(ids)
     assert [body["prompt"] for body in replica.bodies[3:6]] == ["q0", "q1", "q2"]
     assert gateway.cycles == ["completion"] * 6 + ["chat"]
+
+
+def test_the_keep_alive_timeout_closes_an_idle_connection_only(gateway, monkeypatch):
+    """One timer a connection (GatewayProtocolBase): a connection busy for longer than the timeout,
+    with gaps shorter than it, stays open; idle for the timeout after its last answer, it closes."""
+    timeout_s = 0.6
+    init = gateway_http.GatewayProtocolBase.__init__
+
+    def with_short_timeout(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        self.timeout_keep_alive = timeout_s
+
+    monkeypatch.setattr(gateway_http.GatewayProtocolBase, "__init__", with_short_timeout)
+    with gateway.connect() as sock:
+        reader = Reader(sock)
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * timeout_s:  # gaps of a third of the timeout
+            sock.sendall(post())
+            assert reader.response()[0] == 200
+            time.sleep(timeout_s / 3)
+        sock.sendall(post())
+        assert reader.response()[0] == 200
+        answered = time.monotonic()
+        time.sleep(timeout_s / 2)
+        sock.settimeout(0.05)
+        with pytest.raises(TimeoutError):  # still open half a timeout after its last answer
+            sock.recv(1)
+        sock.settimeout(5)
+        assert reader.closed()
+        assert time.monotonic() - answered >= timeout_s - 0.05
 
 
 def test_http_1_0_and_connection_close_close_after_the_answer(gateway):
