@@ -162,7 +162,8 @@ class ServingStack:
                 index: progress.add_task(f"vLLM replica {_replica_id(index)} starting on {server.url}")
                 for index, server in pending.items()
             }
-            deadline = time.monotonic() + 300
+            timeout_s = self.settings.replica_start_timeout_s
+            deadline = time.monotonic() + timeout_s
             while pending:
                 for index, server in list(pending.items()):
                     if server.process.poll() is not None:
@@ -176,7 +177,7 @@ class ServingStack:
                         self.console.print(f"vLLM replica {_replica_id(index)} ready on {server.url}",
                                            highlight=False)
                 if time.monotonic() > deadline:
-                    raise StackError(f"vLLM replicas not ready after 300 s; logs in {self.settings.home}/vllm")
+                    raise StackError(f"vLLM replicas not ready after {timeout_s:g} s; logs in {self.settings.home}/vllm")
                 time.sleep(0.5)
 
     def _spawn_replica(self, index: int, port: int):

