@@ -44,40 +44,91 @@ app.command()(reads.reconcile)
 app.command()(demo.demo)
 
 
-def _mount_optional_apps() -> None:
-    """The other packages' command groups (imported here, not at module load, to keep start-up light)."""
-    if getattr(_mount_optional_apps, "done", False):
-        return
-    from alerts.cli import app as alerts_cli
-    from app.replay import replay_app
-    from billing_service.cli import APPS as billing_apps
-    from prediction_service.cli import app as predict_cli
-    from prediction_service.cli import quote_command
+def _mount_pricing() -> None:
     from pricing_service.cli import app as pricing_cli
     from pricing_service.cli import cost_app
+
+    app.add_typer(pricing_cli, name="pricing")
+    app.add_typer(cost_app, name="cost")
+
+
+def _mount_predictions() -> None:
+    from prediction_service.cli import app as predict_cli
+    from prediction_service.cli import quote_command
+
+    app.add_typer(predict_cli, name="predict")
+    app.command("quote")(quote_command)
+
+
+def _mount_alerts() -> None:
+    from alerts.cli import app as alerts_cli
+
+    app.add_typer(alerts_cli, name="alerts")
+
+
+def _mount_serving() -> None:
     from serving.capacity_api import capacity_command
     from serving.cli import bench_app, serve_app
     from serving.control_cli import budgets_app, keys_app
-    from serving.residency_api import residency_command
 
-    app.add_typer(pricing_cli, name="pricing")
-    app.add_typer(predict_cli, name="predict")
-    app.add_typer(alerts_cli, name="alerts")
-    app.command("quote")(quote_command)
-    app.add_typer(cost_app, name="cost")
     app.add_typer(serve_app, name="serve")
-    app.add_typer(replay_app, name="replay")
     app.add_typer(bench_app, name="bench")
     app.add_typer(keys_app, name="keys")
     app.add_typer(budgets_app, name="budgets")
     app.command("capacity")(capacity_command)
+    serve_app.command("dashboards")(_serve_dashboards())
+
+
+def _mount_replay() -> None:
+    from app.replay import replay_app
+
+    app.add_typer(replay_app, name="replay")
+
+
+def _mount_billing() -> None:
+    from billing_service.cli import APPS as billing_apps
+    from serving.residency_api import residency_command
+
     # customers, plans, billing, invoices, invoice, credits, stripe (sync, status), export (finance exports)
     for name, billing_group in billing_apps.items():
         app.add_typer(billing_group, name=name)
     # `customers residency`: the store is serving's (the gateway reads it), the group billing's
     billing_apps["customers"].command("residency")(residency_command)
-    serve_app.command("dashboards")(_serve_dashboards())
-    _mount_optional_apps.done = True
+
+
+# The other packages' command groups, by the top-level names they add. A command line that names one
+# of them mounts only its group (each group's imports cost a few hundred ms of start-up, all of them
+# together about 1 s); the command tree's own commands (`usage`, `metering run`, ...) mount none;
+# help, and anything else, mounts them all.
+_OPTIONAL_GROUPS = {
+    _mount_pricing: ("pricing", "cost"),
+    _mount_predictions: ("predict", "quote"),
+    _mount_alerts: ("alerts",),
+    _mount_serving: ("serve", "bench", "keys", "budgets", "capacity"),
+    _mount_replay: ("replay",),
+    _mount_billing: ("customers", "plans", "billing", "invoices", "invoice", "credits", "stripe", "export"),
+}
+_mounted: set = set()
+
+
+def _mount_optional_apps(argv: list[str] | None = None) -> None:
+    """Mount the other packages' command groups that the command line `argv` (its arguments, without
+    the program's name) needs; with None, all of them. Imported here, not at module load, to keep
+    start-up light."""
+    first = next((arg for arg in argv or () if not arg.startswith("-")), None) if argv else None
+    core = {info.name or info.callback.__name__ for info in app.registered_commands} | {
+        info.name for info in app.registered_groups
+    }
+    for mount, names in _OPTIONAL_GROUPS.items():
+        if mount in _mounted:
+            continue
+        if first is None or first in names or (first not in core and not _known(first)):
+            mount()
+            _mounted.add(mount)
+
+
+def _known(name: str) -> bool:
+    return any(name in names for names in _OPTIONAL_GROUPS.values())
 
 
 def _serve_dashboards():
@@ -107,7 +158,7 @@ def main() -> None:
     from metering.kafka_types import KafkaError
     from metering.queries import QueryError
 
-    _mount_optional_apps()
+    _mount_optional_apps(sys.argv[1:])
     from alembic.util.exc import CommandError
 
     known = (CliError, StackError, KafkaError, QueryError, CommandError, psycopg.OperationalError, FileNotFoundError,
