@@ -121,38 +121,20 @@ def settings(db_url: str, kafka_bootstrap: str, unique_name: str, tmp_path: Path
     )
 
 
+# The fixtures through which a test runs a vLLM engine (tests/serving/conftest.py): the session's
+# replicas, or the tiny model and the vLLM interpreter from which a test starts engines of its own.
+ENGINE_FIXTURES = frozenset({"vllm_servers", "tiny_model", "vllm_python"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks to group by
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under `--dist loadgroup` every test that uses the session's vLLM replicas (`vllm_servers`,
-    directly or through `vllm`, `second_vllm` or `gateway`) runs on one worker, which alone starts
-    them. A test that boots engines of its own from the session's tiny model (`up --serving`) runs
-    on another worker from the start of the run, beside the group (the tiny model is built once and
-    shared: tests/serving/conftest.py). Every other test is spread over the workers, the longest first."""
+    """Under `--dist loadgroup` every test that runs a vLLM engine (ENGINE_FIXTURES among the fixtures
+    it needs, directly or through others) runs on one worker, which alone starts the session's vLLM
+    replicas (a CPU engine each: two workers starting their own would starve each other). Every other
+    test, in tests/serving/ too, is spread over the workers like the rest of the suite."""
     for item in items:
-        if "vllm_servers" in getattr(item, "fixturenames", ()):
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("vllm"))
-    items.sort(key=_start_early_rank)
-
-
-# The longest tests outside the engine group (minutes each: a test that boots vLLM engines of its own,
-# the kill -9 runs, the API fuzz, the demo, the pages in Chromium), in the order they should start.
-# pytest-xdist hands out the group first (its largest unit), then the other tests in collection
-# order: these first, so they run beside the group instead of after it, where one of them alone
-# would set the run's end. Only the order changes; every test runs.
-START_EARLY = (
-    "tests/serving/test_up_serving.py",
-    "tests/cli/test_kill9.py",
-    "tests/test_openapi_fuzz.py",
-    "tests/cli/test_demo.py",
-    "tests/dashboards/test_every_page.py",
-    "tests/dashboards/test_billing_pages.py",
-    "tests/cli/test_cli.py",
-)
-
-
-def _start_early_rank(item) -> int:
-    path = item.nodeid.partition("::")[0]
-    return START_EARLY.index(path) if path in START_EARLY else len(START_EARLY)
 
 
 def pytest_collection_finish(session) -> None:

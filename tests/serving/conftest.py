@@ -45,13 +45,8 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory, worker_id: str, vllm_python: str) -> Path:
-    """Built once per run: pytest-xdist's workers share it (and the engines' cache beside it) from
-    the run's common temp folder; the build is atomic, so two workers may race for it."""
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        root = root.parent  # the folder every worker's own temp folder sits in
-    return ensure_tiny_model(root / "models", vllm_python)
+def tiny_model(tmp_path_factory, vllm_python: str) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models"), vllm_python)
 
 
 def engine_cache(tiny_model: Path) -> Path:

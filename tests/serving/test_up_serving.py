@@ -153,9 +153,6 @@ def test_up_serving_two_replicas_meters_a_chat_completion_heals_a_killed_replica
         INFERMETER_VLLM_PYTHON=vllm_python,
         INFERMETER_REPLICA_INTERVAL_S="2",  # the agents' intervals land within the test
         INFERMETER_REPLICA_SAMPLE_S="0.5",
-        # the replicas boot beside the session's own engines (tests/conftest.py): more than an idle
-        # machine's 300 s may pass before both answer
-        INFERMETER_REPLICA_START_TIMEOUT_S="900",
     )
     out_path = home / "up.out"
     with open(out_path, "wb") as out:
