@@ -108,6 +108,7 @@ _OPTIONAL_GROUPS = {
     _mount_replay: ("replay",),
     _mount_billing: ("customers", "plans", "billing", "invoices", "invoice", "credits", "stripe", "export"),
 }
+_GROUP_OF = {name: mount for mount, names in _OPTIONAL_GROUPS.items() for name in names}
 _mounted: set = set()
 
 
@@ -115,20 +116,23 @@ def _mount_optional_apps(argv: list[str] | None = None) -> None:
     """Mount the other packages' command groups that the command line `argv` (its arguments, without
     the program's name) needs; with None, all of them. Imported here, not at module load, to keep
     start-up light."""
-    first = next((arg for arg in argv or () if not arg.startswith("-")), None) if argv else None
-    core = {info.name or info.callback.__name__ for info in app.registered_commands} | {
-        info.name for info in app.registered_groups
-    }
-    for mount, names in _OPTIONAL_GROUPS.items():
-        if mount in _mounted:
-            continue
-        if first is None or first in names or (first not in core and not _known(first)):
+    first = next((arg for arg in argv or () if not arg.startswith("-")), None)
+    if first in _GROUP_OF:
+        wanted = [_GROUP_OF[first]]
+    elif first is not None and first in _core_names():
+        wanted = []
+    else:  # help, or a name no group has: the whole tree (its error lists every command)
+        wanted = list(_OPTIONAL_GROUPS)
+    for mount in wanted:
+        if mount not in _mounted:
             mount()
             _mounted.add(mount)
 
 
-def _known(name: str) -> bool:
-    return any(name in names for names in _OPTIONAL_GROUPS.values())
+def _core_names() -> set[str]:
+    """The names of the command tree's own commands and groups."""
+    commands = {info.name or info.callback.__name__ for info in app.registered_commands}
+    return commands | {info.name for info in app.registered_groups}
 
 
 def _serve_dashboards():
