@@ -60,6 +60,7 @@ from infermeter.stack import StackError
 from infermeter.stack.pids import PidFile
 from infermeter.stack.ports import free_port
 from infermeter.stack.processes import die_with_parent, log_tail, process_record, stop_process_group
+from infermeter.stack.signals import raise_if_signalled
 
 DEPLOYMENT_ID = "tiny-cpu"
 WATCH_S = 1.0  # how often the watch thread looks at the replicas
@@ -178,6 +179,7 @@ class ServingStack:
                                            highlight=False)
                 if time.monotonic() > deadline:
                     raise StackError(f"vLLM replicas not ready after {timeout_s:g} s; logs in {self.settings.home}/vllm")
+                raise_if_signalled()  # a signal whose `Stopped` was lost: stop now, not after the boot
                 time.sleep(0.5)
 
     def _spawn_replica(self, index: int, port: int):
@@ -298,6 +300,7 @@ class ServingStack:
                                      f"(the end of its log is above; all of it in {gateway.log_path})")
                 if time.monotonic() > deadline:
                     raise StackError(f"the gateway did not answer on {health_url} after {timeout_s:.0f} s")
+                raise_if_signalled()
                 time.sleep(0.2)
 
     def _create_key(self, customer: str) -> tuple[str, str]:

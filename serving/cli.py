@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from infermeter.settings import get_settings
-from infermeter.stack.signals import serve_http, stop_on_signals
+from infermeter.stack.signals import raise_if_signalled, serve_http, stop_on_signals
 
 console = Console(stderr=True)
 
@@ -136,6 +136,7 @@ def serve_vllm(
                 server.wait_ready()
             console.print(f"vLLM ready on {server.url}/v1 serving {served_model_name} from {model}")
             while server.process.poll() is None:
+                raise_if_signalled()  # a signal whose `Stopped` the garbage collector swallowed
                 time.sleep(0.5)
             guard.stopping = True
             _fail(f"vLLM exited with code {server.process.returncode}; log:\n{server.log_tail()}")

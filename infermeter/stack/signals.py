@@ -21,6 +21,20 @@ class _SignalGuard:
     stopping = False
 
 
+# The signals the active guard's handler took, in order. Python runs a handler between any two
+# bytecodes, also inside a `__del__` or a weakref callback that the garbage collector called, and
+# an exception raised there is printed ("Exception ignored in ...") and dropped: the `Stopped` is
+# lost though the handler ran (CI: `up` ignored a SIGTERM that came while it built its API). The
+# waits below raise it again from this record.
+_taken: list[int] = []
+
+
+def raise_if_signalled() -> None:
+    """Raise `Stopped` if the active `stop_on_signals` took a signal (its own raise may have been lost)."""
+    if _taken:
+        raise Stopped(_taken[0])
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[_SignalGuard]:
     """SIGINT, SIGTERM and SIGHUP raise `Stopped` (a KeyboardInterrupt) in the main thread, once.
@@ -30,11 +44,13 @@ def stop_on_signals() -> Iterator[_SignalGuard]:
     signal raising inside it would cut it short); later signals are then ignored. Main thread only.
     """
     guard = _SignalGuard()
+    _taken.clear()
 
     def handler(signum: int, _frame: object) -> None:
         if guard.stopping:
             return
         guard.stopping = True
+        _taken.append(signum)
         raise Stopped(signum)
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -45,6 +61,7 @@ def stop_on_signals() -> Iterator[_SignalGuard]:
         guard.stopping = True
         for sig, old in previous.items():
             signal.signal(sig, old)
+        _taken.clear()
 
 
 def wait_for_signal(poll_s: float = 1.0) -> None:
@@ -54,8 +71,10 @@ def wait_for_signal(poll_s: float = 1.0) -> None:
     after the interpreter's last check and before the pause(2) call (a window of milliseconds when
     this thread is preempted there, e.g. by the thread that releasing the GIL woke) leaves pause()
     waiting for a second signal, so a SIGTERM could be ignored. A timed sleep returns, and the
-    pending handler runs, within `poll_s` either way (tests/cli/test_signals.py)."""
+    pending handler runs, within `poll_s` either way; a signal whose `Stopped` was lost (see
+    `_taken`) stops the wait at the next poll too (tests/cli/test_signals.py)."""
     while True:
+        raise_if_signalled()
         time.sleep(poll_s)
 
 
@@ -68,18 +87,23 @@ def serve_http(app: object, **config: object) -> None:
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, **config))
-    hangup: list[int] = []
+    taken: list[int] = []
 
-    def on_hangup(sig: int, _frame: object) -> None:
-        hangup.append(sig)
-        server.should_exit = True  # uvicorn's graceful shutdown, as for SIGTERM
+    def on_signal(sig: int, _frame: object) -> None:
+        # Until uvicorn installs its own handlers (and for SIGHUP, which it does not handle): no raise
+        # that could be lost inside the event loop's start, a graceful shutdown as for SIGTERM.
+        taken.append(sig)
+        server.should_exit = True
 
-    previous = signal.signal(signal.SIGHUP, on_hangup)
+    raise_if_signalled()  # a signal before uvicorn took over whose `Stopped` was lost: do not start
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        server.run()
+        server.run()  # re-raises the signal that stopped it once it has shut down: `on_signal` takes it
     finally:
-        signal.signal(signal.SIGHUP, previous)
-    if hangup:
-        signal.raise_signal(signal.SIGHUP)  # as uvicorn does for SIGINT and SIGTERM
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    for sig in dict.fromkeys(taken):
+        signal.raise_signal(sig)  # to the caller's handler (inside `stop_on_signals`: `Stopped`)
+    raise_if_signalled()  # that raise was lost
     if not server.started:
         sys.exit(3)  # uvicorn's own exit status when it cannot start (port in use...): it logged why
