@@ -188,7 +188,7 @@ class ServingStack:
         signal goes with the thread that started it)."""
         from serving.vllm_server import home_cache_dir, start_vllm
 
-        # Each replica's engine on a core of its own, in turn (vLLM's "auto" binds every replica's
+        # Each replica on a core of its own, in turn (vLLM's "auto" binds every replica's
         # engine to the same core: a replica restarted beside a busy one got no time on it and its
         # worker did not start in 600 s; CPU build only, a GPU build ignores it).
         cores = sorted(os.sched_getaffinity(0))

@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +176,28 @@ class VllmServer:
         return left
 
 
+def _cores(text: str) -> set[int]:
+    """The cores of a binding such as "1" or "0-3,6" (vLLM's syntax for one replica)."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def _on_cores(cores: set[int] | None, then: Callable[[], None] | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that pins the child (and what it starts) to `cores`, then runs `then`."""
+    if cores is None:
+        return then
+
+    def preexec() -> None:
+        os.sched_setaffinity(0, cores)
+        if then is not None:
+            then()
+
+    return preexec
+
+
 def start_vllm(
     python: str,
     model: str,
@@ -220,7 +243,18 @@ def start_vllm(
     env = vllm_env(state_dir, rpc, cache_dir)
     if dev_mode:  # /reset_prefix_cache and friends (replay comparisons start from an empty cache)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    if cpu_bind is not None:  # the CPU build's OpenMP threads on these cores (vLLM's own default: "auto")
+    if device == "cpu":
+        # vLLM's CPU platform turns `--distributed-executor-backend uni` into its multiprocess executor
+        # unless this is 0: a third process importing torch, which spins on shared memory for a second
+        # after every step; with 0 the engine core process runs the model itself (an operator's own
+        # setting is kept).
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    cores = None
+    if cpu_bind is not None:
+        # The CPU build's replica, all its processes, on these cores (the in-process executor ignores
+        # vLLM's own binding, VLLM_CPU_OMP_THREADS_BIND, still set for the multiprocess one; its
+        # default, "auto", put every replica's engine on the same core). A GPU build ignores both.
+        cores = _cores(cpu_bind) if device == "cpu" else None
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
     # Its own session (stop() signals vLLM and its engine processes together, and stops the engine
     # processes also when the server died before them: they keep its session id), and SIGTERM
@@ -229,7 +263,7 @@ def start_vllm(
     # the server (infermeter.stack.processes.die_with_parent).
     process = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        preexec_fn=die_with_parent(signal.SIGTERM),
+        preexec_fn=_on_cores(cores, die_with_parent(signal.SIGTERM)),
     )  # fmt: skip
     return VllmServer(
         url=f"http://{host}:{port}",

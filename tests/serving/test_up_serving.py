@@ -294,6 +294,13 @@ def test_after_kill_9_of_up_serving_no_replica_agent_or_gateway_outlives_it(tmp_
         serving = {role: pids[role] for role in pids if role.startswith("serving:")}
         assert len(serving) == 5, pids
         assert all(is_recorded_process(record) for record in serving.values())
+        # each replica on a core of its own, in turn, its "engine" child too; vLLM's in-process executor
+        cores = sorted(os.sched_getaffinity(0))
+        replicas = [pids[f"serving:vllm-{index}"]["pid"] for index in range(2)]
+        for index, pid in enumerate(replicas):
+            assert os.sched_getaffinity(pid) == {cores[index % len(cores)]}
+            assert {frozenset(os.sched_getaffinity(child)) for child in _descendants(pid)} == {frozenset({cores[index % len(cores)]})}
+            assert b"VLLM_ENABLE_V1_MULTIPROCESSING=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     finally:
         up.kill()
         up.wait(10)
