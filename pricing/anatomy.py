@@ -49,7 +49,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from pricing.cost import Attribution, CostModel, attribute, largest_remainder
-from pricing.money import EXACT, Currency, exact_sum
+from pricing.money import EXACT, SUMS, Currency, exact_sum
 from pricing.records import Dataset
 
 ZERO = Decimal(0)
@@ -188,11 +188,13 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
             if f is None:
                 f = fractions[dh] = _fractions(gpu_ms[dh], engine.get(dh), model.kv_cache_share)
             idle_f, cache_f, _ = f
+            # The share's parts add up to it exactly, so that every total of parts is the cost model's
+            # total to the last digit (at a half cent, 80-digit rounding otherwise tips the cent either
+            # way): idle <= cost (idle_f <= 1), cache at most what idle leaves, the token work the rest.
             idle = cost * idle_f if idle_f else ZERO
-            cache = cost * cache_f if cache_f else ZERO
-            # the token work's fraction: the share's parts add up to it (the max: 80-digit rounding of idle
-            # and cache can overshoot a zero token fraction by 1e-78)
-            token = max(ZERO, cost - idle - cache)
+            left = SUMS.subtract(cost, idle)
+            cache = min(cost * cache_f, left) if cache_f else ZERO
+            token = SUMS.subtract(left, cache)
             append(Part(customer, m, deployment, hour, "queue_and_idle", "", idle, 0))
             append(Part(customer, m, deployment, hour, "cache_occupancy", "", cache, 0))
             base = (customer, m, deployment, hour)
@@ -213,8 +215,14 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
                     slot[0] += w
                 slot[1] += units
             total = sum((w for w, _ in pieces.values()), ZERO)
-            for (term, cause), (w, units) in sorted(pieces.items()):
-                amount = token * w / total if total else (token if term == "new_compute" else ZERO)
+            ordered = sorted(pieces.items())
+            # the heaviest piece takes what the others leave of the token work (exactly; positive)
+            rest = max(range(len(ordered)), key=lambda i: ordered[i][1][0]) if total else None
+            amounts = [token * w / total if total else (token if term == "new_compute" else ZERO)
+                       for (term, _), (w, _) in ordered]
+            if rest is not None:
+                amounts[rest] = SUMS.subtract(token, exact_sum(a for i, a in enumerate(amounts) if i != rest))
+            for ((term, cause), (_, units)), amount in zip(ordered, amounts, strict=True):
                 out.append(Part(*base, term, cause, amount, units))
     return out
 
@@ -299,7 +307,7 @@ def anatomy(all_parts: Iterable[Part], currency_code: str, *, group_by: str = "d
     by_row: dict[str, dict[str, Decimal]] = defaultdict(lambda: dict.fromkeys(TERMS, ZERO))
     exact = dict.fromkeys(TERMS, ZERO)
     key = _KEYS[group_by]
-    with localcontext(EXACT):
+    with localcontext(SUMS):  # exact: the parts' total is the cost model's, whatever the grouping
         for p in all_parts:
             if deployment is not None and p.deployment_id != deployment:
                 continue
@@ -350,7 +358,7 @@ def failures(all_parts: Iterable[Part], currency_code: str) -> Failures:
     (requests; failover: extra upstream attempts), to the minor unit by largest remainder."""
     currency = Currency.of(currency_code)
     sums: dict[tuple[str, str, str, str], list] = {}
-    with localcontext(EXACT):
+    with localcontext(SUMS):
         for p in all_parts:
             if p.term not in ("failure", "context_not_reused"):
                 continue

@@ -25,7 +25,7 @@ from pricing.anatomy import Anatomy, AnatomyInputs, Part, anatomy, parts
 from pricing.book import PriceBook
 from pricing.cost import Attribution, CostModel, TaskCost, attribute, cost_per_successful_task, task_costs
 from pricing.meters import GPU_METER, REQUEST_METERS, TASK_ATTEMPTS
-from pricing.money import EXACT, Currency, exact_sum, precise
+from pricing.money import EXACT, SUMS, Currency, exact_sum, precise
 from pricing.rating import Rating, line_quantities, rate, rounded_total
 from pricing.records import Dataset
 from pricing.usage import Usage, UsageKey
@@ -321,11 +321,11 @@ def compare(
     items += [(m.customer_id, m.hour, cost_model.usage_cost(m.meter, m.quantity))
               for m in dataset.meters if start <= m.hour < end]
     for customer, hour, value in items:
-        cost_precise = EXACT.add(cost_precise, value)
+        cost_precise = SUMS.add(cost_precise, value)
         if customer:
-            cust_cost[customer] = EXACT.add(cust_cost.get(customer, ZERO), value)
+            cust_cost[customer] = SUMS.add(cust_cost.get(customer, ZERO), value)
         bucket = max(0, bisect_right(starts, hour) - 1)
-        bucket_costs[bucket] = EXACT.add(bucket_costs[bucket], value)
+        bucket_costs[bucket] = SUMS.add(bucket_costs[bucket], value)
     cost = currency.round(cost_precise)
 
     tcosts = task_costs(dataset.tasks, attribution, cost_model)

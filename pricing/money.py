@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 # Same scale as the NUMERIC columns (infermeter.db.QUANTITY_SCALE); pricing/ stays free of I/O imports,
 # so the number is repeated here and a test checks the two agree.
@@ -20,6 +20,11 @@ QUANT = Decimal(1).scaleb(-SCALE)  # 0.000000000001
 
 # Wide enough that products of 38-digit quantities and 12-decimal prices never lose digits.
 EXACT = Context(prec=80, rounding=ROUND_HALF_UP)
+# Sums and differences without any rounding (a sum of decimals has finitely many digits): two totals
+# of the same amounts are then the same number whatever the order they were added in, also where
+# 80 digits would round their last digit on either side of a half cent. For adding and subtracting
+# only (a division in it could try to write infinitely many digits).
+SUMS = Context(prec=MAX_PREC, rounding=ROUND_HALF_UP, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 # ISO 4217 minor units of the currencies a price book may use.
 MINOR_UNITS: dict[str, int] = {
@@ -126,10 +131,11 @@ def plain_decimal(text: str, *, what: str = "amount") -> Decimal:
 
 
 def exact_sum(amounts: Iterable[Decimal | int], start: Decimal = Decimal(0)) -> Decimal:
-    """The sum of amounts, exactly (to 80 digits). Python's `sum` and `+` add in the thread's context,
-    28 digits by default, which rounds a NUMERIC(38, 12) amount: 26 integer digits and 3 decimals are
-    already 29 digits. Every sum of money in pricing/ and billing/ goes through this (or EXACT)."""
-    add = EXACT.add
+    """The sum of amounts, exactly (`SUMS`: no digit rounded, so the same amounts give the same sum in
+    any order). Python's `sum` and `+` add in the thread's context, 28 digits by default, which rounds a
+    NUMERIC(38, 12) amount: 26 integer digits and 3 decimals are already 29 digits. Every sum of money
+    in pricing/ and billing/ goes through this (or SUMS, or EXACT where a product or quotient is in it)."""
+    add = SUMS.add
     total = start
     for amount in amounts:
         total = add(total, amount)

@@ -168,3 +168,49 @@ def test_anatomy_and_failures_sum_exactly_beyond_28_digits():
     assert a.total == D("1.00")  # rounded once, exactly: not up to 1.01
     assert failures([part("a", "failure", "runtime", tiny, 1)], "USD").rows == (
         FailureRow("runtime", "failure", "m", "a", D("0.00"), 1),)
+
+
+# A GPU cost on a half cent ($91.115: 91,115,000 GPU-ms at $0.001 a GPU-second), split into parts by
+# divisions that do not end (engine fractions, 1/9 and 7/9 of the token work): 80-digit parts summed
+# to 91.1149...9 and the anatomy said $91.11 where the cost model (and `pricing compare`) say $91.12.
+# Then the same cost shared by three customers (the shares themselves inexact).
+HALF = Dataset(H, END, requests=(R("b", "m", "d1", H, 3, 9_000, 0, 0),), gpu=(GpuRecord("", "d1", "h100", H, 91_115_000),))
+HALF_ENGINE = (EngineRecord("d1", H, D(53_974_167), 37_789_669, 0, 2),)
+HALF_CLASSES = (C("b", "m", "d1", H, "ok", 1, 1_000, 0), C("b", "m", "d1", H, "error", 1, 7_000, 0),
+                C("b", "m", "d1", H, "cancelled", 1, 1_000, 0))
+SHARED = Dataset(H, END, requests=(R("c", "m", "d1", H, 3, 16_000, 0, 0), R("b", "m", "d1", H, 3, 17_000, 0, 0),
+                                   R("a", "m", "d1", H, 1, 9_000, 0, 0)),
+                 gpu=(GpuRecord("", "d1", "h100", H, 95_475_000),))
+SHARED_CLASSES = (C("c", "m", "d1", H, "ok", 1, 7_000, 0), C("c", "m", "d1", H, "error", 1, 5_000, 0),
+                  C("c", "m", "d1", H, "cancelled", 1, 4_000, 0), C("b", "m", "d1", H, "ok", 1, 5_000, 0),
+                  C("b", "m", "d1", H, "error", 1, 9_000, 0), C("b", "m", "d1", H, "cancelled", 1, 3_000, 0),
+                  C("a", "m", "d1", H, "ok", 1, 9_000, 0))
+
+
+@pytest.mark.parametrize(("dataset", "inputs", "total"), [
+    (HALF, AnatomyInputs(HALF_ENGINE, HALF_CLASSES), D("91.12")),
+    (SHARED, AnatomyInputs((), SHARED_CLASSES), D("95.48")),
+])
+def test_a_cost_on_a_half_cent_is_the_same_cent_in_every_total(dataset, inputs, total):
+    from pricing.book import price_book_from_data
+    from pricing.experiments import ExperimentUsages, compare, experiment_buckets
+    from pricing.money import Currency, exact_sum
+
+    attribution = attribute(dataset, MODEL)
+    ps = parts(dataset, MODEL, inputs, attribution)
+    # each share's parts add up to it to the last digit
+    for k, cost in attribution.cost.items():
+        assert exact_sum(p.amount for p in ps if (p.customer_id, p.model, p.deployment_id, p.hour)
+                         == (k.customer_id, k.model, k.deployment_id, k.hour)) == cost
+    assert Currency.of("USD").round(attribution.total_cost) == total  # half-up
+    for group_by in ("deployment", "model", "customer"):
+        assert anatomy(ps, "USD", group_by=group_by).total == total
+    assert anatomy(ps, "USD", deployment="d1").total == total
+    assert sum(r.cost for r in failures(ps, "USD").rows) == Currency.of("USD").round(
+        exact_sum(p.amount for p in ps if p.term in ("failure", "context_not_reused")))
+    # `pricing compare` costs the same usage to the same cent
+    book = price_book_from_data({"id": "per-request", "currency": "USD",
+                                 "charges": [{"meter": "requests", "price": {"type": "unit", "amount": "1", "per": 1}}]})
+    _, buckets = experiment_buckets(dataset.start, dataset.end)
+    report = compare(dataset, [book], MODEL, ExperimentUsages({}, [{} for _ in buckets], {"m": {}}), inputs)
+    assert report.books[0].cost == total
