@@ -365,6 +365,15 @@ def analyse(dumps: dict[str, dict], blocks: list[dict], client_events: list) -> 
         row["top1_legs"] = {k: statistics.mean(legs[t][k] for t in top) for k in names if top}
         first_of = {t: b["first"] for b in mine for t in range(b["first"], b["last"] + 1)}
         row["top1_position_in_block"] = sorted(t - first_of[t] for t in top)
+        # the same without each block's first three requests (the ones that follow an idle gap)
+        steady = [t for t in totals if t - first_of[t] >= 3]
+        steady_top = steady[int(len(steady) * 0.99) :]
+        row["steady_p99"] = _pct([legs[t]["total"] for t in steady], 0.99)
+        row["steady_top1_legs"] = {
+            k: statistics.mean(legs[t][k] for t in steady_top) for k in names if steady_top
+        }
+        row["block_starts"] = [round(legs[b["first"]]["total"], 2) for b in mine if b["first"] in legs]
+        row["legs"] = {t: {k: round(v, 4) for k, v in legs[t].items()} for t in totals}
         row["top1_largest_leg"] = {}
         for t in top:
             leg = max(names, key=lambda k: legs[t][k] - row["median_legs"].get(k, 0))
@@ -378,6 +387,15 @@ def analyse(dumps: dict[str, dict], blocks: list[dict], client_events: list) -> 
             row[f"{who}_loop_wait_us_per_req"] = wait / 1000 / max(1, len(tags))
             row[f"{who}_loop_wait_ms_per_s"] = wait / 1e6 / seconds
             row[f"{who}_loop_cpu_us_per_req"] = run / 1000 / max(1, len(tags))
+            by_thread: dict[str, list[float]] = {}
+            for b in mine:
+                for t, (on_core, waited) in b["sched"][who].items():
+                    name = dumps[who]["threads"].get(str(t), "loop" if str(t) == tid else f"tid {t}")
+                    totals_ms = by_thread.setdefault(name, [0.0, 0.0])
+                    totals_ms[0] += on_core / 1e6
+                    totals_ms[1] += waited / 1e6
+            row[f"{who}_threads_ms_on_core_waiting"] = {k: [round(v[0], 1), round(v[1], 1)] for k, v in by_thread.items()
+                                                        if v[0] + v[1] >= 1}  # fmt: skip
             row[f"{who}_wait_per_s_blocks"] = [
                 round(b["sched"][who].get(int(tid), [0, 0])[1] / 1e6, 2) for b in mine
             ]
@@ -506,10 +524,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "  top 1%, position in its block (0: the block's first request):", row["top1_position_in_block"]
         )
+        print(f"  without each block's first 3 requests: p99 {row['steady_p99']:.2f} ms; top 1% legs (mean):",
+              {k: round(v, 3) for k, v in row["steady_top1_legs"].items()})  # fmt: skip
+        print("  each block's first request, ms:", row["block_starts"])
         for who in ("gateway", "metered", "stub"):
             print(f"  {who} loop thread: run-queue wait {row[f'{who}_loop_wait_us_per_req']:.1f} us/req "
                   f"({row[f'{who}_loop_wait_ms_per_s']:.1f} ms/s; by block {row[f'{who}_wait_per_s_blocks']}), "
                   f"on core {row[f'{who}_loop_cpu_us_per_req']:.0f} us/req")  # fmt: skip
+        for who in ("gateway", "metered"):
+            print(f"  {who}'s threads over these blocks, ms on a core / ms runnable waiting:",
+                  row[f"{who}_threads_ms_on_core_waiting"])  # fmt: skip
         for key in (
             "gc_in_blocks",
             "top1_with_gc",
