@@ -358,6 +358,15 @@ class AdmissionController:
 
     # --- the rules -----------------------------------------------------------------------------
 
+    def prime(self, customer_id: str, *, has_budget: bool) -> None:
+        """What another read found of the customer's budget row (the API key's lookup, serving/keys.py,
+        reads it in the same statement): the same as `_check_unlimited` finding it."""
+        with self._lock:
+            if has_budget:
+                self._unlimited.pop(customer_id, None)
+            else:
+                self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
+
     def _known_unlimited(self, customer_id: str) -> bool:
         expires = self._unlimited.get(customer_id)
         return expires is not None and expires > time.monotonic()

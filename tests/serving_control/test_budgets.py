@@ -135,6 +135,36 @@ def test_requests_finding_an_unlimited_customers_entry_expired_wait_for_one_chec
     assert ctl.spend("idle-limited", now=NOW).reserved == WORST * 10
 
 
+def test_the_key_lookup_primes_whether_the_customer_has_limits(engine, budget_settings):
+    """The API key's lookup reads whether its customer has a budget row in the same statement: a
+    customer without one is admitted from memory with no check of admission's own, and a budget
+    found by a later lookup takes the customer off the memory path."""
+    from serving.keys import KeyStore
+
+    ctl = controller(engine, budget_settings)
+    checks: list[str] = []
+    check = ctl._check_unlimited
+
+    def counted_check(customer):
+        checks.append(customer)
+        return check(customer)
+
+    ctl._check_unlimited = counted_check
+    store = KeyStore(engine, budget_settings)
+    store.admission = ctl
+    _, token = store.create("primed-cust")
+    store.authenticate_sync(token)
+    assert ctl._known_unlimited("primed-cust")
+    result = asyncio.run(ctl.admit("primed-cust", model="tiny", request_id="p1", prompt_tokens=PROMPT,
+                                   max_tokens=MAX_TOKENS))  # fmt: skip
+    assert isinstance(result, Admitted) and not result.limited and checks == []
+    set_budget(engine, "primed-cust", monthly_cap=Decimal("10"))
+    store._cache.clear()
+    store.authenticate_sync(token)
+    assert not ctl._known_unlimited("primed-cust")
+    assert admit(ctl, "primed-cust", "p2").limited
+
+
 def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_case(engine, other_engine, budget_settings):
     cap = Decimal("0.05")  # room for exactly 25 worst cases
     set_budget(engine, "cust-a", monthly_cap=cap, mode="hard")
