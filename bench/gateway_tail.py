@@ -21,7 +21,7 @@ on the one monotonic clock every process shares (`time.perf_counter`):
 - `data_received` calls longer than 0.3 ms, the garbage collector's collections
   (`gc.callbacks`: start, duration, generation, thread), the jobs run in the loop's executor
   (`run_in_executor`, `asyncio.to_thread`: what, on which thread, when), and with `--callbacks`
-  every loop callback longer than 0.5 ms (an extra ~1 us a callback);
+  every loop callback longer than 0.5 ms (a wrapper around each: slower);
 - the run-queue wait of every thread of every process (`/proc/<pid>/task/<tid>/schedstat`, the
   second field: time runnable but not running), read at each block's start and end.
 
