@@ -109,7 +109,9 @@ PostgreSQL and checks it). Hard mode is unchanged: its reservation is always the
 Customers without a budget row are admitted without touching the database (cached for
 INFERMETER_BUDGET_CONFIG_TTL_S; a customer in use is checked again in the background shortly before
 that expires, serving/single_flight.py, so its requests do not wait for the check; after an idle
-spell past the entry's lifetime, the requests that find it expired share that one check).
+spell past the entry's lifetime, the requests that find it expired share that one check). On the
+gateway the API key's lookup reads the same row in its statement and primes the entry (`prime`,
+serving/keys.py), so a request after an idle spell waits for that one lookup.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ id is never remembered, so it cannot lock the real key out. Cache misses cost on
 lookup, done in a worker thread so the event loop never blocks; concurrent misses of one key share
 it, and a key in use is read again in the background shortly before its entry expires, so its
 requests do not wait for the database (serving/single_flight.py). An entry is never used past its
-expiry.
+expiry. The lookup also reads the customer's regions and whether it has a budget row, and primes
+the gateway's residency cache and admission's no-limits entry with them (`residency`, `admission`).
 """
 
 from __future__ import annotations
