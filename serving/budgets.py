@@ -108,7 +108,10 @@ PostgreSQL and checks it). Hard mode is unchanged: its reservation is always the
 
 Customers without a budget row are admitted without touching the database (cached for
 INFERMETER_BUDGET_CONFIG_TTL_S; a customer in use is checked again in the background shortly before
-that expires, serving/single_flight.py, so its requests do not wait for the check).
+that expires, serving/single_flight.py, so its requests do not wait for the check; after an idle
+spell past the entry's lifetime, the requests that find it expired share that one check). On the
+gateway the API key's lookup reads the same row in its statement and primes the entry (`prime`,
+serving/keys.py), so a request after an idle spell waits for that one lookup.
 """
 
 from __future__ import annotations
@@ -332,10 +335,19 @@ class AdmissionController:
 
     async def admit(self, customer_id: str, **kwargs) -> Admitted | Rejected:
         expires = self._unlimited.get(customer_id)
-        if expires is not None and (now := time.monotonic()) < expires:
-            if due(expires, self.settings.budget_config_ttl_s, now):
-                self._flights.refresh(customer_id, self._check_unlimited, customer_id)
-            return Admitted(kwargs["request_id"], customer_id)
+        if expires is not None:
+            now = time.monotonic()
+            if now >= expires:
+                # Known to have no limits until its entry expired (the customer was idle through the
+                # background check's window): every request that finds it so waits for the one check
+                # (serving/single_flight.py), not for an admission transaction of its own each.
+                await self._flights.run(customer_id, self._check_unlimited, customer_id)
+                expires = self._unlimited.get(customer_id)
+                now = time.monotonic()
+            if expires is not None and now < expires:
+                if due(expires, self.settings.budget_config_ttl_s, now):
+                    self._flights.refresh(customer_id, self._check_unlimited, customer_id)
+                return Admitted(kwargs["request_id"], customer_id)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, partial(self.admit_sync, customer_id, **kwargs))
 
@@ -347,6 +359,15 @@ class AdmissionController:
         self._executor.shutdown(wait=True)
 
     # --- the rules -----------------------------------------------------------------------------
+
+    def prime(self, customer_id: str, *, has_budget: bool) -> None:
+        """What another read found of the customer's budget row (the API key's lookup, serving/keys.py,
+        reads it in the same statement): the same as `_check_unlimited` finding it."""
+        with self._lock:
+            if has_budget:
+                self._unlimited.pop(customer_id, None)
+            else:
+                self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
 
     def _known_unlimited(self, customer_id: str) -> bool:
         expires = self._unlimited.get(customer_id)

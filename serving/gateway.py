@@ -307,6 +307,8 @@ def build_gateway(settings: Settings | None = None, *, upstreams: UpstreamConfig
     residency = ResidencyCache(engine, settings.key_cache_ttl_s)
     if hasattr(authenticator, "residency"):
         authenticator.residency = residency
+    if admission is not None and hasattr(authenticator, "admission"):
+        authenticator.admission = admission  # the key lookup primes admission's no-limits entry
 
     # the capacity gauges on /metrics, recomputed from the database by a scrape that finds them
     # INFERMETER_CAPACITY_REFRESH_S old (no background task); what this gateway admits is counted in

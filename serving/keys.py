@@ -29,7 +29,8 @@ id is never remembered, so it cannot lock the real key out. Cache misses cost on
 lookup, done in a worker thread so the event loop never blocks; concurrent misses of one key share
 it, and a key in use is read again in the background shortly before its entry expires, so its
 requests do not wait for the database (serving/single_flight.py). An entry is never used past its
-expiry.
+expiry. The lookup also reads the customer's regions and whether it has a budget row, and primes
+the gateway's residency cache and admission's no-limits entry with them (`residency`, `admission`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from sqlalchemy.engine import Engine
 from infermeter.auth import AuthError, Principal, static_principal
 from infermeter.settings import Settings, get_settings
 from serving.single_flight import SingleFlight, due
-from serving.tables import api_keys, customer_residency
+from serving.tables import api_keys, customer_budgets, customer_residency
 
 KEY_PREFIX = "im_live_"
 _KEY_ID_HEX = 16
@@ -132,6 +133,10 @@ class KeyStore:
         # The gateway's serving.residency.ResidencyCache: each lookup reads the customer's regions in
         # the same statement and primes it, so residency costs a request with a cached key nothing.
         self.residency = None
+        # The gateway's serving.budgets.AdmissionController: each lookup reads in the same statement
+        # whether the customer has a budget row and primes its no-limits entry, so the first request
+        # after an idle spell waits for one lookup, not for this one and then admission's check.
+        self.admission = None
         # (admin token, producer token), read once: each read of a Settings property costs ~10 us
         # (pydantic attribute access, generated credentials), twice per request otherwise.
         self._static_tokens: tuple[str, str] | None = None
@@ -248,8 +253,10 @@ class KeyStore:
             api_keys.c.secret_sha256,
             api_keys.c.revoked_at,
             customer_residency.c.regions,
+            customer_budgets.c.customer_id.label("budget_of"),
         ).select_from(
             api_keys.outerjoin(customer_residency, customer_residency.c.customer_id == api_keys.c.customer_id)
+            .outerjoin(customer_budgets, customer_budgets.c.customer_id == api_keys.c.customer_id)
         )
         with self.engine.connect() as conn:
             row = conn.execute(query.where(api_keys.c.key_id == key_id)).first()
@@ -273,6 +280,8 @@ class KeyStore:
                 self._cache[key_id] = _Cached(self._clock() + self.cache_ttl_s, bytes(row.secret_sha256), principal)
         if self.residency is not None:  # after the key's entry, so the regions never expire first
             self.residency.prime(row.customer_id, row.regions)
+        if self.admission is not None:
+            self.admission.prime(row.customer_id, has_budget=row.budget_of is not None)
         return principal
 
     def _refuse(self, key_id: str, reason: str) -> None:

@@ -96,6 +96,75 @@ def test_a_customer_without_limits_in_use_is_checked_again_before_its_entry_expi
     assert admit(ctl, "later-limited", "r3").limited
 
 
+def test_requests_finding_an_unlimited_customers_entry_expired_wait_for_one_check(engine, budget_settings):
+    """A customer known to have no limits, idle past its entry's lifetime: the requests that arrive
+    then share one check (no admission transaction each), and are admitted without a reservation;
+    a budget set meanwhile is found by that check, and they take reservations."""
+    ctl = controller(engine, budget_settings)
+    assert not admit(ctl, "idle-free", "r0").limited
+    assert not admit(ctl, "idle-limited", "s0").limited
+    set_budget(engine, "idle-limited", monthly_cap=Decimal("10"))
+    checks: list[str] = []
+    transactions: list[str] = []
+    check, admit_sync = ctl._check_unlimited, ctl.admit_sync
+
+    def counted_check(customer):
+        checks.append(customer)
+        return check(customer)
+
+    def counted_transaction(customer, **kwargs):
+        transactions.append(customer)
+        return admit_sync(customer, now=NOW, **kwargs)
+
+    ctl._check_unlimited, ctl.admit_sync = counted_check, counted_transaction
+    for customer in ("idle-free", "idle-limited"):
+        ctl._unlimited[customer] = time.monotonic() - 0.01  # expired
+
+    async def burst(customer: str) -> list:
+        return await asyncio.gather(*(
+            ctl.admit(customer, model="tiny", request_id=f"{customer}-{i}", prompt_tokens=PROMPT,
+                      max_tokens=MAX_TOKENS) for i in range(10)
+        ))  # fmt: skip
+
+    free = asyncio.run(burst("idle-free"))
+    assert all(isinstance(r, Admitted) and not r.limited for r in free)
+    assert checks == ["idle-free"] and transactions == []
+    limited = asyncio.run(burst("idle-limited"))
+    assert all(isinstance(r, Admitted) and r.limited for r in limited)
+    assert checks == ["idle-free", "idle-limited"] and transactions == ["idle-limited"] * 10
+    assert ctl.spend("idle-limited", now=NOW).reserved == WORST * 10
+
+
+def test_the_key_lookup_primes_whether_the_customer_has_limits(engine, budget_settings):
+    """The API key's lookup reads whether its customer has a budget row in the same statement: a
+    customer without one is admitted from memory with no check of admission's own, and a budget
+    found by a later lookup takes the customer off the memory path."""
+    from serving.keys import KeyStore
+
+    ctl = controller(engine, budget_settings)
+    checks: list[str] = []
+    check = ctl._check_unlimited
+
+    def counted_check(customer):
+        checks.append(customer)
+        return check(customer)
+
+    ctl._check_unlimited = counted_check
+    store = KeyStore(engine, budget_settings)
+    store.admission = ctl
+    _, token = store.create("primed-cust")
+    store.authenticate_sync(token)
+    assert ctl._known_unlimited("primed-cust")
+    result = asyncio.run(ctl.admit("primed-cust", model="tiny", request_id="p1", prompt_tokens=PROMPT,
+                                   max_tokens=MAX_TOKENS))  # fmt: skip
+    assert isinstance(result, Admitted) and not result.limited and checks == []
+    set_budget(engine, "primed-cust", monthly_cap=Decimal("10"))
+    store._cache.clear()
+    store.authenticate_sync(token)
+    assert not ctl._known_unlimited("primed-cust")
+    assert admit(ctl, "primed-cust", "p2").limited
+
+
 def test_100_concurrent_requests_on_two_gateways_overshoot_at_most_one_worst_case(engine, other_engine, budget_settings):
     cap = Decimal("0.05")  # room for exactly 25 worst cases
     set_budget(engine, "cust-a", monthly_cap=cap, mode="hard")
