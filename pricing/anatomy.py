@@ -216,12 +216,13 @@ def parts(dataset: Dataset, model: CostModel, inputs: AnatomyInputs,
                 slot[1] += units
             total = sum((w for w, _ in pieces.values()), ZERO)
             ordered = sorted(pieces.items())
-            # the heaviest piece takes what the others leave of the token work (exactly; positive)
-            rest = max(range(len(ordered)), key=lambda i: ordered[i][1][0]) if total else None
-            amounts = [token * w / total if total else (token if term == "new_compute" else ZERO)
-                       for (term, _), (w, _) in ordered]
-            if rest is not None:
+            if total:
+                amounts = [token * w / total for _, (w, _) in ordered]
+                # the heaviest piece takes what the others leave of the token work (exactly; positive)
+                rest = max(range(len(ordered)), key=lambda i: ordered[i][1][0])
                 amounts[rest] = SUMS.subtract(token, exact_sum(a for i, a in enumerate(amounts) if i != rest))
+            else:
+                amounts = [token if term == "new_compute" else ZERO for (term, _), _ in ordered]
             for ((term, cause), (_, units)), amount in zip(ordered, amounts, strict=True):
                 out.append(Part(*base, term, cause, amount, units))
     return out

@@ -379,11 +379,7 @@ class AdmissionController:
             limited = conn.execute(
                 select(customer_budgets.c.customer_id).where(customer_budgets.c.customer_id == customer_id)
             ).first() is not None
-        with self._lock:
-            if limited:
-                self._unlimited.pop(customer_id, None)
-            else:
-                self._unlimited[customer_id] = time.monotonic() + self.settings.budget_config_ttl_s
+        self.prime(customer_id, has_budget=limited)
 
     def period_of(self, customer_id: str, now: datetime, conn=None) -> Window:
         """The customer's billing period containing `now` (metering.budget_reads.billing_period_of: its
