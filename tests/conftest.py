@@ -131,10 +131,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Under `--dist loadgroup` every test that runs a vLLM engine (ENGINE_FIXTURES among the fixtures
     it needs, directly or through others) runs on one worker, which alone starts the session's vLLM
     replicas (a CPU engine each: two workers starting their own would starve each other). Every other
-    test, in tests/serving/ too, is spread over the workers like the rest of the suite."""
+    test, in tests/serving/ too, is spread over the workers like the rest of the suite, the long ones
+    first."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("vllm"))
+    # Long tests (marked `slow`) first. pytest-xdist hands out the groups first (largest first), then
+    # every other test one at a time in this order: a long test near the end would run alone while
+    # the other workers have nothing left to do (the API fuzz, last by name, held the run's last 80 s).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_collection_finish(session) -> None:

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from infermeter.db import drift, upgrade
 from infermeter.stack.postgres import to_libpq_url
@@ -112,6 +113,7 @@ def _downgrade(url: str, revision: str) -> None:
 STEPS = ("0022", "0021", "0020", "0019", "0018", "0017", "0016", "0015", "0014", "0013", "0012", "0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0001")
 
 
+@pytest.mark.slow
 def test_downgrade_to_base_undoes_every_migration_then_upgrade_again_has_no_drift(pg_server_url):
     """Each downgrade leaves exactly the schema a fresh upgrade to that revision builds; at base
     nothing is left (the monthly partitions of raw_events created at run time go with their table);

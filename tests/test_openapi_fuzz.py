@@ -212,6 +212,7 @@ def _names_customer(case) -> bool:
     return "customer_id" in (case.query or {}) or "customer_id" in body
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @FUZZ
 def test_openapi_as_customer(case, api: Api) -> None:
@@ -226,6 +227,7 @@ def test_openapi_as_customer(case, api: Api) -> None:
             assert response.status_code == 403, (case.operation.label, response.status_code, response.text)
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @FUZZ
 def test_openapi_as_admin(case, api: Api) -> None:
