@@ -104,6 +104,13 @@ def kafka_bootstrap(tmp_path_factory) -> str:
     broker.stop()
 
 
+@pytest.fixture(autouse=True)
+def _default_home_outside_the_checkout(monkeypatch, tmp_path) -> None:
+    """INFERMETER_HOME for every test: one that builds its Settings (or runs a command) without a
+    home of its own would otherwise write credentials.json into the checkout's `.infermeter/`."""
+    monkeypatch.setenv("INFERMETER_HOME", str(tmp_path / "default-home"))
+
+
 @pytest.fixture
 def unique_name() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
