@@ -146,7 +146,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     # Long tests (marked `slow`) first. pytest-xdist hands out the groups first (largest first), then
     # every other test one at a time in this order: a long test near the end would run alone while
     # the other workers have nothing left to do (the API fuzz, last by name, held the run's last 80 s).
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # Then the tests that mostly wait (marked `waits`: Tansu holds a consumer group's first member
+    # 3 s), so they wait beside busy tests: in file order all the workers waited on them at once,
+    # leaving the cores half idle for a minute.
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("waits") is None))
 
 
 def pytest_collection_finish(session) -> None:

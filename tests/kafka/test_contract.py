@@ -21,7 +21,7 @@ from infermeter.stack.ports import free_port
 from metering import kafka as mk
 from tests.kafka.helpers import consume_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.waits]  # consumer-group joins: tests/conftest.py
 
 
 def produce_keyed(bootstrap: str, backend: str, topic: str, count: int, *, keys: int = 40, start: int = 0):

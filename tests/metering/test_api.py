@@ -13,6 +13,7 @@ from metering.ingest import wait_for_receipt  # noqa: F401 - documents the path 
 from serving.keys import KeyStore
 from tests.metering.conftest import meter, request_event, retention_clock, task_event, usage_event
 
+pytestmark = pytest.mark.waits  # each test meters its events first: a consumer-group join (tests/conftest.py)
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 WINDOW = {"from": "2026-11-02T00:00:00Z", "to": "2026-11-03T00:00:00Z"}
 
